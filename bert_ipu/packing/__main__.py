@@ -1,0 +1,169 @@
+"""Packing report: how much padding each algorithm removes from a length distribution.
+
+    python -m bert_ipu.packing --histogram ../shared/benchmarks/histograms/wikipedia_512.json
+    python -m bert_ipu.packing --lengths lengths.npy --max-len 512 --algorithm cghp lpfhp --json
+
+Prints one row per (algorithm, depth limit), like Tables 1 and 7 of Krell et al. Exit code 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from . import ALGORITHMS, DEPTH_FREE, PackingInputError, applies, histogram_of, load_histogram, load_lengths, pack
+
+COLUMNS = [  # header, width, format
+    ("algorithm", 9, "{}"), ("depth", 5, "{}"), ("packs", 11, "{:,}"), ("efficiency", 10, "{:.3%}"),
+    ("padding", 13, "{:,}"), ("p", 6, "{:.3f}"), ("speed-up", 8, "{:.3f}x"), ("gap to LB", 10, "{:,}"),
+    ("depth used", 10, "{}"), ("strategies", 10, "{:,}"), ("seconds", 8, "{:.3f}"),
+]
+
+
+def parse_depth(text: str) -> int | None:
+    if text == "max":
+        return None
+    try:
+        depth = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number or 'max'") from None
+    if depth < 1:
+        raise argparse.ArgumentTypeError(f"{depth} is below 1; a pack holds at least one sequence")
+    return depth
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m bert_ipu.packing",
+        description="Compare packing algorithms on a sequence-length distribution: packs, efficiency "
+                    "(real tokens / computed tokens), packing factor p (sequences per pack), the speed-up "
+                    "bound over no packing, and the gap to the proven lower bound on packs.",
+        epilog="Algorithms: none (one sequence per row), sort (sorted batches padded to their longest), "
+               "greedy (shuffle + concatenate), spfhp, lpfhp, nnlshp (depth <= 3) from Krell et al., and "
+               "cghp (column generation, LP-optimal up to rounding). 'gap to LB' compares packs with the best "
+               "lower bound proven in this run for the same depth limit (cghp proves the LP bound).")
+    src = p.add_argument_group("input (one of)")
+    src.add_argument("--histogram", metavar="FILE.json",
+                     help="JSON list of counts: element i = number of sequences of length i+1; its length is "
+                          "the pack length")
+    src.add_argument("--lengths", metavar="FILE",
+                     help="one sequence length per line, or a .npy array of lengths")
+    p.add_argument("--max-len", type=int, metavar="N",
+                   help="pack length for --lengths (default: the longest sequence)")
+    p.add_argument("--algorithm", nargs="+", metavar="NAME", default=None,
+                   help=f"algorithms to run, from: {' '.join(ALGORITHMS)} (default: all that apply)")
+    p.add_argument("--max-sequences-per-pack", nargs="+", type=parse_depth, metavar="N|max",
+                   default=[None, 3], help="depth limit(s): most sequences in a pack (default: max 3)")
+    p.add_argument("--batch-size", type=int, default=32, help="batch size of SORT (default: 32)")
+    p.add_argument("--seed", type=int, default=0, help="shuffle seed of GREEDY (default: 0)")
+    p.add_argument("--json", action="store_true", help="print one JSON object per row instead of a table")
+    p.add_argument("--plot", metavar="OUT.png", help="also write the histogram and speed-up bounds as a PNG")
+    return p
+
+
+def load_input(args) -> tuple:
+    if (args.histogram is None) == (args.lengths is None):
+        raise PackingInputError("give exactly one of --histogram FILE.json or --lengths FILE")
+    if args.histogram is not None:
+        return load_histogram(args.histogram), Path(args.histogram).name
+    if args.max_len is not None and args.max_len < 1:
+        raise PackingInputError(f"--max-len is {args.max_len}; it must be >= 1")
+    lengths = load_lengths(args.lengths, args.max_len)
+    return histogram_of(lengths, args.max_len or int(lengths.max())), Path(args.lengths).name
+
+
+def plan(algorithms, depths) -> list[tuple[str, int | None]]:
+    """The (algorithm, depth) rows to run: depth-free algorithms once, NNLSHP only where it applies
+    unless asked for by name (then a bad depth is an error)."""
+    named = algorithms is not None
+    rows = []
+    for name in algorithms or ALGORITHMS:
+        if name not in ALGORITHMS:
+            raise PackingInputError(f"unknown algorithm {name!r}; choose from {' '.join(ALGORITHMS)}")
+        for depth in ([depths[0]] if name in DEPTH_FREE else depths):
+            if applies(name, depth) or named:
+                rows.append((name, depth))
+    return rows
+
+
+def format_table(results) -> str:
+    best = {}
+    for r in results:
+        best[r.max_sequences_per_pack] = max(best.get(r.max_sequences_per_pack, 0), r.lower_bound_packs)
+    lines = ["  ".join(f"{h:>{w}}" for h, w, _ in COLUMNS)]
+    for r in results:
+        depth = "max" if r.max_sequences_per_pack is None else r.max_sequences_per_pack
+        values = [r.algorithm, depth, r.packs, r.efficiency, r.padding_tokens, r.packing_factor,
+                  r.speedup_upper_bound, r.packs - best[r.max_sequences_per_pack], r.mixture.depth,
+                  len(r.mixture.counts), r.seconds]
+        lines.append("  ".join(f"{f.format(v):>{w}}" for (_, w, f), v in zip(COLUMNS, values)))
+    return "\n".join(lines)
+
+
+def write_plot(path: str, histogram, results, title: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.5), gridspec_kw={"width_ratios": [3, 2]})
+    ax1.bar(np.arange(1, len(histogram) + 1), histogram, width=1.0, color="tab:blue")
+    ax1.set(title=f"{title}: {int(histogram.sum()):,} sequences", xlabel="sequence length", ylabel="sequences")
+    labels = [f"{r.algorithm}\n{'max' if r.max_sequences_per_pack is None else r.max_sequences_per_pack}"
+              for r in results]
+    speedups = [r.speedup_upper_bound for r in results]
+    ax2.bar(labels, speedups, color="tab:green")
+    for i, s in enumerate(speedups):
+        ax2.text(i, s, f"{s:.3f}", ha="center", va="bottom", fontsize=8)
+    ax2.set(title="theoretical speed-up over no packing", ylabel="x")
+    ax2.tick_params(axis="x", labelsize=8)
+    fig.tight_layout()
+    # write next to the target and rename, so an interrupted run leaves no half-written image
+    fd, tmp = tempfile.mkstemp(suffix=".png", dir=os.path.dirname(os.path.abspath(path)))
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=120)
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        histogram, title = load_input(args)
+        if args.batch_size < 1:
+            raise PackingInputError(f"--batch-size is {args.batch_size}; it must be >= 1")
+        if args.plot and not os.path.isdir(os.path.dirname(os.path.abspath(args.plot))):
+            raise PackingInputError(f"--plot: the folder of {args.plot!r} does not exist")
+        rows = plan(args.algorithm, args.max_sequences_per_pack)
+        results = []
+        for name, depth in rows:
+            if not args.json:
+                print(f"running {name} (depth {'max' if depth is None else depth}) ...", file=sys.stderr)
+            result = pack(histogram, name, depth, seed=args.seed, batch_size=args.batch_size)
+            results.append(result)
+            if args.json:
+                print(json.dumps(result.to_json()), flush=True)
+    except PackingInputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if not args.json:
+        tokens = results[0].tokens
+        print(f"{title}: {int(histogram.sum()):,} sequences, {tokens:,} tokens, pack length {len(histogram)}")
+        print(format_table(results))
+    if args.plot:
+        write_plot(args.plot, histogram, results, title)
+        print(f"wrote {args.plot}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

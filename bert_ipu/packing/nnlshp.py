@@ -1,0 +1,62 @@
+"""NNLSHP: non-negative least-squares histogram packing (Krell et al., Section 3 and Appendix).
+
+Enumerate every strategy that fills a pack *exactly* with at most `depth` sequences, find non-negative
+repeat counts whose packed histogram matches the data in weighted least squares (`scipy.optimize.nnls`),
+round to integers, and put each sequence the rounded solution left over into a pack of its own (the
+paper's "leftovers padded": a length-l leftover takes the strategy [l, max_len - l] with the partner slot
+empty). Short lengths (<= 8) get weight 0.09 in the residual, as in the paper, because overshooting them
+costs little padding.
+
+The number of exact strategies grows like max_len**(depth-1), so this is offered for depth <= 3 only.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy import optimize
+
+from .mixture import trim_to_histogram
+
+MAX_DEPTH = 3
+SHORT_LENGTH_CUTOFF = 8
+SHORT_LENGTH_WEIGHT = 0.09
+
+
+def exact_strategies(max_len: int, depth: int) -> np.ndarray:
+    """All multisets of at most `depth` lengths that sum to `max_len`: (n, depth), descending, 0 = empty."""
+    if depth > MAX_DEPTH:
+        raise ValueError(f"NNLSHP enumerates strategies only up to depth {MAX_DEPTH}")
+    rows = [np.array([[max_len, 0, 0]])]
+    if depth >= 2:
+        a = np.arange(1, max_len // 2 + 1)
+        rows.append(np.stack([max_len - a, a, np.zeros_like(a)], axis=1))
+    if depth >= 3:
+        a, b = np.meshgrid(np.arange(1, max_len + 1), np.arange(1, max_len + 1), indexing="ij")
+        c = max_len - a - b
+        keep = (a <= b) & (b <= c)  # each multiset once
+        rows.append(np.stack([c[keep], b[keep], a[keep]], axis=1))
+    return np.concatenate(rows)[:, :depth]
+
+
+def nnlshp(histogram: np.ndarray, depth: int = 3):
+    """Returns the Mixture of the rounded NNLS solution plus padded leftovers."""
+    max_len = len(histogram)
+    strategies = exact_strategies(max_len, depth)
+    # packing matrix: A[l-1, s] = how often length l occurs in strategy s
+    A = np.zeros((max_len, len(strategies)))
+    for col in range(strategies.shape[1]):
+        lens = strategies[:, col]
+        used = lens > 0
+        np.add.at(A, (lens[used] - 1, np.nonzero(used)[0]), 1)
+    weight = np.ones(max_len)
+    weight[:SHORT_LENGTH_CUTOFF] = SHORT_LENGTH_WEIGHT
+    x, _ = optimize.nnls(weight[:, None] * A, weight * histogram, maxiter=50 * max_len)
+    counts = np.rint(x).astype(np.int64)
+    residual = histogram - (A @ counts).astype(np.int64)
+    # leftovers: one pack each, the partner slot left as padding (trimmed below)
+    left = np.nonzero(residual > 0)[0] + 1
+    leftover_packs = np.zeros((len(left), strategies.shape[1]), dtype=np.int64)
+    leftover_packs[:, 0] = left
+    strategies = np.concatenate([strategies, leftover_packs])
+    counts = np.concatenate([counts, residual[left - 1]])
+    return trim_to_histogram(strategies, counts, histogram)

@@ -1,0 +1,108 @@
+"""The packing report command: output formats and bad input (one-line error, exit code 2)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bert_ipu.packing.__main__ import main
+
+KEYS = ["algorithm", "max_sequences_per_pack", "packs", "sequences", "tokens", "padding_tokens", "efficiency",
+        "packing_factor", "speedup_upper_bound", "lower_bound_packs", "strategies", "max_depth_used", "seconds"]
+
+
+def write(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_json_rows_have_exactly_the_documented_keys(tmp_path, capsys):
+    hist = write(tmp_path, "h.json", json.dumps([0, 3, 5, 0, 2, 7, 1, 4]))
+    assert main(["--histogram", hist, "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["algorithm"] for r in rows] == ["none", "sort", "greedy", "greedy", "spfhp", "spfhp",
+                                              "lpfhp", "lpfhp", "nnlshp", "cghp", "cghp"]
+    for r in rows:
+        assert list(r) == KEYS
+        assert r["sequences"] == 22 and r["tokens"] == 2 * 3 + 3 * 5 + 5 * 2 + 6 * 7 + 7 + 8 * 4
+        assert r["padding_tokens"] == (r["packs"] * 8 - r["tokens"] if r["algorithm"] != "sort" else r["padding_tokens"])
+        assert r["efficiency"] == pytest.approx(r["tokens"] / (r["tokens"] + r["padding_tokens"]))
+        assert r["packing_factor"] == pytest.approx(22 / r["packs"])
+
+
+def test_table_and_plot_from_lengths(tmp_path, capsys):
+    lengths = np.random.default_rng(0).integers(1, 65, size=500)
+    path = tmp_path / "lengths.npy"
+    np.save(path, lengths)
+    plot = tmp_path / "out.png"
+    assert main(["--lengths", str(path), "--max-len", "64", "--algorithm", "lpfhp", "cghp",
+                 "--max-sequences-per-pack", "3", "--plot", str(plot)]) == 0
+    out = capsys.readouterr().out
+    assert "500 sequences" in out and "cghp" in out and "lpfhp" in out
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lengths.npy", "out.png"], "no temporary file left"
+
+
+def test_lengths_text_file(tmp_path, capsys):
+    path = write(tmp_path, "lengths.txt", "3\n5\n\n8\n1\n")
+    assert main(["--lengths", path, "--algorithm", "cghp", "--json", "--max-sequences-per-pack", "max"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert row["sequences"] == 4 and row["tokens"] == 17 and row["packs"] == 3  # max_len 8
+
+
+@pytest.mark.parametrize("content, message", [
+    ("[1, -2, 3]", "must be >= 0"),
+    ("[1, 2.5, 3]", "whole numbers"),
+    ('[1, "x", 3]', "not a number"),
+    ("[]", "empty"),
+    ("[0, 0, 0]", "nothing to pack"),
+    ("{\"a\": 1}", "expected a JSON list"),
+    ("[1, 2,", "not valid JSON"),
+])
+def test_bad_histograms(tmp_path, capsys, content, message):
+    assert main(["--histogram", write(tmp_path, "h.json", content)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and message in err[0]
+
+
+@pytest.mark.parametrize("lengths, extra, message", [
+    ("3\n0\n2\n", [], "must be >= 1"),
+    ("3\n9\n2\n", ["--max-len", "8"], "above the maximum 8"),
+    ("3\nabc\n", [], "'abc' is not a length"),
+    ("3\n2.5\n", [], "whole numbers"),
+])
+def test_bad_lengths(tmp_path, capsys, lengths, extra, message):
+    assert main(["--lengths", write(tmp_path, "l.txt", lengths), *extra]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+
+
+def test_bad_options(tmp_path, capsys):
+    hist = write(tmp_path, "h.json", "[1, 2, 3]")
+    assert main(["--histogram", hist, "--algorithm", "magic"]) == 2
+    assert "unknown algorithm 'magic'" in capsys.readouterr().err
+    assert main(["--histogram", hist, "--algorithm", "nnlshp", "--max-sequences-per-pack", "max"]) == 2
+    assert "up to 3" in capsys.readouterr().err
+    assert main(["--histogram", str(tmp_path / "missing.json")]) == 2
+    assert "cannot read histogram file" in capsys.readouterr().err
+    assert main([]) == 2
+    assert "exactly one of" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["--histogram", hist, "--max-sequences-per-pack", "0"])
+    assert e.value.code == 2
+    assert "below 1" in capsys.readouterr().err
+    assert main(["--histogram", hist, "--plot", str(tmp_path / "no" / "dir.png")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_command_line_exit_code_and_no_traceback(tmp_path):
+    """As a user runs it: exit code 2, one line on stderr, no traceback."""
+    bad = write(tmp_path, "h.json", "[1, -1]")
+    proc = subprocess.run([sys.executable, "-m", "bert_ipu.packing", "--histogram", bad],
+                          capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "Traceback" not in proc.stderr
