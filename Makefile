@@ -16,10 +16,11 @@ help:
 setup: $(VENV)/.installed
 
 # torch first, from the CPU wheel, so that pip never pulls CUDA packages; then the pinned rest.
-$(VENV)/.installed: requirements.txt
+$(VENV)/.installed: requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
+	$(PY) -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e .
 	touch $@
 
 run: setup
