@@ -39,9 +39,10 @@ def greedy(histogram: np.ndarray, depth: int, seed: int = 0) -> Mixture:
     """Shuffle the sequences, then fill packs in arrival order (next fit), closing a pack when the next
     sequence does not fit or the pack holds `depth` sequences."""
     max_len = len(histogram)
-    lengths = np.random.default_rng(seed).permutation(expand_histogram(histogram))
+    small = np.int16 if max_len < 2**15 else np.int32
+    lengths = np.random.default_rng(seed).permutation(expand_histogram(histogram).astype(small))
     n = len(lengths)
-    ends = np.cumsum(lengths)
+    ends = np.cumsum(lengths, dtype=np.int64)
     starts = ends - lengths
     # A pack starting at sequence i takes sequences i..j-1: the longest run that fits and respects depth.
     nxt = np.searchsorted(ends, starts + max_len, side="right")
@@ -56,6 +57,6 @@ def greedy(histogram: np.ndarray, depth: int, seed: int = 0) -> Mixture:
     width = int(sizes.max())
     pack_of = np.repeat(np.arange(len(first)), sizes)
     slot = np.arange(n) - first[pack_of]
-    packs = np.zeros((len(first), width), dtype=np.int64)
+    packs = np.zeros((len(first), width), dtype=small)
     packs[pack_of, slot] = lengths
     return Mixture.from_packs(packs)
