@@ -1,16 +1,22 @@
 # packed BERT. `make help` lists the targets.
-#   make run    set up the virtual environment and run the main job
-#   make test   set up the virtual environment and run the test suite
+#   make        set up the virtual environment and build the custom op
+#   make run    ... and run the main job
+#   make test   ... and run the test suite
 VENV    ?= .venv
 PYTHON  ?= python3
 PY      := $(VENV)/bin/python
 HIST    := benchmarks/histograms
+OPS_LIB := bert_ipu/bert_ipu_ops.so
+OPS_SRC := $(wildcard custom_ops/*.cpp custom_ops/*.cu custom_ops/*.h) custom_ops/build.py
 
-.PHONY: help setup run test bench clean
+.PHONY: all help setup ops run test bench clean
+all: ops
+
 help:
-	@echo "make run    set up $(VENV) and run the main job (packing report on the shipped histograms)"
-	@echo "make test   set up $(VENV) and run the tests"
-	@echo "make bench  packing benchmark against the issue's goals"
+	@echo "make        set up $(VENV) and build the custom op ($(OPS_LIB))"
+	@echo "make run    ... then the main job (packing report on the shipped histograms)"
+	@echo "make test   ... then the tests"
+	@echo "make bench  packing and model benchmarks (print figures)"
 	@echo "make setup  only create/update $(VENV) from requirements.txt"
 
 setup: $(VENV)/.installed
@@ -23,15 +29,21 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PY) -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e .
 	touch $@
 
-run: setup
+# CPU kernel always; CUDA kernel too when nvcc and a CUDA build of torch are present (build.py says which)
+ops: $(OPS_LIB)
+$(OPS_LIB): $(OPS_SRC) $(VENV)/.installed
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) custom_ops/build.py
+
+run: ops
 	$(PY) -m bert_ipu.packing --histogram $(HIST)/wikipedia_512.json --plot wikipedia_512_packing.png
 	$(PY) -m bert_ipu.packing --histogram $(HIST)/squad_1_1_384.json --plot squad_1_1_384_packing.png
 
-test: setup
-	$(PY) -m pytest -q
+test: ops
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
 
-bench: setup
+bench: ops
 	$(PY) benchmarks/packing_benchmark.py
+	$(PY) benchmarks/model_benchmark.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis *_packing.png
+	rm -rf $(VENV) build .pytest_cache .hypothesis *_packing.png $(OPS_LIB)

@@ -1,0 +1,1 @@
+"""Pretraining data: the packed layout (layout.py); instance creation and shards come with the data pipeline."""

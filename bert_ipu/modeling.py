@@ -1,0 +1,332 @@
+"""Packed BERT: BERT for pretraining on packs of several sequences, computing what vanilla BERT computes on
+each sequence alone.
+
+The architecture is Hugging Face's `BertForPreTraining`, with its attribute names (so its state dict loads
+with `strict=True` and ours loads back into `transformers`), changed in the three places packing needs:
+
+- positions restart at 0 in every sequence (`position_ids` is an input, looked up in the position table);
+- attention is block-diagonal: a token attends only to tokens of its own sequence (`sequence_ids`);
+- the heads run on fixed slices: the MLM head on the first `mlm_slots` positions (where the data pipeline
+  puts the masked tokens) and the NSP head (pooler + classifier) on the last `max_sequences_per_pack`
+  positions (where it puts each sequence's [CLS] token). No gather with data-dependent shapes.
+
+Packed inputs, per micro-batch of B packs of length S (see bert_ipu/data/layout.py for how they are made):
+
+    input_ids, position_ids, token_type_ids, sequence_ids: (B, S) int; sequence_ids 1..k, 0 = padding
+    masked_lm_labels:      (B, M) int, the token to predict at each of the first M positions, -100 = none
+    next_sentence_labels:  (B, K) int, NSP label of the sequence whose [CLS] sits at position S - K + i
+    next_sentence_weights: (B, K) float, 1 where that slot holds a [CLS] token, 0 otherwise
+
+Attention backends (`attention_backend`), all giving the same numbers:
+    "mask"       the custom op's additive mask + SDPA (default; built by `make`; has a CPU backward)
+    "reference"  the same mask built with plain PyTorch ops (no custom op needed)
+    "flex"       FlexAttention with a document block mask: skips fully masked blocks on GPU. Forward only
+                 on CPU (PyTorch has no FlexAttention backward there)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import BertConfig
+from transformers.activations import ACT2FN
+
+from .ops import packed_attention_mask, reference_packed_attention_mask
+
+ATTENTION_BACKENDS = ("mask", "reference", "flex")
+IGNORE_INDEX = -100
+
+
+# --- encoder -----------------------------------------------------------------------------------------------
+
+class BertEmbeddings(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, input_ids, position_ids, token_type_ids):
+        # all (B, S) -> (B, S, H); position_ids restart in every sequence of a pack
+        x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
+        x = x + self.position_embeddings(position_ids)
+        return self.dropout(self.LayerNorm(x))
+
+
+class BertSelfAttention(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        if config.hidden_size % config.num_attention_heads:
+            raise ValueError(f"hidden_size {config.hidden_size} is not a multiple of "
+                             f"num_attention_heads {config.num_attention_heads}")
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.hidden_size // config.num_attention_heads
+        self.query = nn.Linear(config.hidden_size, config.hidden_size)
+        self.key = nn.Linear(config.hidden_size, config.hidden_size)
+        self.value = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dropout_p = config.attention_probs_dropout_prob
+
+    def forward(self, hidden, attention):
+        # hidden: (B, S, H); attention: an additive mask (B, 1, S, S) or a flex BlockMask
+        B, S, _ = hidden.shape
+        q, k, v = (proj(hidden).view(B, S, self.num_heads, self.head_dim).transpose(1, 2)
+                   for proj in (self.query, self.key, self.value))  # (B, nh, S, hd)
+        if isinstance(attention, torch.Tensor):
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attention.to(q.dtype),
+                                                 dropout_p=self.dropout_p if self.training else 0.0)
+        else:
+            from torch.nn.attention.flex_attention import flex_attention
+            out = flex_attention(q, k, v, block_mask=attention)
+        return out.transpose(1, 2).reshape(B, S, -1)
+
+
+class BertSelfOutput(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, hidden, residual):
+        return self.LayerNorm(self.dropout(self.dense(hidden)) + residual)
+
+
+class BertAttention(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.self = BertSelfAttention(config)
+        self.output = BertSelfOutput(config)
+
+    def forward(self, hidden, attention):
+        return self.output(self.self(hidden, attention), hidden)
+
+
+class BertIntermediate(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.intermediate_act_fn = ACT2FN[config.hidden_act]
+
+    def forward(self, hidden):
+        return self.intermediate_act_fn(self.dense(hidden))
+
+
+class BertOutput(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, hidden, residual):
+        return self.LayerNorm(self.dropout(self.dense(hidden)) + residual)
+
+
+class BertLayer(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.attention = BertAttention(config)
+        self.intermediate = BertIntermediate(config)
+        self.output = BertOutput(config)
+
+    def forward(self, hidden, attention):
+        hidden = self.attention(hidden, attention)
+        return self.output(self.intermediate(hidden), hidden)
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        # keyed "0".."N-1" like HF's ModuleList, but a dict: a pipeline stage deletes the layers it does not
+        # own and the remaining keys (and checkpoint names) stay as they were
+        self.layer = nn.ModuleDict({str(i): BertLayer(config) for i in range(config.num_hidden_layers)})
+
+    def forward(self, hidden, attention):
+        for layer in self.layer.values():
+            hidden = layer(hidden, attention)
+        return hidden
+
+
+class BertPooler(nn.Module):
+    """HF's pooler (dense + tanh), applied to every [CLS] slot of a pack instead of position 0 only."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.activation = nn.Tanh()
+
+    def forward(self, cls_hidden):  # (B, K, H) -> (B, K, H)
+        return self.activation(self.dense(cls_hidden))
+
+
+def attention_for(sequence_ids: torch.Tensor, backend: str, dtype: torch.dtype):
+    """What every layer attends with: an additive (B, 1, S, S) mask, or a flex BlockMask."""
+    if backend == "mask":
+        return packed_attention_mask(sequence_ids, dtype)
+    if backend == "reference":
+        return reference_packed_attention_mask(sequence_ids, dtype)
+    if backend == "flex":
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        def same_sequence(b, h, q, kv):
+            return sequence_ids[b, q] == sequence_ids[b, kv]
+
+        B, S = sequence_ids.shape
+        return create_block_mask(same_sequence, B, None, S, S, device=sequence_ids.device)
+    raise ValueError(f"unknown attention backend {backend!r}; choose from {', '.join(ATTENTION_BACKENDS)}")
+
+
+class PackedBertModel(nn.Module):
+    """Embeddings + encoder + pooler, HF `BertModel` names. Returns the encoder output (B, S, H)."""
+
+    def __init__(self, config: BertConfig, attention_backend: str = "mask"):
+        super().__init__()
+        if attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"unknown attention backend {attention_backend!r}; "
+                             f"choose from {', '.join(ATTENTION_BACKENDS)}")
+        self.config = config
+        self.attention_backend = attention_backend
+        self.embeddings = BertEmbeddings(config)
+        self.encoder = BertEncoder(config)
+        self.pooler = BertPooler(config)
+
+    def forward(self, input_ids, position_ids, token_type_ids, sequence_ids):
+        hidden = self.embeddings(input_ids, position_ids, token_type_ids)
+        attention = attention_for(sequence_ids, self.attention_backend, hidden.dtype)
+        return self.encoder(hidden, attention)
+
+
+# --- heads -------------------------------------------------------------------------------------------------
+
+class BertPredictionHeadTransform(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.transform_act_fn = ACT2FN[config.hidden_act]
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, hidden):
+        return self.LayerNorm(self.transform_act_fn(self.dense(hidden)))
+
+
+class BertLMPredictionHead(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.transform = BertPredictionHeadTransform(config)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size)
+        self.bias = self.decoder.bias  # HF keeps both names for one tensor
+
+    def forward(self, hidden):
+        return self.decoder(self.transform(hidden))
+
+
+class BertPreTrainingHeads(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.predictions = BertLMPredictionHead(config)
+        self.seq_relationship = nn.Linear(config.hidden_size, 2)
+
+
+@dataclass
+class PackedPreTrainingOutput:
+    mlm_logits: torch.Tensor           # (B, M, V)
+    nsp_logits: torch.Tensor           # (B, K, 2)
+    loss: torch.Tensor | None = None   # mlm_loss + nsp_loss
+    mlm_loss: torch.Tensor | None = None
+    nsp_loss: torch.Tensor | None = None
+    mlm_loss_sum: torch.Tensor | None = None  # summed over masked tokens
+    mlm_count: torch.Tensor | None = None     # masked tokens in the micro-batch
+    nsp_loss_sum: torch.Tensor | None = None  # summed over present sequences
+    nsp_count: torch.Tensor | None = None     # present sequences in the micro-batch
+
+
+class PackedBertForPreTraining(nn.Module):
+    """BERT with MLM and NSP heads on packed inputs; HF `BertForPreTraining` names and state dict."""
+
+    def __init__(self, config: BertConfig, max_sequences_per_pack: int = 3, attention_backend: str = "mask"):
+        super().__init__()
+        self.config = config
+        self.max_sequences_per_pack = max_sequences_per_pack
+        self.bert = PackedBertModel(config, attention_backend)
+        self.cls = BertPreTrainingHeads(config)
+        self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight  # tied, as in HF
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module):
+        std = self.config.initializer_range
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=std)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+        if isinstance(module, nn.Embedding) and module.padding_idx is not None:
+            with torch.no_grad():
+                module.weight[module.padding_idx].zero_()
+        if isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+
+    def forward(self, input_ids, position_ids, token_type_ids, sequence_ids, masked_lm_labels=None,
+                next_sentence_labels=None, next_sentence_weights=None, mlm_normalizer=None, nsp_normalizer=None,
+                mlm_slots: int | None = None) -> PackedPreTrainingOutput:
+        """Shapes in the module docstring. The losses are sums divided by a count: by default this
+        micro-batch's masked tokens and present sequences; pass `mlm_normalizer` / `nsp_normalizer` to divide
+        by a global count instead (gradient accumulation, data parallelism) or by an expected count (the
+        paper's loss balancing). `mlm_slots` (M) defaults to masked_lm_labels.shape[1]."""
+        hidden = self.bert(input_ids, position_ids, token_type_ids, sequence_ids)  # (B, S, H)
+        if mlm_slots is None:
+            if masked_lm_labels is None:
+                raise ValueError("give masked_lm_labels or mlm_slots: the MLM head runs on the first M positions")
+            mlm_slots = masked_lm_labels.shape[1]
+        mlm_logits = self.cls.predictions(hidden[:, :mlm_slots])                    # (B, M, V)
+        pooled = self.bert.pooler(hidden[:, -self.max_sequences_per_pack:])          # (B, K, H)
+        nsp_logits = self.cls.seq_relationship(pooled)                              # (B, K, 2)
+        out = PackedPreTrainingOutput(mlm_logits, nsp_logits)
+        if masked_lm_labels is None or next_sentence_labels is None or next_sentence_weights is None:
+            return out
+        # losses in at least float32, also under bf16 autocast
+        loss_dtype = torch.promote_types(mlm_logits.dtype, torch.float32)
+        out.mlm_loss_sum = F.cross_entropy(mlm_logits.flatten(0, 1).to(loss_dtype), masked_lm_labels.flatten(),
+                                           ignore_index=IGNORE_INDEX, reduction="sum")
+        out.mlm_count = (masked_lm_labels != IGNORE_INDEX).sum()
+        weights = next_sentence_weights.flatten().to(loss_dtype)
+        nsp_each = F.cross_entropy(nsp_logits.flatten(0, 1).to(loss_dtype), next_sentence_labels.flatten(),
+                                   reduction="none")
+        out.nsp_loss_sum = (nsp_each * weights).sum()
+        out.nsp_count = weights.sum()
+        # clamp keeps an all-padding micro-batch at loss 0 instead of 0/0, with no data-dependent branch
+        mlm_div = out.mlm_count.clamp_min(1) if mlm_normalizer is None else mlm_normalizer
+        nsp_div = out.nsp_count.clamp_min(1) if nsp_normalizer is None else nsp_normalizer
+        out.mlm_loss = out.mlm_loss_sum / mlm_div
+        out.nsp_loss = out.nsp_loss_sum / nsp_div
+        out.loss = out.mlm_loss + out.nsp_loss
+        return out
+
+    # --- Hugging Face interoperability -----------------------------------------------------------------
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, **kwargs) -> "PackedBertForPreTraining":
+        """Load a Hugging Face `BertForPreTraining` folder (config.json + weights), or one saved by us."""
+        from transformers import BertForPreTraining
+
+        hf = BertForPreTraining.from_pretrained(str(path))
+        model = cls(hf.config, **kwargs)
+        model.load_state_dict(hf.state_dict(), strict=True)
+        return model
+
+    def save_pretrained(self, path: str | Path) -> None:
+        """Write a folder that `transformers.BertForPreTraining.from_pretrained` loads."""
+        from transformers import BertForPreTraining
+
+        hf = BertForPreTraining(self.config)
+        hf.load_state_dict(self.state_dict(), strict=True)
+        hf.save_pretrained(str(path))
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
