@@ -15,3 +15,7 @@ def wikipedia_512() -> np.ndarray:
 @pytest.fixture(scope="session")
 def squad_384() -> np.ndarray:
     return np.array(json.loads((HISTOGRAMS / "squad_1_1_384.json").read_text()), dtype=np.int64)
+
+import sys
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "data"))  # the data/ command-line scripts

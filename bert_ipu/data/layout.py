@@ -100,3 +100,91 @@ def pack_instances(instances: list[Instance], layout: PackLayout) -> dict[str, n
 def stack_packs(packs: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """A micro-batch: each field stacked to (B, ...)."""
     return {name: np.stack([p[name] for p in packs]) for name in FIELDS}
+
+
+def lengths_of(sequence_ids: np.ndarray) -> np.ndarray:
+    """Tokens of each row's sequence(s): (N, S) ids -> (N,) non-padding counts."""
+    return (np.asarray(sequence_ids) > 0).sum(axis=1)
+
+
+def pack_rows(src: dict[str, np.ndarray], groups: np.ndarray, layout: PackLayout) -> dict[str, np.ndarray]:
+    """The fast path of `pack_instances`: combine packs of one into packs, vectorised over many packs.
+
+    src: the FIELDS of N packs of one (each row one instance, laid out by `pack_instances` with K = 1).
+    groups: (P, K) int row indices into src, -1 for an empty slot (empty slots last in each row).
+    Returns the FIELDS of P packs in `layout`, identical to calling `pack_instances` pack by pack.
+    """
+    S, M, K = layout.pack_len, layout.mlm_slots, layout.max_sequences_per_pack
+    groups = np.asarray(groups, dtype=np.int64)
+    P = len(groups)
+    if groups.shape[1] > K:
+        raise ValueError(f"groups have {groups.shape[1]} slots but the layout allows {K} sequences")
+    width = groups.shape[1]
+    present = groups >= 0                                              # (P, w)
+    rows = np.where(present, groups, 0)
+    seq_src = src["sequence_ids"][rows.ravel()].reshape(P, width, -1)  # (P, w, S0)
+    S0 = seq_src.shape[2]
+    n = np.where(present, (seq_src > 0).sum(axis=2), 0)                # tokens per instance
+    lab_src = src["masked_lm_labels"][rows.ravel()].reshape(P, width, -1)
+    m = np.where(present, (lab_src != IGNORE_INDEX).sum(axis=2), 0)    # masked tokens per instance
+    body = np.maximum(n - 1, 0)                                        # non-[CLS] tokens
+    k = present.sum(axis=1)                                            # sequences per pack
+    if (n.sum(axis=1) > S).any():
+        raise ValueError(f"a pack's sequences hold more than {S} tokens")
+    if (m.sum(axis=1) > M).any():
+        raise ValueError(f"a pack has more masked tokens than its {M} MLM slots")
+    masked_at = np.cumsum(m, axis=1) - m                               # where each instance's masked run starts
+    plain_at = m.sum(axis=1, keepdims=True) + np.cumsum(body - m, axis=1) - (body - m)
+    t = np.arange(S0)
+    dest = np.where(t < m[..., None], masked_at[..., None] + t,
+                    plain_at[..., None] + t - m[..., None])            # (P, w, S0)
+    valid = t < body[..., None]
+    cls_dest = S - k[:, None] + np.arange(width)[None, :]              # (P, w)
+    pack_index = np.broadcast_to(np.arange(P)[:, None, None], dest.shape)
+
+    out = {"input_ids": np.full((P, S), PAD_ID, dtype=np.int64)}
+    for name in ("position_ids", "token_type_ids", "sequence_ids"):
+        out[name] = np.zeros((P, S), dtype=np.int64)
+    seq_ids = np.broadcast_to(np.arange(1, width + 1)[None, :, None], dest.shape)
+    for name in ("input_ids", "position_ids", "token_type_ids", "sequence_ids"):
+        values = seq_ids if name == "sequence_ids" else src[name][rows.ravel()].reshape(P, width, -1)
+        out[name][pack_index[valid], dest[valid]] = values[valid]
+        cls_values = np.arange(1, width + 1)[None, :].repeat(P, 0) if name == "sequence_ids" else values[..., S0 - 1]
+        if name == "position_ids":
+            cls_values = np.zeros_like(cls_values)
+        out[name][np.nonzero(present)[0], cls_dest[present]] = cls_values[present]
+    labels = np.full((P, M), IGNORE_INDEX, dtype=np.int64)
+    masked = t[: lab_src.shape[2]] < m[..., None]                      # (P, w, M0)
+    labels[pack_index[..., : lab_src.shape[2]][masked], dest[..., : lab_src.shape[2]][masked]] = lab_src[masked]
+    out["masked_lm_labels"] = labels
+    nsp = np.zeros((P, K), dtype=np.int64)
+    weights = np.zeros((P, K), dtype=np.float32)
+    slot = K - k[:, None] + np.arange(width)[None, :]
+    nsp_src = src["next_sentence_labels"][rows.ravel(), 0].reshape(P, width)
+    nsp[np.nonzero(present)[0], slot[present]] = nsp_src[present]
+    weights[np.nonzero(present)[0], slot[present]] = 1.0
+    out["next_sentence_labels"], out["next_sentence_weights"] = nsp, weights
+    return out
+
+
+def unpack(packs: dict[str, np.ndarray]) -> list[list[Instance]]:
+    """The inverse of packing: for every pack, its instances in sequence order (canonical: tokens by
+    position, labels per position)."""
+    K = packs["next_sentence_labels"].shape[1]
+    out = []
+    for p in range(len(packs["input_ids"])):
+        seq, pos = packs["sequence_ids"][p], packs["position_ids"][p]
+        k = int(seq.max())
+        M = packs["masked_lm_labels"].shape[1]
+        instances = []
+        for j in range(1, k + 1):
+            where = np.nonzero(seq == j)[0]
+            where = where[np.argsort(pos[where], kind="stable")]
+            labels = np.full(len(where), IGNORE_INDEX, dtype=np.int64)
+            slots = np.nonzero((seq[:M] == j) & (packs["masked_lm_labels"][p] != IGNORE_INDEX))[0]
+            labels[pos[slots]] = packs["masked_lm_labels"][p][slots]
+            instances.append(Instance(packs["input_ids"][p][where].astype(np.int64),
+                                      packs["token_type_ids"][p][where].astype(np.int64), labels,
+                                      int(packs["next_sentence_labels"][p][K - k + j - 1])))
+        out.append(instances)
+    return out

@@ -1,0 +1,201 @@
+"""The two data-preparation steps behind data/create_pretraining_data.py and data/pack_pretraining_data.py.
+
+text --create_pretraining_data--> unpacked instances (packs of one) --pack_pretraining_data--> packed shards
+
+Both write through `DatasetWriter` (temporary folder, manifest last, rename), so an interrupted or failed
+run leaves no dataset behind.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import platform
+import shutil
+import time
+from collections import deque
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+from .. import packing
+from .instances import InstanceConfig, WordPiece, create_instances, default_vocab, mlm_slots_for, train_vocab
+from .layout import PackLayout, lengths_of, pack_instances, pack_rows, stack_packs
+from .shards import DatasetError, DatasetWriter, PackedDataset, gather
+from .text import BUILTIN, BUILTIN_LICENSE, DataInputError, TextStats, read_documents
+
+_WORKER: dict = {}
+
+
+def versions() -> dict:
+    import numpy
+    import scipy
+    import tokenizers
+
+    return {"python": platform.python_version(), "numpy": numpy.__version__, "scipy": scipy.__version__,
+            "tokenizers": tokenizers.__version__}
+
+
+def _chunks(documents, size):
+    chunk = []
+    for doc in documents:
+        chunk.append(doc)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _init_worker(vocab: str, config: InstanceConfig, validation_fraction: float) -> None:
+    _WORKER.update(wp=WordPiece(vocab), config=config, validation_fraction=validation_fraction)
+
+
+def _process_chunk(job):
+    """One chunk of documents -> rows (packs of one) per split, and counts. Runs in a worker."""
+    index, documents = job
+    wp, config = _WORKER["wp"], _WORKER["config"]
+    import random
+
+    rng = random.Random(f"{config.seed}-split-{index}")
+    held_out = [rng.random() < _WORKER["validation_fraction"] for _ in documents]
+    layout = PackLayout(config.max_seq_length, config.max_predictions, 1)
+    counts: dict = {}
+    out = {}
+    for split, docs in (("train", [d for d, h in zip(documents, held_out) if not h]),
+                        ("validation", [d for d, h in zip(documents, held_out) if h])):
+        instances = create_instances(docs, wp, config, chunk_index=2 * index + (split == "validation"), counts=counts)
+        out[split] = stack_packs([pack_instances([x], layout) for x in instances]) if instances else None
+    text_bytes = sum(len(s.encode("utf-8")) + 1 for d in documents for s in d)
+    return out, counts, text_bytes
+
+
+def _ordered_map(pool, fn, items, in_flight):
+    """Like pool.imap, but never more than `in_flight` chunks in memory (imap reads its input eagerly)."""
+    pending = deque()
+    for item in items:
+        pending.append(pool.apply_async(fn, (item,)))
+        if len(pending) >= in_flight:
+            yield pending.popleft().get()
+    while pending:
+        yield pending.popleft().get()
+
+
+def create_pretraining_data(inputs: list[str], output: str | Path, config: InstanceConfig, vocab: str | None = None,
+                            train_vocab_size: int | None = None, raw: bool = False, workers: int = 1,
+                            docs_per_shard: int = 2000, validation_fraction: float = 0.02, overwrite: bool = False,
+                            progress: bool = True) -> dict:
+    """Text -> unpacked instances (packs of one) in the shard format. Returns the manifest."""
+    from tqdm import tqdm
+
+    if docs_per_shard < 1 or workers < 1 or not 0 <= validation_fraction < 1:
+        raise DataInputError("docs_per_shard and workers must be >= 1 and validation_fraction in [0, 1)")
+    output = Path(output)
+    layout = PackLayout(config.max_seq_length, config.max_predictions, 1)
+    start = time.perf_counter()
+    with DatasetWriter(output, layout, overwrite) as writer:
+        if train_vocab_size:
+            vocab_path = train_vocab(read_documents(inputs, raw), train_vocab_size, writer.partial)
+        else:
+            vocab_path = Path(vocab) if vocab else default_vocab()
+        wp = WordPiece(vocab_path)  # validates the vocab before any work starts
+        if vocab_path != writer.partial / "vocab.txt":
+            shutil.copyfile(vocab_path, writer.partial / "vocab.txt")  # every dataset carries its vocab
+        stats = TextStats()
+        documents = read_documents(inputs, raw, stats)
+        counts: dict = {"instances": {"train": 0, "validation": 0}}
+        bar = tqdm(desc="creating instances", unit="B", unit_scale=True, disable=not progress or None)
+        jobs = enumerate(_chunks(documents, docs_per_shard))
+        args = (str(vocab_path), config, validation_fraction)
+        if workers == 1:
+            _init_worker(*args)
+            results = map(_process_chunk, jobs)
+            pool = None
+        else:
+            pool = mp.get_context("spawn").Pool(workers, initializer=_init_worker, initargs=args)
+            results = _ordered_map(pool, _process_chunk, jobs, in_flight=2 * workers)
+        try:
+            for rows, chunk_counts, text_bytes in results:
+                for split, arrays in rows.items():
+                    if arrays is not None:
+                        writer.write_shard(split, arrays)
+                        counts["instances"][split] += len(arrays["input_ids"])
+                for key, value in chunk_counts.items():
+                    counts[key] = counts.get(key, 0) + value
+                bar.update(text_bytes)
+                bar.set_postfix(instances=sum(counts["instances"].values()))
+        finally:
+            bar.close()
+            if pool is not None:
+                pool.terminate()
+        if sum(counts["instances"].values()) == 0:
+            raise DataInputError("the input produced no instances: it holds no document with text "
+                                 f"({stats.documents} documents, {stats.empty_documents} empty)")
+        seconds = time.perf_counter() - start
+        info = {
+            "kind": "instances",
+            "source": {"inputs": inputs, "raw": raw, "license": BUILTIN_LICENSE if inputs == [BUILTIN] else None},
+            "vocab": {"file": "vocab.txt", "source": "trained on the input" if train_vocab_size else str(vocab_path),
+                      "size": len(wp), "lowercase": wp.lowercase},
+            "instance_config": asdict(config) | {"max_predictions_per_seq": config.max_predictions},
+            "validation_fraction": validation_fraction, "docs_per_shard": docs_per_shard,
+            "text": {"files": stats.files, "bytes": stats.bytes, "documents": stats.documents,
+                     "sentences": stats.sentences, "skipped_empty_files": stats.empty_files,
+                     "skipped_empty_documents": stats.empty_documents,
+                     "single_sentence_documents": stats.single_sentence_documents},
+            "counts": counts, "seconds": seconds, "versions": versions(),
+        }
+        writer.finish(info)
+    return PackedDataset(output).manifest
+
+
+def pack_pretraining_data(input_dir: str | Path, output: str | Path, algorithm: str = "cghp",
+                          max_sequences_per_pack: int | None = 3, seed: int = 0, packs_per_shard: int = 4096,
+                          overwrite: bool = False, progress: bool = True) -> dict:
+    """Unpacked instances -> packed shards with a `bert_ipu.packing` algorithm. Returns the manifest.
+
+    `algorithm="none"` writes the unpacked baseline in the same format (packs of one)."""
+    from tqdm import tqdm
+
+    src = PackedDataset(input_dir)
+    if src.layout.max_sequences_per_pack != 1 or src.manifest.get("kind") != "instances":
+        raise DatasetError(f"{input_dir} is already packed; give the output of data/create_pretraining_data.py")
+    config = InstanceConfig(**{k: v for k, v in src.manifest["instance_config"].items()})
+    S = src.layout.pack_len
+    depth = 1 if algorithm in packing.DEPTH_FREE else max_sequences_per_pack
+    K = depth if depth is not None else S // 5  # shortest instance: [CLS] a [SEP] b [SEP]
+    layout = PackLayout(S, mlm_slots_for(config, S, K), K)
+    start = time.perf_counter()
+    per_split = {}
+    with DatasetWriter(output, layout, overwrite) as writer:
+        shutil.copyfile(src.path / "vocab.txt", writer.partial / "vocab.txt")
+        for split in src.splits:
+            n_shards = len(src.shard_sizes(split))
+            # shard by shard, dropping each map: a mapped page that was read counts as resident memory
+            lengths = np.concatenate([lengths_of(src.shard(split, i, ["sequence_ids"])["sequence_ids"])
+                                      for i in range(n_shards)])
+            histogram = packing.histogram_of(lengths, S)
+            result = packing.pack(histogram, algorithm, depth)
+            groups = packing.assign(lengths, result.mixture, S, seed=seed)
+            if groups.shape[1] < K:
+                groups = np.pad(groups, ((0, 0), (0, K - groups.shape[1])), constant_values=-1)
+            bar = tqdm(total=len(groups), desc=f"packing {split}", unit="pack", disable=not progress or None)
+            for lo in range(0, len(groups), packs_per_shard):
+                block = groups[lo:lo + packs_per_shard]
+                used = block[block >= 0]
+                rows = gather(src.shard_sizes(split), lambda i: src.shard(split, i), used)
+                local = np.full(block.shape, -1)
+                local[block >= 0] = np.arange(len(used))
+                writer.write_shard(split, pack_rows(rows, local, layout))
+                bar.update(len(block))
+            bar.close()
+            per_split[split] = {**{k: v for k, v in result.to_json().items() if k != "seconds"},
+                                "solver_seconds": result.seconds, "histogram": histogram}
+        info = {
+            "kind": "packed", "source": str(Path(input_dir).resolve()), "algorithm": algorithm,
+            "max_sequences_per_pack": "max" if max_sequences_per_pack is None else max_sequences_per_pack,
+            "seed": seed, "instance_config": src.manifest["instance_config"], "vocab": src.manifest["vocab"],
+            "packing": per_split, "seconds": time.perf_counter() - start, "versions": versions(),
+        }
+        writer.finish(info)
+    return PackedDataset(output).manifest

@@ -1,0 +1,193 @@
+"""Text input: documents as lists of sentences, from the formats users bring and from the built-in corpus.
+
+Formats (`read_documents`):
+- BERT's text format (`.txt`): one sentence per line, a blank line between documents;
+- raw documents: a folder of `.txt`/`.md` files (one document per file) or JSON lines (`.jsonl`, one
+  document per line in a `text` field), split into sentences here;
+- `builtin`: the built-in corpus (below).
+
+Skipped and counted (in `TextStats`): empty files, empty documents, lines that are empty after whitespace
+is collapsed. Errors (`DataInputError`, one line naming the file and the fix): bytes that are not UTF-8,
+malformed JSON lines, a JSON line without a string `text`, a path that does not exist.
+
+The built-in corpus is English prose that ships with Python itself, so the main job needs no download: the
+documentation topics of `pydoc_data` (the text of the Python reference manual, as `help()` shows it) and the
+docstrings of the standard-library sources, read with `ast` (nothing is imported). About 2 MB of text.
+Licence: Python Software Foundation License, Version 2 (https://docs.python.org/3/license.html).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import sysconfig
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+BUILTIN = "builtin"
+BUILTIN_LICENSE = "Python Software Foundation License Version 2 (pydoc_data topics and standard-library docstrings)"
+
+Document = list  # of sentences (str)
+
+
+class DataInputError(ValueError):
+    """Bad user input to the data pipeline; the message names the problem and the fix."""
+
+
+@dataclass
+class TextStats:
+    files: int = 0
+    documents: int = 0
+    sentences: int = 0
+    bytes: int = 0
+    empty_files: int = 0
+    empty_documents: int = 0
+    single_sentence_documents: int = 0
+    skipped: dict = field(default_factory=dict)
+
+    def merge(self, other: "TextStats") -> None:
+        for name in ("files", "documents", "sentences", "bytes", "empty_files", "empty_documents",
+                     "single_sentence_documents"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+
+# A sentence ends at . ! or ? (optionally followed by a closing quote or bracket) before whitespace and an
+# upper-case letter, digit or opening quote. Deliberately simple: no abbreviation list, no model. BERT only
+# needs segments of roughly sentence size, and a wrong split costs nothing but a slightly odd NSP pair.
+_SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]?\s+(?=[\"'(\[]?[A-Z0-9])")
+_SPACE = re.compile(r"\s+")
+
+
+def split_sentences(text: str) -> list[str]:
+    """Split prose into sentences; paragraphs (blank lines) always end a sentence."""
+    out = []
+    for paragraph in re.split(r"\n\s*\n", text):
+        paragraph = _SPACE.sub(" ", paragraph).strip()
+        if paragraph:
+            out.extend(s.strip() for s in _SENTENCE_END.split(paragraph) if s.strip())
+    return out
+
+
+def _read_text(path: Path) -> str:
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise DataInputError(f"cannot read {path}: {e.strerror or e}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataInputError(f"{path}: byte {e.start} is not UTF-8 ({data[e.start:e.start + 1]!r}); convert the "
+                             "file to UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+
+
+def _bert_format(path: Path, stats: TextStats) -> Iterator[Document]:
+    """One sentence per line, blank lines between documents."""
+    doc: Document = []
+    for line in _read_text(path).splitlines():
+        line = _SPACE.sub(" ", line).strip()
+        if line:
+            doc.append(line)
+        elif doc:
+            yield doc
+            doc = []
+    if doc:
+        yield doc
+
+
+def _jsonl(path: Path, stats: TextStats) -> Iterator[Document]:
+    for number, line in enumerate(_read_text(path).splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataInputError(f"{path}:{number}: not valid JSON ({e.msg}); expected one object per line "
+                                 'with a "text" field') from None
+        if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+            raise DataInputError(f'{path}:{number}: expected an object with a string "text" field')
+        yield split_sentences(record["text"])
+
+
+def _raw_file(path: Path, stats: TextStats) -> Iterator[Document]:
+    yield split_sentences(_read_text(path))
+
+
+def builtin_documents() -> Iterator[Document]:
+    """The built-in corpus, in a fixed order: pydoc topics, then one document per standard-library file
+    made of its docstrings in source order."""
+    import pydoc_data.topics
+
+    for name in sorted(pydoc_data.topics.topics):
+        yield split_sentences(pydoc_data.topics.topics[name])
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(root.glob("*.py")) + sorted(root.glob("*/*.py"))
+    for path in files:
+        if {"test", "tests", "idlelib", "site-packages", "lib2to3"} & set(path.relative_to(root).parts):
+            continue
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError, OSError):
+            continue
+        sentences = []
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                doc = ast.get_docstring(node)
+                if doc:
+                    # drop interactive examples: they are code, not prose
+                    prose = "\n".join(ln for ln in doc.splitlines() if not ln.lstrip().startswith((">>>", "...")))
+                    sentences.extend(split_sentences(prose))
+        yield sentences
+
+
+def input_files(inputs: list[str]) -> list[Path]:
+    """Expand folders (sorted, recursively: .txt .md .jsonl) and check that every input exists."""
+    out = []
+    for item in inputs:
+        path = Path(item)
+        if path.is_dir():
+            found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in (".txt", ".md", ".jsonl", ".text"))
+            if not found:
+                raise DataInputError(f"{path}: the folder holds no .txt, .md or .jsonl files")
+            out.extend(found)
+        elif path.is_file():
+            out.append(path)
+        else:
+            raise DataInputError(f"input {item!r} does not exist; give files, folders, or '{BUILTIN}'")
+    return out
+
+
+def read_documents(inputs: list[str], raw: bool = False, stats: TextStats | None = None) -> Iterator[Document]:
+    """Documents from every input, in order. `.txt` files are BERT's one-sentence-per-line format unless
+    `raw` (then each file is one document of prose); `.jsonl` is JSON lines with a `text` field."""
+    stats = stats if stats is not None else TextStats()
+    if inputs == [BUILTIN]:
+        sources = [(None, lambda _p, _s: builtin_documents())]
+    else:
+        sources = []
+        for path in input_files(inputs):
+            if path.suffix == ".jsonl":
+                sources.append((path, _jsonl))
+            elif raw or path.suffix == ".md":
+                sources.append((path, _raw_file))
+            else:
+                sources.append((path, _bert_format))
+    for path, reader in sources:
+        stats.files += 1
+        if path is not None:
+            size = path.stat().st_size
+            stats.bytes += size
+            if size == 0:
+                stats.empty_files += 1
+                continue
+        for doc in reader(path, stats):
+            if not doc:
+                stats.empty_documents += 1
+                continue
+            if path is None:
+                stats.bytes += sum(len(s.encode("utf-8")) + 1 for s in doc)
+            stats.documents += 1
+            stats.sentences += len(doc)
+            stats.single_sentence_documents += len(doc) == 1
+            yield doc

@@ -1,0 +1,59 @@
+"""Create BERT pretraining instances (MLM + NSP) from text, as unpacked shards (packs of one).
+
+    python data/create_pretraining_data.py --output data/instances_128                  # built-in corpus
+    python data/create_pretraining_data.py --input wiki/*.txt --output out --max-seq-length 512 --workers 2
+
+Input: files or folders of BERT's text format (.txt: one sentence per line, blank line between documents),
+raw documents (--raw: one document per file) or JSON lines (.jsonl with a "text" field); default: the
+built-in corpus (Python's own documentation prose; no download). Next step: data/pack_pretraining_data.py.
+"""
+
+import argparse
+import sys
+
+from bert_ipu.data.instances import InstanceConfig
+from bert_ipu.data.pipeline import create_pretraining_data
+from bert_ipu.data.shards import DatasetError
+from bert_ipu.data.text import BUILTIN, DataInputError
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--input", nargs="+", default=[BUILTIN], metavar="PATH",
+                   help=f"text files or folders, or '{BUILTIN}' (default)")
+    p.add_argument("--output", required=True, help="dataset folder to create")
+    p.add_argument("--raw", action="store_true", help=".txt files are raw documents (one per file), split into "
+                   "sentences here, instead of one sentence per line")
+    p.add_argument("--vocab", help="WordPiece vocab.txt (default: bert-base-uncased, shipped offline)")
+    p.add_argument("--train-vocab", type=int, metavar="SIZE", help="train a WordPiece vocab of SIZE on the input")
+    p.add_argument("--max-seq-length", type=int, default=128)
+    p.add_argument("--max-predictions-per-seq", type=int, help="default: 20 at 128, 56 at 384, 76 at 512")
+    p.add_argument("--masked-lm-prob", type=float, default=0.15)
+    p.add_argument("--short-seq-prob", type=float, default=0.1)
+    p.add_argument("--whole-word-masking", action="store_true")
+    p.add_argument("--dupe-factor", type=int, default=1, help="passes over the input with different masks")
+    p.add_argument("--seed", type=int, default=12345)
+    p.add_argument("--workers", type=int, default=1, help="worker processes (output does not depend on it)")
+    p.add_argument("--docs-per-shard", type=int, default=2000, help="documents per chunk (= per shard)")
+    p.add_argument("--validation-fraction", type=float, default=0.02, help="documents held out for validation")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
+    args = p.parse_args(argv)
+    try:
+        config = InstanceConfig(args.max_seq_length, args.short_seq_prob, args.masked_lm_prob,
+                                args.max_predictions_per_seq, args.whole_word_masking, args.dupe_factor, args.seed)
+        manifest = create_pretraining_data(args.input, args.output, config, args.vocab, args.train_vocab, args.raw,
+                                           args.workers, args.docs_per_shard, args.validation_fraction,
+                                           args.overwrite)
+    except (DataInputError, DatasetError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    c, t = manifest["counts"], manifest["text"]
+    print(f"{args.output}: {c['instances']['train']:,} train + {c['instances']['validation']:,} validation instances "
+          f"from {t['documents']:,} documents ({t['bytes'] / 1e6:.1f} MB) in {manifest['seconds']:.1f} s; skipped "
+          f"{t['skipped_empty_files']} empty files and {t['skipped_empty_documents']} empty documents; "
+          f"{c.get('truncated', 0):,} pairs truncated")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""Inspect a dataset: statistics from its manifest, checksum verification, and one pack decoded to text.
+
+    python data/inspect_packed_data.py data/packed_128 [--split train] [--pack 0]
+"""
+
+import argparse
+import sys
+
+import numpy as np
+
+from bert_ipu.data.layout import IGNORE_INDEX, unpack
+from bert_ipu.data.shards import DatasetError, PackedDataset
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("dataset")
+    p.add_argument("--split", default="train")
+    p.add_argument("--pack", type=int, default=0, help="index of the pack to decode")
+    args = p.parse_args(argv)
+    try:
+        data = PackedDataset(args.dataset, verify=True)
+        if not 0 <= args.pack < data.packs(args.split):
+            raise DatasetError(f"--pack {args.pack} is out of range: split {args.split!r} has "
+                               f"{data.packs(args.split)} packs")
+    except DatasetError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    m = data.manifest
+    print(f"{args.dataset}: {m['kind']}, layout {m['layout']}, checksums OK")
+    for split, info in m["splits"].items():
+        print(f"  {split}: {info['packs']:,} packs in {len(info['shards'])} shards")
+    for split, info in m.get("packing", {}).items():
+        print(f"  {split}: {m['algorithm']} depth {m['max_sequences_per_pack']}: {info['sequences']:,} sequences, "
+              f"efficiency {info['efficiency']:.2%}, packing factor {info['packing_factor']:.3f}")
+    vocab = (data.path / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    pack = data.read(args.split, args.pack, args.pack + 1)
+    print(f"\npack {args.pack} of {args.split}:")
+    for j, inst in enumerate(unpack(pack)[0], start=1):
+        words = [vocab[t] if lab == IGNORE_INDEX else f"[{vocab[t]}->{vocab[lab]}]"
+                 for t, lab in zip(inst.input_ids, inst.masked_lm_labels)]
+        nsp = "random next" if inst.next_sentence_label else "is next"
+        print(f"  sequence {j} ({len(inst.input_ids)} tokens, {nsp}, "
+              f"{int((inst.masked_lm_labels != IGNORE_INDEX).sum())} masked):")
+        print("    " + " ".join(words).replace(" ##", ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,248 @@
+"""The data pipeline: text -> instances -> packed shards -> loader, with nothing lost."""
+
+import json
+import os
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from bert_ipu.data.dataset import PackedLoader
+from bert_ipu.data.instances import InstanceConfig, mlm_slots_for
+from bert_ipu.data.layout import FIELDS, PackLayout, pack_instances, pack_rows, stack_packs, unpack
+from bert_ipu.data.pipeline import create_pretraining_data, pack_pretraining_data
+from bert_ipu.data.shards import DatasetError, DatasetWriter, PackedDataset
+from bert_ipu.data.text import DataInputError, split_sentences
+from packed_bert_helpers import random_instances
+
+import create_pretraining_data as create_cli  # data/ scripts, on sys.path via conftest
+import inspect_packed_data as inspect_cli
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    """A small real English corpus in BERT's format: some pydoc topics, one sentence per line, plus documents
+    of every odd kind (one sentence, very long sentence, empty)."""
+    import pydoc_data.topics
+
+    folder = tmp_path_factory.mktemp("corpus")
+    docs = [split_sentences(pydoc_data.topics.topics[name]) for name in sorted(pydoc_data.topics.topics)[:24]]
+    docs.append(["A document of one single sentence."])
+    docs.append(["word " * 400 + "end."])  # longer than max_seq_length
+    text = "\n\n".join("\n".join(d) for d in docs if d)
+    (folder / "a.txt").write_text(text, encoding="utf-8")
+    (folder / "empty.txt").write_text("", encoding="utf-8")
+    return folder
+
+
+def key(inst):
+    return (inst.input_ids.tobytes(), inst.token_type_ids.tobytes(), inst.masked_lm_labels.tobytes(),
+            inst.next_sentence_label)
+
+
+def all_instances(path, split="train"):
+    data = PackedDataset(path, verify=True)
+    return [inst for pack in unpack(data.read(split)) for inst in pack]
+
+
+@pytest.fixture(scope="module")
+def instances_dir(corpus, tmp_path_factory):
+    out = tmp_path_factory.mktemp("ds") / "instances"
+    create_pretraining_data([str(corpus)], out, InstanceConfig(max_seq_length=64), docs_per_shard=7,
+                            validation_fraction=0.3, progress=False)
+    return out
+
+
+@pytest.mark.parametrize("algorithm, depth", [("cghp", 3), ("lpfhp", None), ("none", 1), ("greedy", 3)])
+def test_unpacking_gives_back_every_instance_once(instances_dir, tmp_path, algorithm, depth):
+    """Unpacking a packed dataset gives back exactly the unpacked instances, every field, each once."""
+    out = tmp_path / "packed"
+    manifest = pack_pretraining_data(instances_dir, out, algorithm, depth, progress=False, packs_per_shard=50)
+    for split in ("train", "validation"):
+        before = Counter(key(x) for x in all_instances(instances_dir, split))
+        after = Counter(key(x) for x in all_instances(out, split))
+        assert before == after and sum(before.values()) > 0
+    info = manifest["packing"]["train"]
+    assert info["sequences"] == sum(1 for _ in all_instances(instances_dir))
+    assert manifest["layout"]["mlm_slots"] == mlm_slots_for(InstanceConfig(max_seq_length=64), 64,
+                                                            manifest["layout"]["max_sequences_per_pack"])
+    if algorithm != "none":
+        assert info["packing_factor"] > 1
+
+
+def test_fast_layout_equals_reference_layout():
+    """pack_rows (vectorised) lays packs out exactly as pack_instances does, one pack at a time."""
+    rng = np.random.default_rng(0)
+    inst = random_instances(rng, 60, 5, 30, 50)
+    src = stack_packs([pack_instances([x], PackLayout(32, 8, 1)) for x in inst])
+    layout = PackLayout(90, 14, 3)
+    groups = np.array([[3 * i, 3 * i + 1, 3 * i + 2] if i % 3 else [3 * i, -1, -1] for i in range(20)])
+    fast = pack_rows(src, groups, layout)
+    slow = stack_packs([pack_instances([inst[i] for i in g if i >= 0], layout) for g in groups])
+    for field in FIELDS:
+        np.testing.assert_array_equal(fast[field], slow[field], err_msg=field)
+
+
+def test_mlm_slots_never_overflow_on_short_sequences(corpus, tmp_path):
+    """Packs of many short instances (short_seq_prob 1) at depth 3 still fit their masked tokens."""
+    out = tmp_path / "short"
+    create_pretraining_data([str(corpus)], out, InstanceConfig(max_seq_length=128, short_seq_prob=1.0),
+                            validation_fraction=0, progress=False)
+    manifest = pack_pretraining_data(out, tmp_path / "packed", "cghp", 3, progress=False)
+    packs = PackedDataset(tmp_path / "packed").read("train")
+    assert (packs["masked_lm_labels"] != -100).sum(axis=1).max() <= manifest["layout"]["mlm_slots"]
+    assert (packs["sequence_ids"].max(axis=1) == 3).mean() > 0.2  # the bound is exercised by full packs
+
+
+def test_deterministic_and_independent_of_workers(corpus, tmp_path):
+    """Same input and seed give byte-identical shards, with 1 worker or 2."""
+    config = InstanceConfig(max_seq_length=64, seed=7)
+    a = create_pretraining_data([str(corpus)], tmp_path / "a", config, docs_per_shard=9, progress=False)
+    b = create_pretraining_data([str(corpus)], tmp_path / "b", config, docs_per_shard=9, workers=2, progress=False)
+    c = create_pretraining_data([str(corpus)], tmp_path / "c", InstanceConfig(max_seq_length=64, seed=8),
+                                docs_per_shard=9, progress=False)
+    assert a["splits"] == b["splits"]
+    assert a["splits"] != c["splits"]
+    pa = pack_pretraining_data(tmp_path / "a", tmp_path / "pa", progress=False)
+    pb = pack_pretraining_data(tmp_path / "b", tmp_path / "pb", progress=False)
+    assert pa["splits"] == pb["splits"]
+
+
+def test_interrupted_run_leaves_no_dataset_and_rerun_completes(corpus, tmp_path, monkeypatch):
+    """A run that fails midway leaves neither the dataset nor its temporary folder; a folder left by a
+    killed run is replaced; the rerun equals an uninterrupted run."""
+    config = InstanceConfig(max_seq_length=64)
+    calls = {"n": 0}
+    real = DatasetWriter.write_shard
+
+    def failing(self, split, arrays):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real(self, split, arrays)
+
+    monkeypatch.setattr(DatasetWriter, "write_shard", failing)
+    with pytest.raises(KeyboardInterrupt):
+        create_pretraining_data([str(corpus)], tmp_path / "ds", config, docs_per_shard=5, progress=False)
+    monkeypatch.undo()
+    assert not (tmp_path / "ds").exists() and not (tmp_path / "ds.partial").exists()
+    (tmp_path / "ds.partial" / "train").mkdir(parents=True)  # what a SIGKILL leaves behind
+    with pytest.raises(DatasetError, match="interrupted run"):
+        PackedDataset(tmp_path / "ds")
+    again = create_pretraining_data([str(corpus)], tmp_path / "ds", config, docs_per_shard=5, progress=False)
+    clean = create_pretraining_data([str(corpus)], tmp_path / "clean", config, docs_per_shard=5, progress=False)
+    assert again["splits"] == clean["splits"]
+
+
+def test_bad_inputs_fail_cleanly(tmp_path, capsys):
+    """Non-UTF-8 bytes, malformed JSON lines, a missing or malformed vocab, a missing input: exit 2, one
+    line naming the problem, no dataset written."""
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes("caf\xe9 au lait.\nsecond line.\n".encode("latin-1"))
+    jsonl = tmp_path / "docs.jsonl"
+    jsonl.write_text('{"text": "fine. really."}\n{"txt": 1}\n')
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("hello\nworld\n")
+    cases = [
+        (["--input", str(bad)], "is not UTF-8"),
+        (["--input", str(jsonl)], 'string "text" field'),
+        (["--input", str(tmp_path / "nope.txt")], "does not exist"),
+        (["--vocab", str(vocab)], "not a BERT WordPiece vocab"),
+        (["--vocab", str(tmp_path / "missing.txt")], "cannot read vocab"),
+        (["--max-seq-length", "4"], "at least 8"),
+    ]
+    for args, message in cases:
+        out = tmp_path / "out"
+        assert create_cli.main([*args, "--output", str(out)]) == 2, args
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], (args, err)
+        assert not out.exists() and not (tmp_path / "out.partial").exists()
+
+
+def test_skipped_inputs_are_counted(tmp_path):
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    (folder / "empty.txt").write_text("")
+    (folder / "blank.txt").write_text("\n\n   \n")
+    (folder / "one.txt").write_text("Only one sentence here.\n\nThe second document has two sentences.\nYes.\n")
+    manifest = create_pretraining_data([str(folder)], tmp_path / "ds", InstanceConfig(max_seq_length=32),
+                                       validation_fraction=0, progress=False)
+    assert manifest["text"]["skipped_empty_files"] == 1
+    assert manifest["text"]["documents"] == 2
+    assert manifest["text"]["single_sentence_documents"] == 1
+    assert manifest["counts"]["instances"]["train"] >= 2
+
+
+def test_corrupt_datasets_are_refused(instances_dir, tmp_path, capsys):
+    """A manifest that does not match its shards, or a changed byte: a clear error naming the fix."""
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(instances_dir, copy)
+    shard = copy / json.loads((copy / "manifest.json").read_text())["splits"]["train"]["shards"][0]["name"]
+    path = shard / "input_ids.npy"
+    raw = bytearray(path.read_bytes())
+    raw[-1] ^= 1
+    path.write_bytes(bytes(raw))
+    assert inspect_cli.main([str(copy)]) == 2
+    assert "checksum mismatch" in capsys.readouterr().err
+    os.remove(shard / "sequence_ids.npy")
+    with pytest.raises(DatasetError, match="does not match its manifest"):
+        PackedDataset(copy)
+    with pytest.raises(DatasetError, match="already packed"):
+        out = tmp_path / "p"
+        pack_pretraining_data(instances_dir, out, progress=False)
+        pack_pretraining_data(out, tmp_path / "pp", progress=False)
+    with pytest.raises(DatasetError, match="exists"):
+        pack_pretraining_data(instances_dir, out, progress=False)
+
+
+def test_loader_shuffles_shards_by_rank_and_resumes(instances_dir, tmp_path):
+    """Each epoch is a seeded permutation; ranks get disjoint equal parts; a restored state continues with
+    exactly the next micro-batch."""
+    pack_pretraining_data(instances_dir, tmp_path / "p", progress=False)
+    data = PackedDataset(tmp_path / "p")
+    n = data.packs("train")
+
+    def ids(loader, batches):
+        it = iter(loader)
+        return [next(it)["input_ids"] for _ in range(batches)]
+
+    ranks = [PackedLoader(data, "train", 2, seed=3, rank=r, world_size=2) for r in range(2)]
+    seen = [torch.cat(list(b["input_ids"] for b in loader)) for loader in ranks]
+    assert seen[0].shape == seen[1].shape == ((n // 2) // 2 * 2, 64)
+    rows = {tuple(r.tolist()) for s in seen for r in s}
+    assert len(rows) == 2 * len(seen[0])  # disjoint
+    a = PackedLoader(data, "train", 2, seed=3)
+    first = ids(a, 3)
+    state = a.state_dict()
+    rest = ids(a, 2)
+    b = PackedLoader(data, "train", 2, seed=3)
+    b.load_state_dict(state)
+    for x, y in zip(ids(b, 2), rest):
+        assert torch.equal(x, y)
+    epoch0 = torch.cat([bt["input_ids"] for bt in PackedLoader(data, "train", 2, seed=3)])
+    loader = PackedLoader(data, "train", 2, seed=3)
+    list(loader)
+    epoch1 = torch.cat(list(bt["input_ids"] for bt in loader))
+    assert not torch.equal(epoch0, epoch1) and torch.equal(first[0], epoch0[:2])
+
+
+def test_builtin_corpus_end_to_end(tmp_path):
+    """The built-in corpus (no download) -> instances -> packs -> loader -> packed BERT: a finite loss."""
+    from bert_ipu.modeling import PackedBertForPreTraining
+    from transformers import BertConfig
+
+    manifest = create_pretraining_data(["builtin"], tmp_path / "i", InstanceConfig(max_seq_length=128),
+                                       progress=False)
+    assert manifest["text"]["bytes"] > 1_000_000 and "Python Software Foundation" in manifest["source"]["license"]
+    packed = pack_pretraining_data(tmp_path / "i", tmp_path / "p", progress=False)
+    assert packed["packing"]["train"]["efficiency"] > 0.98
+    data = PackedDataset(tmp_path / "p", verify=True)
+    batch = next(iter(PackedLoader(data, "train", 4)))
+    config = BertConfig(vocab_size=manifest["vocab"]["size"], hidden_size=32, num_hidden_layers=1,
+                        num_attention_heads=2, intermediate_size=64, max_position_embeddings=128)
+    out = PackedBertForPreTraining(config, data.layout.max_sequences_per_pack)(**batch)
+    assert torch.isfinite(out.loss) and out.mlm_count > 0 and out.nsp_count >= 4
