@@ -34,9 +34,14 @@ ops: $(OPS_LIB)
 $(OPS_LIB): $(OPS_SRC) $(VENV)/.installed
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) custom_ops/build.py
 
+RUNS := runs
 run: ops
 	$(PY) -m bert_ipu.packing --histogram $(HIST)/wikipedia_512.json --plot wikipedia_512_packing.png
 	$(PY) -m bert_ipu.packing --histogram $(HIST)/squad_1_1_384.json --plot squad_1_1_384_packing.png
+	@echo "== built-in corpus -> pretraining instances -> packed shards"
+	$(PY) data/create_pretraining_data.py --output $(RUNS)/data/instances_128 --overwrite
+	$(PY) data/pack_pretraining_data.py --input $(RUNS)/data/instances_128 --output $(RUNS)/data/packed_128 --overwrite
+	$(PY) data/inspect_packed_data.py $(RUNS)/data/packed_128
 
 test: ops
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
@@ -44,6 +49,7 @@ test: ops
 bench: ops
 	$(PY) benchmarks/packing_benchmark.py
 	$(PY) benchmarks/model_benchmark.py
+	$(PY) benchmarks/data_benchmark.py
 
 clean:
-	rm -rf $(VENV) build .pytest_cache .hypothesis *_packing.png $(OPS_LIB)
+	rm -rf $(VENV) build .pytest_cache .hypothesis *_packing.png $(OPS_LIB) $(RUNS)
