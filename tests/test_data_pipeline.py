@@ -246,3 +246,56 @@ def test_builtin_corpus_end_to_end(tmp_path):
                         num_attention_heads=2, intermediate_size=64, max_position_embeddings=128)
     out = PackedBertForPreTraining(config, data.layout.max_sequences_per_pack)(**batch)
     assert torch.isfinite(out.loss) and out.mlm_count > 0 and out.nsp_count >= 4
+
+
+def test_hf_dataset_jsonl_and_raw_inputs(tmp_path):
+    """A `datasets` dataset on disk, JSON lines and raw documents give the same instances for the same text."""
+    import datasets
+
+    texts = ["First sentence of doc one. Second sentence here! And a third one?",
+             "Doc two starts. It goes on for a while. Then it ends."] * 5
+    datasets.Dataset.from_dict({"text": texts, "id": list(range(len(texts)))}).save_to_disk(str(tmp_path / "hf"))
+    (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for i, t in enumerate(texts):
+        (raw / f"{i:02d}.txt").write_text(t)
+    config = InstanceConfig(max_seq_length=32)
+    made = {}
+    for name, inputs, is_raw in (("hf", [str(tmp_path / "hf")], False), ("jsonl", [str(tmp_path / "docs.jsonl")], False),
+                                 ("raw", [str(raw)], True)):
+        m = create_pretraining_data(inputs, tmp_path / f"out_{name}", config, raw=is_raw, validation_fraction=0,
+                                    progress=False)
+        assert m["text"]["documents"] == 10 and m["text"]["sentences"] == 30
+        made[name] = Counter(key(x) for x in all_instances(tmp_path / f"out_{name}"))
+    assert made["hf"] == made["jsonl"] == made["raw"] and sum(made["hf"].values()) > 0
+
+
+def test_whole_word_masking_dupe_factor_and_trained_vocab(corpus, tmp_path):
+    """Whole-word masking masks every piece of a chosen word; dupe_factor 2 adds a second pass with other
+    masks (and other short-sequence draws) to the first; --train-vocab writes a vocab into the dataset and
+    tokenizes with it."""
+    wwm = create_pretraining_data([str(corpus)], tmp_path / "wwm", InstanceConfig(max_seq_length=64,
+                                  whole_word_masking=True), validation_fraction=0, progress=False)
+    vocab = (tmp_path / "wwm" / "vocab.txt").read_text().splitlines()
+    pieces = 0
+    for inst in all_instances(tmp_path / "wwm"):
+        masked = inst.masked_lm_labels != -100
+        original = np.where(masked, inst.masked_lm_labels, inst.input_ids)
+        for i in range(1, len(original)):
+            if vocab[original[i]].startswith("##") and vocab[original[i - 1]] not in ("[CLS]", "[SEP]"):
+                pieces += 1
+                assert masked[i] == masked[i - 1], "a word is masked whole or not at all"
+    assert pieces > 0
+    one = create_pretraining_data([str(corpus)], tmp_path / "d1", InstanceConfig(max_seq_length=64),
+                                  validation_fraction=0, progress=False)
+    two = create_pretraining_data([str(corpus)], tmp_path / "d2", InstanceConfig(max_seq_length=64, dupe_factor=2),
+                                  validation_fraction=0, progress=False)
+    first, both = Counter(map(key, all_instances(tmp_path / "d1"))), Counter(map(key, all_instances(tmp_path / "d2")))
+    assert first <= both and sum(both.values()) > 1.5 * sum(first.values())  # round 1 is dupe_factor 1's output
+    assert two["counts"]["instances"]["train"] == sum(both.values())
+    trained = create_pretraining_data([str(corpus)], tmp_path / "tv", InstanceConfig(max_seq_length=64),
+                                      train_vocab_size=800, validation_fraction=0, progress=False)
+    size = len((tmp_path / "tv" / "vocab.txt").read_text().splitlines())
+    assert trained["vocab"]["size"] == size <= 800
+    assert max(int(x.input_ids.max()) for x in all_instances(tmp_path / "tv")) < size

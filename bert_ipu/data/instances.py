@@ -143,8 +143,8 @@ def _mask(tokens: list[int], wp: WordPiece, config: InstanceConfig, rng: random.
     for i, t in enumerate(tokens):
         if t in special:
             continue
-        if config.whole_word_masking and candidates and wp.continuation[t]:
-            candidates[-1].append(i)
+        if config.whole_word_masking and candidates and wp.continuation[t] and candidates[-1][-1] == i - 1:
+            candidates[-1].append(i)  # a "##" piece joins its word (not across [SEP], unlike the reference)
         else:
             candidates.append([i])
     rng.shuffle(candidates)

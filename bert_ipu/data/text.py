@@ -4,6 +4,8 @@ Formats (`read_documents`):
 - BERT's text format (`.txt`): one sentence per line, a blank line between documents;
 - raw documents: a folder of `.txt`/`.md` files (one document per file) or JSON lines (`.jsonl`, one
   document per line in a `text` field), split into sentences here;
+- a Hugging Face `datasets` dataset saved with `save_to_disk` (a folder with `dataset_info.json` or
+  `dataset_dict.json`): one document per record, from its `text` column (every split of a DatasetDict);
 - `builtin`: the built-in corpus (below).
 
 Skipped and counted (in `TextStats`): empty files, empty documents, lines that are empty after whitespace
@@ -22,7 +24,7 @@ import ast
 import json
 import re
 import sysconfig
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -45,7 +47,6 @@ class TextStats:
     empty_files: int = 0
     empty_documents: int = 0
     single_sentence_documents: int = 0
-    skipped: dict = field(default_factory=dict)
 
     def merge(self, other: "TextStats") -> None:
         for name in ("files", "documents", "sentences", "bytes", "empty_files", "empty_documents",
@@ -141,12 +142,35 @@ def builtin_documents() -> Iterator[Document]:
         yield sentences
 
 
+def is_hf_dataset(path: Path) -> bool:
+    return path.is_dir() and any((path / name).is_file() for name in
+                                 ("dataset_info.json", "dataset_dict.json", "state.json"))
+
+
+def _hf_dataset(path: Path, stats: TextStats) -> Iterator[Document]:
+    import datasets
+
+    try:
+        loaded = datasets.load_from_disk(str(path))
+    except Exception as e:  # datasets raises several types for a damaged folder
+        raise DataInputError(f"{path}: not a readable `datasets` dataset ({e})") from None
+    parts = loaded.values() if isinstance(loaded, datasets.DatasetDict) else [loaded]
+    for part in parts:
+        if "text" not in part.column_names:
+            raise DataInputError(f'{path}: the dataset has no "text" column (columns: {", ".join(part.column_names)})')
+        for record in part.select_columns(["text"]).iter(batch_size=1000):
+            for text in record["text"]:
+                yield split_sentences(text or "")
+
+
 def input_files(inputs: list[str]) -> list[Path]:
     """Expand folders (sorted, recursively: .txt .md .jsonl) and check that every input exists."""
     out = []
     for item in inputs:
         path = Path(item)
-        if path.is_dir():
+        if is_hf_dataset(path):
+            out.append(path)
+        elif path.is_dir():
             found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in (".txt", ".md", ".jsonl", ".text"))
             if not found:
                 raise DataInputError(f"{path}: the folder holds no .txt, .md or .jsonl files")
@@ -167,7 +191,9 @@ def read_documents(inputs: list[str], raw: bool = False, stats: TextStats | None
     else:
         sources = []
         for path in input_files(inputs):
-            if path.suffix == ".jsonl":
+            if is_hf_dataset(path):
+                sources.append((path, _hf_dataset))
+            elif path.suffix == ".jsonl":
                 sources.append((path, _jsonl))
             elif raw or path.suffix == ".md":
                 sources.append((path, _raw_file))
@@ -175,7 +201,7 @@ def read_documents(inputs: list[str], raw: bool = False, stats: TextStats | None
                 sources.append((path, _bert_format))
     for path, reader in sources:
         stats.files += 1
-        if path is not None:
+        if path is not None and path.is_file():
             size = path.stat().st_size
             stats.bytes += size
             if size == 0:
@@ -185,7 +211,7 @@ def read_documents(inputs: list[str], raw: bool = False, stats: TextStats | None
             if not doc:
                 stats.empty_documents += 1
                 continue
-            if path is None:
+            if path is None or path.is_dir():
                 stats.bytes += sum(len(s.encode("utf-8")) + 1 for s in doc)
             stats.documents += 1
             stats.sentences += len(doc)
