@@ -9,12 +9,13 @@ HIST    := benchmarks/histograms
 OPS_LIB := bert_ipu/bert_ipu_ops.so
 OPS_SRC := $(wildcard custom_ops/*.cpp custom_ops/*.cu custom_ops/*.h) custom_ops/build.py
 
-.PHONY: all help setup ops run test bench clean
+.PHONY: all help setup ops run report test bench clean
 all: ops
 
 help:
 	@echo "make        set up $(VENV) and build the custom op ($(OPS_LIB))"
-	@echo "make run    ... then the main job (packing report on the shipped histograms)"
+	@echo "make run    ... then the main job: pretrain a small packed BERT on the built-in corpus (CPU, minutes)"
+	@echo "make report ... the packing report on the shipped histograms and the built-in corpus"
 	@echo "make test   ... then the tests"
 	@echo "make bench  packing and model benchmarks (print figures)"
 	@echo "make setup  only create/update $(VENV) from requirements.txt"
@@ -35,10 +36,14 @@ $(OPS_LIB): $(OPS_SRC) $(VENV)/.installed
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) custom_ops/build.py
 
 RUNS := runs
+# the main job: built-in corpus -> packed shards -> a small BERT pretrained on the CPU -> HF export
 run: ops
+	$(PY) run_pretraining.py --config pretrain_tiny_128_packed
+
+# the packing report on the paper's histograms, and one decoded pack of the built-in corpus
+report: ops
 	$(PY) -m bert_ipu.packing --histogram $(HIST)/wikipedia_512.json --plot wikipedia_512_packing.png
 	$(PY) -m bert_ipu.packing --histogram $(HIST)/squad_1_1_384.json --plot squad_1_1_384_packing.png
-	@echo "== built-in corpus -> pretraining instances -> packed shards"
 	$(PY) data/create_pretraining_data.py --output $(RUNS)/data/instances_128 --overwrite
 	$(PY) data/pack_pretraining_data.py --input $(RUNS)/data/instances_128 --output $(RUNS)/data/packed_128 --overwrite
 	$(PY) data/inspect_packed_data.py $(RUNS)/data/packed_128

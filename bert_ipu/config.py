@@ -1,0 +1,188 @@
+"""Run configuration: one dataclass per section, loaded from YAML with validation.
+
+    cfg = load_config("pretrain_tiny_128_packed", ["train.max_steps=20", "model.hidden_size=64"])
+
+NAME is a file in configs/ (without .yaml) or a path. A file may start from another with
+`inherit: OTHER_NAME` and then override single fields. Unknown keys are errors that list the valid ones;
+`key.sub=value` overrides are parsed as YAML scalars.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass
+class ModelConfig:
+    hidden_size: int = 128
+    """width of the encoder"""
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 2
+    intermediate_size: int = 512
+    max_position_embeddings: int = 512
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    attention_backend: str = "mask"
+    """mask (custom op + SDPA), reference (plain PyTorch mask) or flex"""
+    init_checkpoint: str | None = None
+    """start from a Hugging Face BertForPreTraining folder (ours or transformers'); None = from scratch"""
+
+    def __post_init__(self):
+        if self.hidden_size % self.num_attention_heads:
+            raise ConfigError(f"model.hidden_size {self.hidden_size} is not a multiple of "
+                              f"model.num_attention_heads {self.num_attention_heads}")
+        if self.attention_backend not in ("mask", "reference", "flex"):
+            raise ConfigError(f"model.attention_backend {self.attention_backend!r}: choose mask, reference or flex")
+
+
+@dataclass
+class DataConfig:
+    dataset: str = "runs/data/packed_128"
+    """packed (or unpacked) dataset folder; created from `prepare_input` when missing"""
+    prepare_input: str | None = "builtin"
+    """text to create the dataset from when it does not exist (None: the dataset must exist)"""
+    max_seq_length: int = 128
+    algorithm: str = "cghp"
+    """packing algorithm used when the dataset is created; none = unpacked"""
+    max_sequences_per_pack: int = 3
+    validation_fraction: float = 0.05
+    """documents held out for validation when the dataset is created"""
+
+    def __post_init__(self):
+        if self.max_seq_length < 8 or self.max_sequences_per_pack < 1 or not 0 < self.validation_fraction < 1:
+            raise ConfigError("data.max_seq_length must be >= 8, data.max_sequences_per_pack >= 1 and "
+                              "data.validation_fraction in (0, 1)")
+
+
+@dataclass
+class TrainConfig:
+    micro_batch_size: int = 8
+    """packs (or rows) per forward pass on one replica"""
+    global_batch_size: int = 32
+    """per optimizer update, counted in `batch_unit`"""
+    batch_unit: str = "packs"
+    """packs: the global batch holds that many packs (use the packing correction of the betas); sequences:
+    it holds about that many sequences, so packed data takes 1/p as many packs per update"""
+    max_steps: int = 200
+    optimizer: str = "lamb"
+    """lamb or adamw"""
+    learning_rate: float = 2e-3
+    betas: tuple = (0.9, 0.999)
+    packing_beta_correction: bool = True
+    """with batch_unit=packs: beta ** p (p = packing factor), as the paper derives"""
+    eps: float = 1e-6
+    weight_decay: float = 0.01
+    warmup_steps: int = 20
+    decay_power: float = 1.0
+    """polynomial decay to 0 after warm-up (1 = linear)"""
+    clip_grad_norm: float | None = 1.0
+    seed: int = 1234
+    validate_every: int = 50
+    validation_batches: int = 8
+    log_every: int = 10
+    checkpoint_every: int = 100
+    keep_checkpoints: int = 2
+    device: str = "auto"
+    """auto (cuda if available), cpu or cuda"""
+
+    def __post_init__(self):
+        self.betas = tuple(self.betas)
+        if self.optimizer not in ("lamb", "adamw"):
+            raise ConfigError(f"train.optimizer {self.optimizer!r}: choose lamb or adamw")
+        if self.batch_unit not in ("packs", "sequences"):
+            raise ConfigError(f"train.batch_unit {self.batch_unit!r}: choose packs or sequences")
+        if min(self.micro_batch_size, self.global_batch_size, self.max_steps) < 1:
+            raise ConfigError("train.micro_batch_size, global_batch_size and max_steps must be >= 1")
+        if self.keep_checkpoints < 1:
+            raise ConfigError("train.keep_checkpoints must be >= 1")
+
+
+@dataclass
+class RunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    output_dir: str = "runs/pretrain"
+    name: str = "unnamed"
+
+
+SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig}
+
+
+def _build(cls, values: dict, where: str):
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(values) - names
+    if unknown:
+        raise ConfigError(f"unknown key(s) {', '.join(sorted(f'{where}{k}' for k in unknown))}; valid keys: "
+                          f"{', '.join(sorted(names))}")
+    return cls(**values)
+
+
+def _resolve(name: str) -> Path:
+    path = Path(name)
+    if path.suffix in (".yaml", ".yml") and path.is_file():
+        return path
+    candidate = CONFIG_DIR / f"{name}.yaml"
+    if candidate.is_file():
+        return candidate
+    known = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+    raise ConfigError(f"no config {name!r}: give a path to a .yaml file or one of: {', '.join(known)}")
+
+
+def _read(name: str, seen=()) -> dict:
+    path = _resolve(name)
+    if path in seen:
+        raise ConfigError(f"{path}: inherit loop")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML ({e})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections")
+    parent = raw.pop("inherit", None)
+    merged = _read(parent, (*seen, path)) if parent else {}
+    for key, value in raw.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = {**merged[key], **value}
+        else:
+            merged[key] = value
+    return merged
+
+
+def load_config(name: str, overrides: list[str] = ()) -> RunConfig:
+    raw = _read(name)
+    raw.setdefault("name", _resolve(name).stem)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not key=value (e.g. train.max_steps=100)")
+        key, value = item.split("=", 1)
+        parts = key.split(".")
+        if len(parts) == 2:
+            raw.setdefault(parts[0], {})[parts[1]] = yaml.safe_load(value)
+        elif len(parts) == 1:
+            raw[key] = yaml.safe_load(value)
+        else:
+            raise ConfigError(f"override {key!r}: use section.key (e.g. train.max_steps)")
+    top = {f.name for f in dataclasses.fields(RunConfig)}
+    unknown = set(raw) - top
+    if unknown:
+        raise ConfigError(f"unknown section(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(top))}")
+    try:
+        kwargs = {k: _build(SECTIONS[k], v or {}, f"{k}.") if k in SECTIONS else v for k, v in raw.items()}
+        return RunConfig(**kwargs)
+    except TypeError as e:
+        raise ConfigError(str(e)) from None
+
+
+def to_dict(cfg: RunConfig) -> dict:
+    return dataclasses.asdict(cfg)

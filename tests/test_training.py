@@ -1,0 +1,153 @@
+"""The training application: configs, a smoke run whose loss falls, exact resume, HF export, a non-finite
+loss, and data parallelism equal to one process on the combined batch."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from bert_ipu.config import CONFIG_DIR, ConfigError, load_config
+from bert_ipu.data.instances import InstanceConfig
+from bert_ipu.data.pipeline import create_pretraining_data, pack_pretraining_data
+from bert_ipu import training
+from bert_ipu.training import TrainingError, main
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> Path:
+    """A small packed dataset of real text (pydoc topics), with a validation split."""
+    import pydoc_data.topics
+    from bert_ipu.data.text import split_sentences
+
+    folder = tmp_path_factory.mktemp("train_data")
+    text = "\n\n".join("\n".join(split_sentences(pydoc_data.topics.topics[n]))
+                       for n in sorted(pydoc_data.topics.topics)[:30])
+    (folder / "corpus.txt").write_text(text)
+    create_pretraining_data([str(folder / "corpus.txt")], folder / "instances", InstanceConfig(max_seq_length=64),
+                            docs_per_shard=10, validation_fraction=0.25, progress=False)
+    pack_pretraining_data(folder / "instances", folder / "packed", "cghp", 3, progress=False)
+    return folder / "packed"
+
+
+def tiny(dataset, out, *overrides):
+    return load_config("test_tiny", [f"data.dataset={dataset}", f"output_dir={out}", "model.max_position_embeddings=64",
+                                     *overrides])
+
+
+def final_weights(out: Path) -> dict:
+    ckpt = sorted((out / "checkpoints").glob("step-*"))[-1]
+    return load_file(str(ckpt / "model.safetensors"))
+
+
+def test_every_config_loads():
+    names = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+    assert "pretrain_large_512_packed" in names and "pretrain_base_128" in names
+    for name in names:
+        cfg = load_config(name)
+        assert cfg.name == name
+    large = load_config("pretrain_large_512_packed")
+    assert large.train.micro_batch_size == 3 and large.model.num_hidden_layers == 24
+
+
+def test_bad_configs_name_the_problem(tmp_path):
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) train.max_step; valid keys: .*max_steps"):
+        load_config("test_tiny", ["train.max_step=3"])
+    with pytest.raises(ConfigError, match="choose lamb or adamw"):
+        load_config("test_tiny", ["train.optimizer=sgd"])
+    with pytest.raises(ConfigError, match="no config 'nope'"):
+        load_config("nope")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(str(bad))
+    with pytest.raises(TrainingError, match="does not exist"):
+        main(load_config("test_tiny", [f"data.dataset={tmp_path / 'missing'}", f"output_dir={tmp_path / 'o'}"]))
+
+
+def test_smoke_loss_falls_and_exports(dataset, tmp_path):
+    """A few steps: the training loss falls, validation runs, metrics are logged, the export loads in
+    transformers with the final weights."""
+    out = tmp_path / "run"
+    result = main(tiny(dataset, out, "train.max_steps=20", "train.optimizer=adamw", "train.learning_rate=0.01"),
+                  progress=False)
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    losses = [x["loss"] for x in lines if "loss" in x]
+    assert losses[-1] < losses[0] - 0.5, losses
+    assert "val_mlm_accuracy" in lines[-1] and result["step"] == 20
+    from transformers import BertForPreTraining
+
+    hf = BertForPreTraining.from_pretrained(out / "hf")
+    weights = final_weights(out)
+    for name, tensor in weights.items():
+        assert torch.equal(hf.state_dict()[name], tensor), name
+    assert list((out / "tensorboard").iterdir())
+
+
+def test_kill_and_resume_is_bitwise_identical(dataset, tmp_path, monkeypatch):
+    """A run stopped after its step-3 checkpoint and resumed ends with exactly the weights of a run that was
+    never stopped (CPU, one process; dropout on, so the RNG state must be restored too)."""
+    extra = ["train.max_steps=6", "model.hidden_dropout_prob=0.1", "model.attention_probs_dropout_prob=0.1"]
+    straight = tmp_path / "straight"
+    main(tiny(dataset, straight, *extra), progress=False)
+    stopped = tmp_path / "stopped"
+    real = training.save_checkpoint
+
+    def kill_after_first(out, step, *args, **kwargs):
+        path = real(out, step, *args, **kwargs)
+        raise KeyboardInterrupt  # as if the process died right after the checkpoint
+    monkeypatch.setattr(training, "save_checkpoint", kill_after_first)
+    with pytest.raises(KeyboardInterrupt):
+        main(tiny(dataset, stopped, *extra), progress=False)
+    monkeypatch.undo()
+    result = main(tiny(dataset, stopped, *extra), resume=True, progress=False)
+    assert result["step"] == 6
+    a, b = final_weights(straight), final_weights(stopped)
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    with pytest.raises(TrainingError, match="no checkpoint"):
+        main(tiny(dataset, tmp_path / "fresh", *extra), resume=True, progress=False)
+
+
+def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(dataset, tmp_path, monkeypatch):
+    out = tmp_path / "nan"
+    real = training.batch_stats
+    calls = {"n": 0}
+
+    def poisoned(out, batch):
+        calls["n"] += 1
+        stats = real(out, batch)
+        if calls["n"] == 9:  # first micro-batch of the 5th update (2 micro-batches an update)
+            stats[0] = float("nan")
+        return stats
+    monkeypatch.setattr(training, "batch_stats", poisoned)
+    with pytest.raises(TrainingError, match=r"step 5: the loss is nan; stopping. The last good checkpoint is .*step-0000003"):
+        main(tiny(dataset, out, "train.validate_every=100"), progress=False)
+    assert [p.name for p in (out / "checkpoints").iterdir()] == ["step-0000003"]
+
+
+def test_data_parallel_equals_one_process(dataset, tmp_path):
+    """2 DDP ranks (gloo, 4 packs each) end with the weights of 1 process on the combined 8 packs; the
+    only difference is float32 summation order across ranks (tolerance 1e-5 relative)."""
+    one = tmp_path / "one"
+    main(tiny(dataset, one, "train.micro_batch_size=8", "train.global_batch_size=8", "train.max_steps=4"), progress=False)
+    two = tmp_path / "two"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29517",
+           str(ROOT / "run_pretraining.py"), "--config", "test_tiny", f"data.dataset={dataset}", f"output_dir={two}",
+           "model.max_position_embeddings=64", "train.micro_batch_size=4", "train.global_batch_size=8",
+           "train.max_steps=4"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "8 packs/update = 4 x 2 replica(s) x 1 accumulation" in proc.stdout
+    a, b = final_weights(one), final_weights(two)
+    for name in a:
+        scale = a[name].abs().max().clamp_min(1e-3)
+        assert ((a[name] - b[name]).abs().max() / scale).item() < 1e-5, name
