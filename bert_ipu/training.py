@@ -124,7 +124,7 @@ def checkpoints(out: Path) -> list[Path]:
     return sorted(p for p in folder.glob("step-*") if (p / "state.pt").is_file() and not p.name.endswith(".partial"))
 
 
-def save_checkpoint(out: Path, step: int, model, opt, sched, loader, keep: int) -> Path:
+def save_checkpoint(out: Path, step: int, model, opt, sched, loader, keep: int, sequences_seen: float = 0) -> Path:
     from safetensors.torch import save_model
 
     final = out / "checkpoints" / f"step-{step:07d}"
@@ -132,7 +132,8 @@ def save_checkpoint(out: Path, step: int, model, opt, sched, loader, keep: int) 
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
     save_model(model, str(partial / "model.safetensors"))
-    state = {"step": step, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+    state = {"step": step, "sequences_seen": sequences_seen, "optimizer": opt.state_dict(),
+             "scheduler": sched.state_dict(),
              "loader": loader.state_dict(), "torch_rng": torch.get_rng_state(),
              "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
     torch.save(state, partial / "state.pt")
@@ -143,7 +144,7 @@ def save_checkpoint(out: Path, step: int, model, opt, sched, loader, keep: int) 
     return final
 
 
-def load_checkpoint(path: Path, model, opt, sched, loader) -> int:
+def load_checkpoint(path: Path, model, opt, sched, loader) -> tuple[int, float]:
     from safetensors.torch import load_model
 
     load_model(model, str(path / "model.safetensors"))
@@ -154,7 +155,7 @@ def load_checkpoint(path: Path, model, opt, sched, loader) -> int:
     torch.set_rng_state(state["torch_rng"])
     if state["cuda_rng"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda_rng"])
-    return state["step"]
+    return state["step"], state.get("sequences_seen", 0)
 
 
 # --- the loop ----------------------------------------------------------------------------------------------
@@ -257,12 +258,12 @@ def main(cfg: RunConfig, resume: bool = False, progress: bool = True) -> dict:
     opt, sched, betas = make_optimizer(model, cfg, p, packed and t.batch_unit == "packs")
     loader = PackedLoader(data, "train", t.micro_batch_size, seed=t.seed, rank=rank, world_size=world)
 
-    step = 0
+    step, sequences_seen = 0, 0.0
     if resume:
         found = checkpoints(out)
         if not found:
             raise TrainingError(f"--resume: no checkpoint in {out / 'checkpoints'}; start without --resume")
-        step = load_checkpoint(found[-1], model, opt, sched, loader)
+        step, sequences_seen = load_checkpoint(found[-1], model, opt, sched, loader)
         say(f"resumed from {found[-1]} at step {step}")
     say(f"{cfg.name}: {model.num_parameters() / 1e6:.1f} M parameters, {'packed' if packed else 'unpacked'} data "
         f"{path} (S={layout.pack_len}, p={p:.3f}), {packs_per_update} packs/update = {t.micro_batch_size} x "
@@ -305,10 +306,12 @@ def main(cfg: RunConfig, resume: bool = False, progress: bool = True) -> dict:
             sched.step()
             opt.zero_grad(set_to_none=True)
             step += 1
+            sequences_seen += stats[4].item()
             window += stats
             if step % t.log_every == 0 or step == t.max_steps:
                 seconds = time.perf_counter() - window_start
-                last = summarize(window) | {"step": step, "lr": sched.get_last_lr()[0],
+                last = summarize(window) | {"step": step, "sequences_seen": sequences_seen,
+                                            "lr": sched.get_last_lr()[0],
                                             "sequences_per_second": window[4].item() / seconds,
                                             "tokens_per_second": window[6].item() / seconds}
                 window.zero_()
@@ -318,7 +321,8 @@ def main(cfg: RunConfig, resume: bool = False, progress: bool = True) -> dict:
                                     seq_s=f"{last['sequences_per_second']:.1f}",
                                     tok_s=f"{last['tokens_per_second']:.0f}")
             if step % t.validate_every == 0 or step == t.max_steps:
-                last = last | validate(model, data, cfg, rank, world, device) | {"step": step}
+                last = last | validate(model, data, cfg, rank, world, device) | {"step": step,
+                                                                                  "sequences_seen": sequences_seen}
                 if rank == 0:
                     say(f"step {step}: loss {last.get('loss', float('nan')):.4f}, validation MLM accuracy "
                         f"{last['val_mlm_accuracy']:.4f}, NSP accuracy {last['val_nsp_accuracy']:.4f}")
@@ -329,7 +333,7 @@ def main(cfg: RunConfig, resume: bool = False, progress: bool = True) -> dict:
                     if k != "step":
                         writer.add_scalar(k, v, step)
             if rank == 0 and (step % t.checkpoint_every == 0 or step == t.max_steps):
-                save_checkpoint(out, step, model, opt, sched, loader, t.keep_checkpoints)
+                save_checkpoint(out, step, model, opt, sched, loader, t.keep_checkpoints, sequences_seen)
             bar.update(1)
     finally:
         bar.close()
