@@ -86,6 +86,9 @@ class TrainConfig:
     decay_power: float = 1.0
     """polynomial decay to 0 after warm-up (1 = linear)"""
     clip_grad_norm: float | None = 1.0
+    loss_balancing: bool = False
+    """the paper's loss balancing: divide by the expected counts of masked tokens and sequences per update
+    (from the dataset's averages) instead of the real counts of the update"""
     seed: int = 1234
     validate_every: int = 50
     validation_batches: int = 8

@@ -6,7 +6,7 @@ under torchrun (DDP; gloo on CPU, nccl on GPU). Per optimizer update:
 - the global batch is `train.global_batch_size` packs, or about that many sequences (`batch_unit`), split
   into micro-batches over replicas and gradient-accumulation steps;
 - all micro-batches of the update are read first, their masked tokens and present sequences are counted
-  and summed over replicas, and every micro-batch's loss is its summed loss over those global counts, so
+  and summed over replicas (or, with `loss_balancing`, the expected counts are used: the paper's option), and every micro-batch's loss is its summed loss over those global counts, so
   packing, accumulation and data parallelism never change the weight of a token or a sequence (DDP
   averages gradients over replicas, so each replica's loss is scaled by the world size);
 - LAMB (pytorch_optimizer) or AdamW, no weight decay on biases and LayerNorm, warm-up then polynomial
@@ -193,7 +193,9 @@ def summarize(stats: torch.Tensor) -> dict:
 
 
 def validate(model, data: PackedDataset, cfg: RunConfig, rank: int, world: int, device) -> dict:
-    loader = PackedLoader(data, "validation", cfg.train.micro_batch_size, shuffle=False, rank=rank, world_size=world)
+    # a small held-out split still validates: the micro-batch shrinks to what every rank can fill
+    micro = max(1, min(cfg.train.micro_batch_size, data.packs("validation") // world))
+    loader = PackedLoader(data, "validation", micro, shuffle=False, rank=rank, world_size=world)
     stats = torch.zeros(7, dtype=torch.float64)
     model.eval()
     with torch.no_grad():
@@ -221,8 +223,12 @@ def main(cfg: RunConfig, resume: bool = False, progress: bool = True) -> dict:
         data = PackedDataset(path)
     except DatasetError as e:
         raise TrainingError(str(e)) from None
-    if "validation" not in data.splits:
-        raise TrainingError(f"{path} has no validation split; recreate it with --validation-fraction > 0")
+    if "validation" not in data.splits or data.packs("validation") < world:
+        raise TrainingError(f"{path} has no validation split (or fewer packs than replicas); recreate it with a "
+                            "larger --validation-fraction")
+    if data.packs("train") < cfg.train.micro_batch_size * world:
+        raise TrainingError(f"{path} holds {data.packs('train')} training packs: not one micro-batch of "
+                            f"{cfg.train.micro_batch_size} for each of {world} replica(s)")
     layout, manifest = data.layout, data.manifest
     packed = layout.max_sequences_per_pack > 1
     p = manifest["packing"]["train"]["packing_factor"] if "packing" in manifest else 1.0
@@ -237,6 +243,12 @@ def main(cfg: RunConfig, resume: bool = False, progress: bool = True) -> dict:
         raise TrainingError(f"the update holds {packs_per_update} packs, not a multiple of micro_batch_size x "
                             f"replicas = {per_step}; change train.global_batch_size or train.micro_batch_size")
     accumulation = packs_per_update // per_step
+
+    expected = None
+    if t.loss_balancing:  # expected counts per update, from the whole training split
+        labels = [shard["masked_lm_labels"] for shard in data.shards("train")]
+        masked_per_pack = sum(int((x != IGNORE_INDEX).sum()) for x in labels) / data.packs("train")
+        expected = (packs_per_update * masked_per_pack, packs_per_update * p)
 
     torch.manual_seed(t.seed)
     bert_config = BertConfig(vocab_size=manifest["vocab"]["size"], hidden_size=cfg.model.hidden_size,
@@ -285,7 +297,7 @@ def main(cfg: RunConfig, resume: bool = False, progress: bool = True) -> dict:
             micro = [{k: v.to(device) for k, v in next(batches).items()} for _ in range(accumulation)]
             counts = torch.stack([torch.stack([(b["masked_lm_labels"] != IGNORE_INDEX).sum(),
                                                b["next_sentence_weights"].sum().long()]) for b in micro]).sum(0)
-            mlm_total, nsp_total = all_sum(counts.to(torch.float64)).tolist()
+            mlm_total, nsp_total = all_sum(counts.to(torch.float64)).tolist() if expected is None else expected
             stats = torch.zeros(7, dtype=torch.float64)
             for i, batch in enumerate(micro):
                 sync = ddp.no_sync() if world > 1 and i < accumulation - 1 else nullcontext()

@@ -116,6 +116,25 @@ def test_kill_and_resume_is_bitwise_identical(dataset, tmp_path, monkeypatch):
         main(tiny(dataset, tmp_path / "fresh", *extra), resume=True, progress=False)
 
 
+def test_loss_balancing_divides_by_expected_counts(dataset, tmp_path, monkeypatch):
+    """With loss_balancing the normalizers are the expected counts of an update (dataset averages), the same
+    for every update; without it they are the update's real counts."""
+    seen = []
+    real = training.PackedBertForPreTraining.forward
+
+    def spy(self, *args, mlm_normalizer=None, nsp_normalizer=None, **kwargs):
+        seen.append((mlm_normalizer, nsp_normalizer))
+        return real(self, *args, mlm_normalizer=mlm_normalizer, nsp_normalizer=nsp_normalizer, **kwargs)
+    monkeypatch.setattr(training.PackedBertForPreTraining, "forward", spy)
+    main(tiny(dataset, tmp_path / "balanced", "train.loss_balancing=true", "train.max_steps=3"), progress=False)
+    balanced = [s for s in seen if s[0] is not None]
+    assert len(set(balanced)) == 1 and not float(balanced[0][0]).is_integer()
+    seen.clear()
+    main(tiny(dataset, tmp_path / "real", "train.max_steps=3"), progress=False)
+    real_counts = [s for s in seen if s[0] is not None]
+    assert all(float(m).is_integer() and float(n).is_integer() for m, n in real_counts)
+
+
 def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(dataset, tmp_path, monkeypatch):
     out = tmp_path / "nan"
     real = training.batch_stats
