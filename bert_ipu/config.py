@@ -111,15 +111,30 @@ class TrainConfig:
 
 
 @dataclass
+class ParallelConfig:
+    pipeline_stages: int = 1
+    """> 1: split the encoder into this many stages, one process each (torchrun --nproc-per-node N)"""
+    layers_per_stage: list | None = None
+    """encoder layers of each stage (default: as even as possible)"""
+    schedule: str = "1f1b"
+    """1f1b or gpipe; the micro-batches of a pipeline update are its gradient-accumulation steps"""
+
+    def __post_init__(self):
+        if self.pipeline_stages < 1 or self.schedule not in ("1f1b", "gpipe"):
+            raise ConfigError("parallel.pipeline_stages must be >= 1 and parallel.schedule 1f1b or gpipe")
+
+
+@dataclass
 class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     output_dir: str = "runs/pretrain"
     name: str = "unnamed"
 
 
-SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig}
+SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig, "parallel": ParallelConfig}
 
 
 def _build(cls, values: dict, where: str):

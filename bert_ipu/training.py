@@ -88,19 +88,19 @@ def ensure_dataset(cfg: RunConfig, rank: int, say) -> Path:
     return path
 
 
-def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+def param_groups(named_parameters, weight_decay: float) -> list[dict]:
     decay, no_decay = [], []
-    for name, p in model.named_parameters():
+    for name, p in named_parameters:
         (no_decay if name.endswith("bias") or "LayerNorm" in name else decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def make_optimizer(model, cfg: RunConfig, packing_factor: float, packed_batches: bool):
+def make_optimizer(named_parameters, cfg: RunConfig, packing_factor: float, packed_batches: bool):
     t = cfg.train
     betas = t.betas
     if packed_batches and t.packing_beta_correction:
         betas = tuple(b ** packing_factor for b in betas)
-    groups = param_groups(model, t.weight_decay)
+    groups = param_groups(named_parameters, t.weight_decay)
     if t.optimizer == "lamb":
         from pytorch_optimizer import Lamb
 
@@ -124,33 +124,45 @@ def checkpoints(out: Path) -> list[Path]:
     return sorted(p for p in folder.glob("step-*") if (p / "state.pt").is_file() and not p.name.endswith(".partial"))
 
 
-def save_checkpoint(out: Path, step: int, model, opt, sched, loader, keep: int, sequences_seen: float = 0) -> Path:
+def save_checkpoint(out: Path, step: int, engine, opt, sched, loader, keep: int, sequences_seen: float = 0) -> Path:
+    """Weights (the whole model, safetensors), and optimizer + scheduler state of every optimizer: one file
+    per pipeline stage (data-parallel replicas share theirs). Written to step-N.partial, then renamed."""
     from safetensors.torch import save_model
 
+    rank = dist.get_rank() if dist.is_initialized() else 0
     final = out / "checkpoints" / f"step-{step:07d}"
     partial = final.with_name(final.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    save_model(model, str(partial / "model.safetensors"))
-    state = {"step": step, "sequences_seen": sequences_seen, "optimizer": opt.state_dict(),
-             "scheduler": sched.state_dict(),
-             "loader": loader.state_dict(), "torch_rng": torch.get_rng_state(),
-             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
-    torch.save(state, partial / "state.pt")
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(partial, final)
-    for old in checkpoints(out)[:-keep]:
-        shutil.rmtree(old)
+    model = engine.full_model()  # collective in pipeline mode: every rank calls it
+    if rank == 0:
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+    engine.barrier()
+    if engine.stage is not None or rank == 0:
+        torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict()},
+                   partial / f"optimizer-{engine.stage or 0}.pt")
+    engine.barrier()
+    if rank == 0:
+        save_model(model, str(partial / "model.safetensors"))
+        state = {"step": step, "sequences_seen": sequences_seen, "loader": loader.state_dict(),
+                 "torch_rng": torch.get_rng_state(),
+                 "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+        torch.save(state, partial / "state.pt")
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(partial, final)
+        for old in checkpoints(out)[:-keep]:
+            shutil.rmtree(old)
+    engine.barrier()
     return final
 
 
-def load_checkpoint(path: Path, model, opt, sched, loader) -> tuple[int, float]:
+def load_checkpoint(path: Path, engine, opt, sched, loader) -> tuple[int, float]:
     from safetensors.torch import load_model
 
-    load_model(model, str(path / "model.safetensors"))
+    load_model(engine.model, str(path / "model.safetensors"))
+    optim = torch.load(path / f"optimizer-{engine.stage or 0}.pt", weights_only=False)
+    opt.load_state_dict(optim["optimizer"])
+    sched.load_state_dict(optim["scheduler"])
     state = torch.load(path / "state.pt", weights_only=False)
-    opt.load_state_dict(state["optimizer"])
-    sched.load_state_dict(state["scheduler"])
     loader.load_state_dict(state["loader"])
     torch.set_rng_state(state["torch_rng"])
     if state["cuda_rng"] is not None and torch.cuda.is_available():
@@ -192,27 +204,114 @@ def summarize(stats: torch.Tensor) -> dict:
             "nsp_accuracy": nsp_ok / max(nsp_n, 1), "sequences": nsp_n, "tokens": tokens}
 
 
-def validate(model, data: PackedDataset, cfg: RunConfig, rank: int, world: int, device) -> dict:
+class LocalEngine:
+    """The whole model on this process; data parallel with DDP when there are several processes."""
+
+    stage = None
+
+    def __init__(self, model: PackedBertForPreTraining, world: int):
+        self.model, self.world = model, world
+        self.ddp = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
+
+    def named_parameters(self):
+        return self.model.named_parameters()
+
+    def train_step(self, micro: list[dict], normalizers: tuple[float, float]) -> torch.Tensor:
+        stats = torch.zeros(7, dtype=torch.float64)
+        for i, batch in enumerate(micro):
+            sync = self.ddp.no_sync() if self.world > 1 and i < len(micro) - 1 else nullcontext()
+            with sync:
+                o = self.ddp(**batch, mlm_normalizer=normalizers[0], nsp_normalizer=normalizers[1])
+                (o.loss * self.world).backward()  # DDP averages gradients over replicas; we want their sum
+            stats += batch_stats(o, batch).cpu()
+        return all_sum(stats)
+
+    def evaluate(self, batches: list[dict]) -> torch.Tensor:
+        stats = torch.zeros(7, dtype=torch.float64)
+        with torch.no_grad():
+            for batch in batches:
+                stats += batch_stats(self.model(**batch), batch).cpu()
+        return all_sum(stats)
+
+    def clip(self, max_norm: float) -> None:
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+
+    def full_model(self) -> PackedBertForPreTraining:
+        return self.model
+
+    def barrier(self) -> None:
+        if dist.is_initialized():
+            dist.barrier()
+
+
+class PipelineEngine(LocalEngine):
+    """This process's pipeline stage (bert_ipu.pipeline); the micro-batches of an update are the schedule's."""
+
+    def __init__(self, model: PackedBertForPreTraining, cfg: RunConfig, mlm_slots: int, micro_batches: int, device):
+        from .pipeline import Pipeline
+
+        self.model, self.world = model, 1
+        self.pipe = Pipeline(model, cfg.parallel.pipeline_stages, mlm_slots, micro_batches, cfg.parallel.schedule,
+                             cfg.parallel.layers_per_stage, device)
+        self.stage = self.pipe.rank
+
+    def named_parameters(self):
+        return self.pipe.module.named_parameters()
+
+    def train_step(self, micro, normalizers):
+        self.pipe.step({k: torch.cat([b[k] for b in micro]) for k in micro[0]}, normalizers)
+        return self.pipe.stats()
+
+    def evaluate(self, batches):
+        n = self.pipe.micro_batches
+        stats = torch.zeros(7, dtype=torch.float64)
+        for lo in range(0, len(batches) - n + 1, n):
+            self.pipe.evaluate({k: torch.cat([b[k] for b in batches[lo:lo + n]]) for k in batches[0]})
+            stats += self.pipe.stats()
+        return stats
+
+    def clip(self, max_norm):
+        self.pipe.clip_grad_norm_(max_norm)
+
+    def full_model(self):
+        """Every stage's parameters copied into rank 0's whole model (a collective)."""
+        state = self.pipe.gather_state_dict()
+        if state is not None:
+            missing, unexpected = self.model.load_state_dict(state, strict=False)
+            if unexpected or set(missing) - {"cls.predictions.decoder.bias", "cls.predictions.bias",
+                                             "cls.predictions.decoder.weight"}:
+                raise TrainingError(f"pipeline stages did not cover the model: missing {missing}")
+        return self.model
+
+
+def validate(engine, data: PackedDataset, cfg: RunConfig, rank: int, world: int, device) -> dict:
+    """MLM and NSP loss and accuracy on (up to `validation_batches` micro-batches of) the held-out split."""
+    group = getattr(getattr(engine, "pipe", None), "micro_batches", 1)
     # a small held-out split still validates: the micro-batch shrinks to what every rank can fill
-    micro = max(1, min(cfg.train.micro_batch_size, data.packs("validation") // world))
+    micro = max(1, min(cfg.train.micro_batch_size, data.packs("validation") // (world * group)))
     loader = PackedLoader(data, "validation", micro, shuffle=False, rank=rank, world_size=world)
-    stats = torch.zeros(7, dtype=torch.float64)
-    model.eval()
-    with torch.no_grad():
-        for i, batch in enumerate(loader):
-            if i >= cfg.train.validation_batches:
-                break
-            batch = {k: v.to(device) for k, v in batch.items()}
-            stats += batch_stats(model(**batch), batch).cpu()
-    model.train()
-    return {f"val_{k}": v for k, v in summarize(all_sum(stats)).items()}
+    batches = []
+    for batch in loader:
+        if len(batches) >= max(cfg.train.validation_batches, group):
+            break
+        batches.append({k: v.to(device) for k, v in batch.items()})
+    engine.model.eval()
+    stats = engine.evaluate(batches)
+    engine.model.train()
+    return {f"val_{k}": v for k, v in summarize(stats).items()}
 
 
 def main(cfg: RunConfig, resume: bool = False, progress: bool = True) -> dict:
     from tqdm import tqdm
 
     device = pick_device(cfg.train.device)
-    rank, world = init_distributed(device)
+    rank, processes = init_distributed(device)
+    stages = cfg.parallel.pipeline_stages
+    if stages > 1 and processes != stages:
+        raise TrainingError(f"parallel.pipeline_stages={stages} needs exactly {stages} processes (torchrun "
+                            f"--nproc-per-node {stages}); got {processes}. Pipeline x data parallel is not built yet")
+    # data-parallel rank and size: pipeline stages all read the same micro-batches
+    rank_dp, world = (0, 1) if stages > 1 else (rank, processes)
     say = (lambda msg: print(f"[run] {msg}", flush=True)) if rank == 0 else (lambda msg: None)
     out = Path(cfg.output_dir)
     if rank == 0:
@@ -266,20 +365,22 @@ def main(cfg: RunConfig, resume: bool = False, progress: bool = True) -> dict:
     else:
         model = PackedBertForPreTraining(bert_config, layout.max_sequences_per_pack, cfg.model.attention_backend)
     model.to(device).train()
-    ddp = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
-    opt, sched, betas = make_optimizer(model, cfg, p, packed and t.batch_unit == "packs")
-    loader = PackedLoader(data, "train", t.micro_batch_size, seed=t.seed, rank=rank, world_size=world)
+    engine = (PipelineEngine(model, cfg, layout.mlm_slots, accumulation, device) if stages > 1
+              else LocalEngine(model, world))
+    opt, sched, betas = make_optimizer(engine.named_parameters(), cfg, p, packed and t.batch_unit == "packs")
+    loader = PackedLoader(data, "train", t.micro_batch_size, seed=t.seed, rank=rank_dp, world_size=world)
 
     step, sequences_seen = 0, 0.0
     if resume:
         found = checkpoints(out)
         if not found:
             raise TrainingError(f"--resume: no checkpoint in {out / 'checkpoints'}; start without --resume")
-        step, sequences_seen = load_checkpoint(found[-1], model, opt, sched, loader)
+        step, sequences_seen = load_checkpoint(found[-1], engine, opt, sched, loader)
         say(f"resumed from {found[-1]} at step {step}")
     say(f"{cfg.name}: {model.num_parameters() / 1e6:.1f} M parameters, {'packed' if packed else 'unpacked'} data "
         f"{path} (S={layout.pack_len}, p={p:.3f}), {packs_per_update} packs/update = {t.micro_batch_size} x "
-        f"{world} replica(s) x {accumulation} accumulation, betas {tuple(round(b, 6) for b in betas)}, {device}")
+        f"{world} replica(s) x {accumulation} accumulation"
+        + (f", {stages} pipeline stages ({cfg.parallel.schedule})" if stages > 1 else "") + f", betas {tuple(round(b, 6) for b in betas)}, {device}")
 
     writer = None
     if rank == 0:
@@ -297,15 +398,12 @@ def main(cfg: RunConfig, resume: bool = False, progress: bool = True) -> dict:
             micro = [{k: v.to(device) for k, v in next(batches).items()} for _ in range(accumulation)]
             counts = torch.stack([torch.stack([(b["masked_lm_labels"] != IGNORE_INDEX).sum(),
                                                b["next_sentence_weights"].sum().long()]) for b in micro]).sum(0)
-            mlm_total, nsp_total = all_sum(counts.to(torch.float64)).tolist() if expected is None else expected
-            stats = torch.zeros(7, dtype=torch.float64)
-            for i, batch in enumerate(micro):
-                sync = ddp.no_sync() if world > 1 and i < accumulation - 1 else nullcontext()
-                with sync:
-                    o = ddp(**batch, mlm_normalizer=max(mlm_total, 1.0), nsp_normalizer=max(nsp_total, 1.0))
-                    (o.loss * world).backward()  # DDP averages gradients over replicas; we want their sum
-                stats += batch_stats(o, batch).cpu()
-            stats = all_sum(stats)
+            if expected is None:  # summed over data-parallel replicas (pipeline stages share one batch)
+                counts = counts.to(torch.float64)
+                mlm_total, nsp_total = (all_sum(counts) if world > 1 else counts).tolist()
+            else:
+                mlm_total, nsp_total = expected
+            stats = engine.train_step(micro, (max(mlm_total, 1.0), max(nsp_total, 1.0)))
             summary = summarize(stats)
             if not math.isfinite(summary["loss"]):
                 ckpt = checkpoints(out)
@@ -313,7 +411,7 @@ def main(cfg: RunConfig, resume: bool = False, progress: bool = True) -> dict:
                                     f"checkpoint is {ckpt[-1] if ckpt else 'none (none was written yet)'}; lower "
                                     "train.learning_rate or check the data, then resume with --resume")
             if t.clip_grad_norm:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip_grad_norm)
+                engine.clip(t.clip_grad_norm)
             opt.step()
             sched.step()
             opt.zero_grad(set_to_none=True)
@@ -333,7 +431,7 @@ def main(cfg: RunConfig, resume: bool = False, progress: bool = True) -> dict:
                                     seq_s=f"{last['sequences_per_second']:.1f}",
                                     tok_s=f"{last['tokens_per_second']:.0f}")
             if step % t.validate_every == 0 or step == t.max_steps:
-                last = last | validate(model, data, cfg, rank, world, device) | {"step": step,
+                last = last | validate(engine, data, cfg, rank_dp, world, device) | {"step": step,
                                                                                   "sequences_seen": sequences_seen}
                 if rank == 0:
                     say(f"step {step}: loss {last.get('loss', float('nan')):.4f}, validation MLM accuracy "
@@ -344,8 +442,8 @@ def main(cfg: RunConfig, resume: bool = False, progress: bool = True) -> dict:
                 for k, v in last.items():
                     if k != "step":
                         writer.add_scalar(k, v, step)
-            if rank == 0 and (step % t.checkpoint_every == 0 or step == t.max_steps):
-                save_checkpoint(out, step, model, opt, sched, loader, t.keep_checkpoints, sequences_seen)
+            if step % t.checkpoint_every == 0 or step == t.max_steps:
+                save_checkpoint(out, step, engine, opt, sched, loader, t.keep_checkpoints, sequences_seen)
             bar.update(1)
     finally:
         bar.close()
@@ -355,8 +453,9 @@ def main(cfg: RunConfig, resume: bool = False, progress: bool = True) -> dict:
             writer.close()
     result = {"step": step, "output_dir": str(out), "metrics": last, "dataset": str(path), "packing_factor": p,
               "packs_per_update": packs_per_update, "accumulation": accumulation}
+    full = engine.full_model()
     if rank == 0:
-        model.save_pretrained(out / "hf")
+        full.save_pretrained(out / "hf")
         result["export"] = str(out / "hf")
         say(f"done: {step} steps; checkpoint {checkpoints(out)[-1]}; Hugging Face export {out / 'hf'}")
     if dist.is_initialized():
