@@ -114,26 +114,46 @@ class PipelineLoss:
 
 
 class Pipeline:
-    """The stage of this rank, its schedule, and the tied-weight and clipping collectives."""
+    """This rank's stage, its schedule, and the collectives of pipeline x data parallelism.
+
+    The processes form a (data-parallel replicas x stages) grid: global rank = replica * stages + stage, so
+    the stages of one replica are consecutive ranks. Activations move within a replica (its pipeline
+    group); gradients of a stage are summed over the replicas (its data-parallel group), like DDP does.
+    """
 
     def __init__(self, model: PackedBertForPreTraining, stages: int, mlm_slots: int, micro_batches: int,
                  schedule: str = "1f1b", layers_per_stage: list[int] | None = None, device=None):
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-        self.rank, self.stages = dist.get_rank(), stages
-        if dist.get_world_size() != stages:
-            raise ValueError(f"pipeline of {stages} stages needs {stages} processes, got {dist.get_world_size()}")
+        world = dist.get_world_size()
+        if world % stages:
+            raise ValueError(f"{world} processes do not split into pipelines of {stages} stages")
+        self.stages, self.replicas = stages, world // stages
+        self.replica, self.rank = divmod(dist.get_rank(), stages)  # self.rank: the stage index
+        # every process takes part in creating every group
+        pipelines = [dist.new_group([r * stages + i for i in range(stages)]) for r in range(self.replicas)]
+        replicas = [dist.new_group([r * stages + i for r in range(self.replicas)]) for i in range(stages)]
+        tied = [dist.new_group([r * stages, r * stages + stages - 1]) for r in range(self.replicas)]
+        self.pp_group, self.dp_group, self.tied_group = pipelines[self.replica], replicas[self.rank], tied[self.replica]
+        self.first_rank = self.replica * stages  # global ranks of this replica's first and last stage
+        self.last_rank = self.first_rank + stages - 1
         layers = split_layers(model.config.num_hidden_layers, stages, layers_per_stage)
         self.first, self.last = self.rank == 0, self.rank == stages - 1
         self.module = StageModule(model, layers[self.rank], self.first, self.last, mlm_slots)
         self.loss = PipelineLoss(mlm_slots, model.max_sequences_per_pack)
         device = device or torch.device("cpu")
-        stage = PipelineStage(self.module, self.rank, stages, device)
+        stage = PipelineStage(self.module, self.rank, stages, device, group=self.pp_group)
         kind = {"1f1b": Schedule1F1B, "gpipe": ScheduleGPipe}[schedule]
         # our loss is already a sum over global counts: the schedule must not divide by the micro-batches
         self.schedule = kind(stage, n_microbatches=micro_batches, loss_fn=self.loss, scale_grads=False)
         self.micro_batches = micro_batches
-        self.tied_group = dist.new_group([0, stages - 1])  # every rank takes part in creating it
+
+    def dp_sum(self, values: torch.Tensor) -> torch.Tensor:
+        """Sum over the data-parallel replicas of this stage."""
+        if self.replicas > 1:
+            values = values.clone()
+            dist.all_reduce(values, group=self.dp_group)
+        return values
 
     def parameters(self):
         return self.module.parameters()
@@ -149,6 +169,11 @@ class Pipeline:
         else:
             self.schedule.step()
         self._sum_tied_gradients()
+        if self.replicas > 1:  # what DDP would do: sum each gradient over the replicas
+            for p in self.module.parameters():
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                dist.all_reduce(p.grad, group=self.dp_group)
 
     def evaluate(self, batch: dict) -> None:
         """Forward only (with the loss, for the metrics) of micro_batches micro-batches."""
@@ -175,7 +200,7 @@ class Pipeline:
         for name, p in self.module.named_parameters():
             if p.grad is not None and not (self.last and name == TIED_LAST and not self.first):
                 squares += p.grad.double().pow(2).sum()
-        dist.all_reduce(squares)
+        dist.all_reduce(squares, group=self.pp_group)  # gradients are equal across replicas by now
         norm = squares.sqrt().item()
         scale = max_norm / (norm + 1e-6)
         if scale < 1:
@@ -185,7 +210,7 @@ class Pipeline:
         return norm
 
     def stats(self) -> torch.Tensor:
-        """The metrics sums of the last step (last stage), on every rank.
+        """The metrics sums of the last step (last stage of every replica, summed), on every rank.
 
         On its first step the schedule infers shapes by running the stage once on uninitialised buffers,
         loss included; that call comes before the real micro-batches, so only the last ones count."""
@@ -193,18 +218,19 @@ class Pipeline:
         if self.last:
             stats = torch.stack(self.loss.calls[-self.micro_batches:]).sum(0)
         self.loss.calls.clear()
-        dist.broadcast(stats, src=self.stages - 1)
-        return stats
+        dist.broadcast(stats, src=self.last_rank, group=self.pp_group)
+        return self.dp_sum(stats)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """This stage's parameters under their full-model names."""
         return {self.module.full_name(n): p.detach().clone() for n, p in self.module.named_parameters()}
 
     def gather_state_dict(self) -> dict[str, torch.Tensor] | None:
-        """The full model's parameters on rank 0 (None elsewhere)."""
+        """The full model's parameters on each replica's first stage (None elsewhere)."""
         parts = [None] * self.stages
-        dist.gather_object(self.state_dict(), parts if self.rank == 0 else None, dst=0)
-        if self.rank != 0:
+        dist.gather_object(self.state_dict(), parts if self.first else None, dst=self.first_rank,
+                           group=self.pp_group)
+        if not self.first:
             return None
         merged = {}
         for part in parts:

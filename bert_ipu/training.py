@@ -137,7 +137,7 @@ def save_checkpoint(out: Path, step: int, engine, opt, sched, loader, keep: int,
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
     engine.barrier()
-    if engine.stage is not None or rank == 0:
+    if engine.writes_optimizer:
         torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict()},
                    partial / f"optimizer-{engine.stage or 0}.pt")
     engine.barrier()
@@ -209,6 +209,13 @@ class LocalEngine:
 
     stage = None
 
+    @property
+    def writes_optimizer(self) -> bool:  # replicas hold equal optimizer states: rank 0 saves one
+        return not dist.is_initialized() or dist.get_rank() == 0
+
+    def dp_sum(self, values: torch.Tensor) -> torch.Tensor:
+        return all_sum(values) if self.world > 1 else values
+
     def __init__(self, model: PackedBertForPreTraining, world: int):
         self.model, self.world = model, world
         self.ddp = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
@@ -224,14 +231,14 @@ class LocalEngine:
                 o = self.ddp(**batch, mlm_normalizer=normalizers[0], nsp_normalizer=normalizers[1])
                 (o.loss * self.world).backward()  # DDP averages gradients over replicas; we want their sum
             stats += batch_stats(o, batch).cpu()
-        return all_sum(stats)
+        return self.dp_sum(stats)
 
     def evaluate(self, batches: list[dict]) -> torch.Tensor:
         stats = torch.zeros(7, dtype=torch.float64)
         with torch.no_grad():
             for batch in batches:
                 stats += batch_stats(self.model(**batch), batch).cpu()
-        return all_sum(stats)
+        return self.dp_sum(stats)
 
     def clip(self, max_norm: float) -> None:
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
@@ -245,7 +252,8 @@ class LocalEngine:
 
 
 class PipelineEngine(LocalEngine):
-    """This process's pipeline stage (bert_ipu.pipeline); the micro-batches of an update are the schedule's."""
+    """This process's pipeline stage (bert_ipu.pipeline), data parallel over replicas of the pipeline when
+    there are more processes than stages; the micro-batches of an update are the schedule's."""
 
     def __init__(self, model: PackedBertForPreTraining, cfg: RunConfig, mlm_slots: int, micro_batches: int, device):
         from .pipeline import Pipeline
@@ -254,6 +262,13 @@ class PipelineEngine(LocalEngine):
         self.pipe = Pipeline(model, cfg.parallel.pipeline_stages, mlm_slots, micro_batches, cfg.parallel.schedule,
                              cfg.parallel.layers_per_stage, device)
         self.stage = self.pipe.rank
+
+    @property
+    def writes_optimizer(self) -> bool:  # replica 0 saves one optimizer file per stage
+        return self.pipe.replica == 0
+
+    def dp_sum(self, values):
+        return self.pipe.dp_sum(values)
 
     def named_parameters(self):
         return self.pipe.module.named_parameters()
@@ -307,11 +322,11 @@ def main(cfg: RunConfig, resume: bool = False, progress: bool = True) -> dict:
     device = pick_device(cfg.train.device)
     rank, processes = init_distributed(device)
     stages = cfg.parallel.pipeline_stages
-    if stages > 1 and processes != stages:
-        raise TrainingError(f"parallel.pipeline_stages={stages} needs exactly {stages} processes (torchrun "
-                            f"--nproc-per-node {stages}); got {processes}. Pipeline x data parallel is not built yet")
-    # data-parallel rank and size: pipeline stages all read the same micro-batches
-    rank_dp, world = (0, 1) if stages > 1 else (rank, processes)
+    if processes % stages:
+        raise TrainingError(f"parallel.pipeline_stages={stages} needs a multiple of {stages} processes (stages x "
+                            f"data-parallel replicas); got {processes}")
+    # data-parallel rank and size: the stages of one pipeline replica read the same micro-batches
+    rank_dp, world = divmod(rank, stages)[0], processes // stages
     say = (lambda msg: print(f"[run] {msg}", flush=True)) if rank == 0 else (lambda msg: None)
     out = Path(cfg.output_dir)
     if rank == 0:
@@ -398,9 +413,8 @@ def main(cfg: RunConfig, resume: bool = False, progress: bool = True) -> dict:
             micro = [{k: v.to(device) for k, v in next(batches).items()} for _ in range(accumulation)]
             counts = torch.stack([torch.stack([(b["masked_lm_labels"] != IGNORE_INDEX).sum(),
                                                b["next_sentence_weights"].sum().long()]) for b in micro]).sum(0)
-            if expected is None:  # summed over data-parallel replicas (pipeline stages share one batch)
-                counts = counts.to(torch.float64)
-                mlm_total, nsp_total = (all_sum(counts) if world > 1 else counts).tolist()
+            if expected is None:  # summed over data-parallel replicas (the stages of a pipeline share a batch)
+                mlm_total, nsp_total = engine.dp_sum(counts.to(torch.float64)).tolist()
             else:
                 mlm_total, nsp_total = expected
             stats = engine.train_step(micro, (max(mlm_total, 1.0), max(nsp_total, 1.0)))
