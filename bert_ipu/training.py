@@ -357,6 +357,9 @@ def main(cfg: RunConfig, resume: bool = False, progress: bool = True) -> dict:
         raise TrainingError(f"the update holds {packs_per_update} packs, not a multiple of micro_batch_size x "
                             f"replicas = {per_step}; change train.global_batch_size or train.micro_batch_size")
     accumulation = packs_per_update // per_step
+    if stages > 1 and cfg.parallel.schedule == "1f1b" and accumulation < stages:
+        raise TrainingError(f"1F1B over {stages} stages needs at least {stages} micro-batches per update, got "
+                            f"{accumulation}; raise train.global_batch_size or lower train.micro_batch_size")
 
     expected = None
     if t.loss_balancing:  # expected counts per update, from the whole training split
