@@ -445,6 +445,7 @@ def main(cfg: RunConfig, resume: bool = False, progress: bool = True) -> dict:
                 window_start = time.perf_counter()
                 if rank == 0:
                     bar.set_postfix(loss=f"{last['loss']:.3f}", mlm_acc=f"{last['mlm_accuracy']:.3f}",
+                                    nsp_acc=f"{last['nsp_accuracy']:.3f}",
                                     seq_s=f"{last['sequences_per_second']:.1f}",
                                     tok_s=f"{last['tokens_per_second']:.0f}")
             if step % t.validate_every == 0 or step == t.max_steps:

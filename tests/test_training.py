@@ -88,6 +88,12 @@ def test_smoke_loss_falls_and_exports(dataset, tmp_path):
     for name, tensor in weights.items():
         assert torch.equal(hf.state_dict()[name], tensor), name
     assert list((out / "tensorboard").iterdir())
+    # a new run initialised from the export starts from exactly those weights
+    again = tmp_path / "again"
+    main(tiny(dataset, again, f"model.init_checkpoint={out / 'hf'}", "train.max_steps=1", "train.learning_rate=0"),
+         progress=False)
+    for name, tensor in final_weights(again).items():
+        assert torch.equal(tensor, weights[name]), name
 
 
 def test_kill_and_resume_is_bitwise_identical(dataset, tmp_path, monkeypatch):
