@@ -39,7 +39,8 @@ def throughput(packed: PackedDataset, unpacked: PackedDataset, rounds: int = 8, 
     models = {"packed": PackedBertForPreTraining(config, packed.layout.max_sequences_per_pack),
               "unpacked": PackedBertForPreTraining(config, 1)}
     models["unpacked"].load_state_dict(models["packed"].state_dict())
-    loaders = {"packed": iter(PackedLoader(packed, "train", micro)), "unpacked": iter(PackedLoader(unpacked, "train", micro))}
+    loaders = {name: iter(PackedLoader(data, "train", micro)) for name, data in
+               (("packed", packed), ("unpacked", unpacked))}
     opts = {k: torch.optim.AdamW(m.parameters(), lr=1e-4) for k, m in models.items()}
     times = {k: [] for k in models}
     seqs = {k: [] for k in models}

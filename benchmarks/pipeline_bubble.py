@@ -19,7 +19,7 @@ import torch.distributed as dist
 from transformers import BertConfig
 
 from bert_ipu.modeling import PackedBertForPreTraining
-from bert_ipu.pipeline import Pipeline
+from bert_ipu.pipeline_parallel import Pipeline
 
 
 def batch(n, S, M, K, vocab, rng):

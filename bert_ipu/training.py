@@ -6,7 +6,8 @@ under torchrun (DDP; gloo on CPU, nccl on GPU). Per optimizer update:
 - the global batch is `train.global_batch_size` packs, or about that many sequences (`batch_unit`), split
   into micro-batches over replicas and gradient-accumulation steps;
 - all micro-batches of the update are read first, their masked tokens and present sequences are counted
-  and summed over replicas (or, with `loss_balancing`, the expected counts are used: the paper's option), and every micro-batch's loss is its summed loss over those global counts, so
+  and summed over replicas (or, with `loss_balancing`, the expected counts are used: the paper's option),
+  and every micro-batch's loss is its summed loss over those global counts, so
   packing, accumulation and data parallelism never change the weight of a token or a sequence (DDP
   averages gradients over replicas, so each replica's loss is scaled by the world size);
 - LAMB (pytorch_optimizer) or AdamW, no weight decay on biases and LayerNorm, warm-up then polynomial
@@ -252,11 +253,11 @@ class LocalEngine:
 
 
 class PipelineEngine(LocalEngine):
-    """This process's pipeline stage (bert_ipu.pipeline), data parallel over replicas of the pipeline when
-    there are more processes than stages; the micro-batches of an update are the schedule's."""
+    """This process's pipeline stage (bert_ipu.pipeline_parallel), data parallel over replicas of the pipeline
+    when there are more processes than stages; the micro-batches of an update are the schedule's."""
 
     def __init__(self, model: PackedBertForPreTraining, cfg: RunConfig, mlm_slots: int, micro_batches: int, device):
-        from .pipeline import Pipeline
+        from .pipeline_parallel import Pipeline
 
         self.model, self.world = model, 1
         self.pipe = Pipeline(model, cfg.parallel.pipeline_stages, mlm_slots, micro_batches, cfg.parallel.schedule,
@@ -398,7 +399,8 @@ def main(cfg: RunConfig, resume: bool = False, progress: bool = True) -> dict:
     say(f"{cfg.name}: {model.num_parameters() / 1e6:.1f} M parameters, {'packed' if packed else 'unpacked'} data "
         f"{path} (S={layout.pack_len}, p={p:.3f}), {packs_per_update} packs/update = {t.micro_batch_size} x "
         f"{world} replica(s) x {accumulation} accumulation"
-        + (f", {stages} pipeline stages ({cfg.parallel.schedule})" if stages > 1 else "") + f", betas {tuple(round(b, 6) for b in betas)}, {device}")
+        + (f", {stages} pipeline stages ({cfg.parallel.schedule})" if stages > 1 else "")
+        + f", betas {tuple(round(b, 6) for b in betas)}, {device}")
 
     writer = None
     if rank == 0:
