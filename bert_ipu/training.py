@@ -1,7 +1,8 @@
 """Pretraining loop: packed (or unpacked) BERT from the data pipeline's shards.
 
-`main(cfg)` runs one job and returns its result (final metrics, paths). Single process, or data parallel
-under torchrun (DDP; gloo on CPU, nccl on GPU). Per optimizer update:
+`main(cfg)` runs one job and returns its result (final metrics, paths). Single process, data parallel under
+torchrun (DDP; gloo on CPU, nccl on GPU), pipeline parallel (`parallel.pipeline_stages`, see
+bert_ipu/pipeline_parallel.py), or pipeline x data parallel. Per optimizer update:
 
 - the global batch is `train.global_batch_size` packs, or about that many sequences (`batch_unit`), split
   into micro-batches over replicas and gradient-accumulation steps;
