@@ -134,7 +134,36 @@ class RunConfig:
     name: str = "unnamed"
 
 
-SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig, "parallel": ParallelConfig}
+@dataclass
+class ProfileConfig:
+    histogram: str = "benchmarks/histograms/wikipedia_512.json"
+    """length distribution: a histogram JSON (element i = sequences of length i+1)"""
+    algorithms: list = field(default_factory=lambda: ["none", "sort", "greedy", "spfhp", "lpfhp", "nnlshp", "cghp"])
+    max_sequences_per_pack: int = 3
+    micro_batch_size: int = 4
+    """rows (packs, or sequences for NONE and SORT) per measured step"""
+    steps: int = 3
+    """measured steps per algorithm per round"""
+    rounds: int = 5
+    """rounds of all algorithms, interleaved; the first is warm-up and dropped"""
+    sort_batch_size: int = 4
+    seed: int = 0
+    device: str = "auto"
+
+    def __post_init__(self):
+        if min(self.micro_batch_size, self.steps, self.sort_batch_size) < 1 or self.rounds < 2:
+            raise ConfigError("profile.micro_batch_size, steps and sort_batch_size must be >= 1, rounds >= 2")
+
+
+@dataclass
+class ProfilingRunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
+    name: str = "unnamed"
+
+
+SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig, "parallel": ParallelConfig,
+            "profile": ProfileConfig}
 
 
 def _build(cls, values: dict, where: str):
@@ -177,7 +206,8 @@ def _read(name: str, seen=()) -> dict:
     return merged
 
 
-def load_config(name: str, overrides: list[str] = ()) -> RunConfig:
+def load_config(name: str, overrides: list[str] = (), root=RunConfig):
+    """A `root` (RunConfig, or ProfilingRunConfig for run_profiling.py) from a YAML file and overrides."""
     raw = _read(name)
     raw.setdefault("name", _resolve(name).stem)
     for item in overrides:
@@ -191,13 +221,13 @@ def load_config(name: str, overrides: list[str] = ()) -> RunConfig:
             raw[key] = yaml.safe_load(value)
         else:
             raise ConfigError(f"override {key!r}: use section.key (e.g. train.max_steps)")
-    top = {f.name for f in dataclasses.fields(RunConfig)}
+    top = {f.name for f in dataclasses.fields(root)}
     unknown = set(raw) - top
     if unknown:
         raise ConfigError(f"unknown section(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(top))}")
     try:
         kwargs = {k: _build(SECTIONS[k], v or {}, f"{k}.") if k in SECTIONS else v for k, v in raw.items()}
-        return RunConfig(**kwargs)
+        return root(**kwargs)
     except TypeError as e:
         raise ConfigError(str(e)) from None
 

@@ -19,3 +19,4 @@ def squad_384() -> np.ndarray:
 import sys
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "data"))  # the data/ command-line scripts
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run_pretraining.py, run_profiling.py

@@ -1,0 +1,192 @@
+"""Profiling harness: packing overhead and realized speed-up of each algorithm, measured on the real model.
+
+For every algorithm the length histogram is packed, micro-batches of packs (or, for NONE and SORT, of single
+sequences) are made with the real lengths and random tokens (BERT's speed does not depend on which tokens
+it sees), and the same model trains on all of them (forward, backward, optimizer step) with the algorithms
+interleaved round by round; the first round is warm-up. Reported per algorithm:
+
+    EFF        real tokens / computed tokens of the packing (SORT: of its padded batches)
+    p          packing factor: sequences per pack (row)
+    theory     the speed-up bound over NONE if time were proportional to tokens
+    realized   real sequences per second over NONE's, measured (sequences per step: the packing's average
+               p x micro-batch, so that the few sampled packs add no noise; SORT: its rows)
+    OH         extra time per step over NONE at the same shape (packs of S tokens vs rows of S tokens):
+               what the packed model costs beyond vanilla (mask, positions, K NSP slots); SORT: n/a
+    FLOPs      per step, counted by torch.utils.flop_counter: deterministic, noise-free
+    shapes     distinct batch shapes: 1 for every packer; SORT needs one compiled graph per shape
+
+`summarize` holds the arithmetic; `profile` the measurement.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from . import packing
+from .data.instances import InstanceConfig, mlm_slots_for
+from .data.layout import IGNORE_INDEX, Instance, PackLayout, pack_instances, stack_packs
+
+STATIC = ("none", "greedy", "spfhp", "lpfhp", "nnlshp", "cghp")
+
+
+@dataclass
+class Measurement:
+    algorithm: str
+    result: packing.PackingResult
+    step_seconds: list[float] = field(default_factory=list)   # measured steps (warm-up dropped)
+    sequences_per_step: float = 0.0
+    tokens_per_step: float = 0.0
+    flops_per_step: float = 0.0
+    shapes: int = 1
+    peak_memory_bytes: int | None = None
+
+
+def summarize(measurements: dict[str, Measurement]) -> list[dict]:
+    """Rows of the table. realized = (sequences/s) / NONE's; OH = median step time / NONE's - 1 (static
+    shapes only)."""
+    base = measurements.get("none")
+
+    def rate(m: Measurement) -> float:
+        return m.sequences_per_step * len(m.step_seconds) / sum(m.step_seconds)
+
+    rows = []
+    for name, m in measurements.items():
+        median = statistics.median(m.step_seconds)
+        rows.append({
+            "algorithm": name,
+            "efficiency": m.result.efficiency,
+            "packing_factor": m.result.packing_factor,
+            "theoretical_speedup": m.result.speedup_upper_bound,
+            "realized_speedup": rate(m) / rate(base) if base else None,
+            "overhead": (median / statistics.median(base.step_seconds) - 1) if base and name in STATIC else None,
+            "sequences_per_second": rate(m),
+            "tokens_per_second": m.tokens_per_step * len(m.step_seconds) / sum(m.step_seconds),
+            "step_ms_median": median * 1e3,
+            "step_ms_min": min(m.step_seconds) * 1e3,
+            "step_ms_max": max(m.step_seconds) * 1e3,
+            "flops_per_step": m.flops_per_step,
+            "shapes": m.shapes,
+            "peak_memory_mb": None if m.peak_memory_bytes is None else m.peak_memory_bytes / 2**20,
+        })
+    return rows
+
+
+def _instance(n: int, vocab: int, rng: np.random.Generator) -> Instance:
+    ids = rng.integers(5, vocab, size=n)
+    ids[0] = 2
+    types = np.zeros(n, dtype=np.int64)
+    types[n // 2:] = 1
+    labels = np.full(n, IGNORE_INDEX, dtype=np.int64)
+    if n > 1:
+        where = rng.choice(np.arange(1, n), size=min(n - 1, max(1, round(0.15 * n))), replace=False)
+        labels[where] = ids[where]
+    return Instance(ids, types, labels, int(rng.integers(0, 2)))
+
+
+def make_batches(histogram: np.ndarray, algorithm: str, depth: int, micro_batch: int, steps: int, vocab: int,
+                 sort_batch: int, seed: int):
+    """(PackingResult, list of micro-batches as dicts of tensors) for one algorithm."""
+    S, K = len(histogram), depth
+    M = mlm_slots_for(InstanceConfig(max_seq_length=S), S, K)
+    rng = np.random.default_rng(seed)
+    if algorithm == "sort":
+        result = packing.pack(histogram, "sort", batch_size=sort_batch)
+        lengths = packing.expand_histogram(histogram)
+        batches = []
+        for _ in range(steps):
+            start = int(rng.integers(0, len(lengths) - micro_batch + 1))
+            chunk = lengths[start:start + micro_batch]
+            width = int(max(chunk.max(), K + 1))  # padded to the longest: the shape changes every batch
+            layout = PackLayout(width, min(M, width - K), K)
+            batches.append(stack_packs([pack_instances([_instance(int(n), vocab, rng)], layout) for n in chunk]))
+    else:
+        result = packing.pack(histogram, algorithm, None if algorithm == "none" else depth)
+        mix = result.mixture
+        layout = PackLayout(S, M, K)
+        batches = []
+        for _ in range(steps):
+            picks = rng.choice(len(mix.counts), size=micro_batch, p=mix.counts / mix.counts.sum())
+            packs = [pack_instances([_instance(int(n), vocab, rng) for n in mix.strategies[i] if n > 0], layout)
+                     for i in picks]
+            batches.append(stack_packs(packs))
+    tensors = [{k: torch.from_numpy(v) for k, v in b.items()} for b in batches]
+    return result, tensors
+
+
+def train_step(model, opt, batch) -> None:
+    model(**batch).loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def count_flops(model, batch) -> float:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        model(**batch).loss.backward()
+    model.zero_grad(set_to_none=True)
+    return float(counter.get_total_flops())
+
+
+def profile(model, batches: dict, results: dict, rounds: int, device, trace_dir=None, say=print) -> dict:
+    """Interleaved measurement of every algorithm's batches on `model`. Returns {algorithm: Measurement}."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    out = {}
+    for name, bs in batches.items():
+        bs[:] = [{k: v.to(device) for k, v in b.items()} for b in bs]
+        m = Measurement(name, results[name])
+        rows = bs[0]["input_ids"].shape[0]
+        if name == "sort":  # one sequence per row; its real tokens are those of the sampled batches
+            m.sequences_per_step = rows
+            m.tokens_per_step = statistics.mean((b["sequence_ids"] > 0).sum().item() for b in bs)
+        else:  # the mixture's averages: a handful of sampled packs would add noise to the rates
+            m.sequences_per_step = rows * results[name].packing_factor
+            m.tokens_per_step = rows * results[name].max_len * results[name].efficiency
+        m.flops_per_step = statistics.mean(count_flops(model, b) for b in bs)
+        m.shapes = len({tuple(b["input_ids"].shape) for b in bs})
+        out[name] = m
+    for r in range(rounds):
+        for name, bs in batches.items():
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            for b in bs:
+                sync()
+                start = time.perf_counter()
+                train_step(model, opt, b)
+                sync()
+                if r:  # round 0 is warm-up
+                    out[name].step_seconds.append(time.perf_counter() - start)
+            if device.type == "cuda" and r:
+                out[name].peak_memory_bytes = max(out[name].peak_memory_bytes or 0, torch.cuda.max_memory_allocated())
+        say(f"round {r + 1}/{rounds} done{' (warm-up)' if r == 0 else ''}")
+    if trace_dir is not None:
+        write_traces(model, opt, batches, trace_dir)
+    return out
+
+
+def write_traces(model, opt, batches: dict, trace_dir) -> None:
+    """One torch.profiler trace per algorithm (Chrome/Perfetto JSON and TensorBoard), and an op table."""
+    from pathlib import Path
+
+    import shutil
+
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    trace_dir = Path(trace_dir)
+    (trace_dir / "tensorboard").mkdir(parents=True, exist_ok=True)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    for name, bs in batches.items():
+        with torch_profile(activities=activities) as prof:
+            train_step(model, opt, bs[0])
+        (trace_dir / f"{name}_ops.txt").write_text(prof.key_averages().table(sort_by="self_cpu_time_total",
+                                                                             row_limit=25))
+        chrome = trace_dir / f"{name}.trace.json"  # chrome://tracing, ui.perfetto.dev
+        prof.export_chrome_trace(str(chrome))
+        # the TensorBoard profiler plugin reads *.pt.trace.json files under its log folder
+        shutil.copyfile(chrome, trace_dir / "tensorboard" / f"{name}.pt.trace.json")

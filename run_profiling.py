@@ -1,0 +1,116 @@
+"""Profile packing on the real model: efficiency, packing factor, overhead and realized speed-up per algorithm.
+
+    python run_profiling.py --config profile_quick                            # CPU, a few minutes
+    python run_profiling.py --config profile_quick --algorithms none spfhp cghp --json out.jsonl --plot out.png
+    python run_profiling.py --config profile_large_512 --trace-dir traces/    # on a GPU
+
+NAME is a file in configs/ (profile_*.yaml) or a path; KEY=VALUE pairs override fields (profile.steps=5).
+Columns: EFF (real / computed tokens), p (sequences per pack), theory (speed-up bound over NONE), realized
+(measured sequences/s over NONE's), OH (step time over NONE's at the same shape, minus 1), sequences/s,
+tokens/s, median step time with its min-max spread, FLOPs per step (torch.utils.flop_counter), shapes
+(distinct batch shapes: SORT compiles one graph per shape), peak memory (GPU only).
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import BertConfig
+
+from bert_ipu import packing
+from bert_ipu.config import ConfigError, ProfilingRunConfig, load_config
+from bert_ipu.modeling import PackedBertForPreTraining
+from bert_ipu.profiling import make_batches, profile, summarize
+
+COLUMNS = [("algorithm", 9, "{}"), ("EFF", 8, "{:.2%}"), ("p", 6, "{:.3f}"), ("theory", 7, "{:.3f}x"),
+           ("realized", 9, "{:.3f}x"), ("OH", 7, "{:+.1%}"), ("seq/s", 8, "{:.1f}"), ("tok/s", 9, "{:.0f}"),
+           ("step ms", 8, "{:.1f}"), ("min-max", 13, "{}"), ("GFLOP/step", 10, "{:.2f}"), ("shapes", 6, "{}"),
+           ("peak MB", 8, "{}")]
+
+
+def table(rows) -> str:
+    lines = ["  ".join(f"{h:>{w}}" for h, w, _ in COLUMNS)]
+    for r in rows:
+        values = [r["algorithm"], r["efficiency"], r["packing_factor"], r["theoretical_speedup"],
+                  r["realized_speedup"], r["overhead"], r["sequences_per_second"], r["tokens_per_second"],
+                  r["step_ms_median"], f"{r['step_ms_min']:.0f}-{r['step_ms_max']:.0f}", r["flops_per_step"] / 1e9,
+                  r["shapes"], "n/a" if r["peak_memory_mb"] is None else f"{r['peak_memory_mb']:.0f}"]
+        cells = ["n/a" if v is None else f.format(v) for (_, w, f), v in zip(COLUMNS, values)]
+        lines.append("  ".join(f"{c:>{w}}" for (_, w, _), c in zip(COLUMNS, cells)))
+    return "\n".join(lines)
+
+
+def plot(path, histogram, rows) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.2), gridspec_kw={"width_ratios": [2, 3]})
+    a.bar(np.arange(1, len(histogram) + 1), histogram, width=1.0)
+    a.set(title=f"{int(histogram.sum()):,} sequences", xlabel="sequence length", ylabel="sequences")
+    x = np.arange(len(rows))
+    b.bar(x - 0.2, [r["theoretical_speedup"] for r in rows], 0.4, label="theoretical (tokens)")
+    b.bar(x + 0.2, [r["realized_speedup"] for r in rows], 0.4, label="realized (sequences/s)")
+    b.set_xticks(x, [r["algorithm"] for r in rows])
+    b.set(title="speed-up over NONE", ylabel="x")
+    b.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--algorithms", nargs="+", choices=packing.ALGORITHMS)
+    ap.add_argument("--max-sequences-per-pack", type=int)
+    ap.add_argument("--json", metavar="OUT", help="write one JSON object per algorithm")
+    ap.add_argument("--trace-dir", metavar="DIR", help="torch.profiler traces and op tables per algorithm")
+    ap.add_argument("--plot", metavar="OUT.png")
+    ap.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+    args = ap.parse_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides, root=ProfilingRunConfig)
+        histogram = packing.load_histogram(cfg.profile.histogram)
+    except (ConfigError, packing.PackingInputError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    prof = cfg.profile
+    algorithms = args.algorithms or prof.algorithms
+    if "none" not in algorithms:
+        algorithms = ["none", *algorithms]  # the baseline every speed-up is measured against
+    depth = args.max_sequences_per_pack or prof.max_sequences_per_pack
+    device = torch.device("cuda" if prof.device == "auto" and torch.cuda.is_available() else
+                          ("cpu" if prof.device == "auto" else prof.device))
+    S = len(histogram)
+    config = BertConfig(vocab_size=30522, hidden_size=cfg.model.hidden_size, num_hidden_layers=cfg.model.num_hidden_layers,
+                        num_attention_heads=cfg.model.num_attention_heads, intermediate_size=cfg.model.intermediate_size,
+                        max_position_embeddings=max(S, cfg.model.max_position_embeddings), hidden_dropout_prob=0.0,
+                        attention_probs_dropout_prob=0.0)
+    torch.manual_seed(prof.seed)
+    model = PackedBertForPreTraining(config, depth, cfg.model.attention_backend).to(device).train()
+    print(f"[profile] {cfg.name}: {sum(q.numel() for q in model.parameters()) / 1e6:.1f} M parameters on {device}, "
+          f"pack length {S}, depth {depth}, micro-batch {prof.micro_batch_size}, {prof.steps} steps x "
+          f"{prof.rounds} rounds (first = warm-up)", flush=True)
+    batches, results = {}, {}
+    for name in algorithms:
+        print(f"[profile] packing with {name} ...", flush=True)
+        results[name], batches[name] = make_batches(histogram, name, depth, prof.micro_batch_size, prof.steps,
+                                                    config.vocab_size, prof.sort_batch_size, prof.seed)
+    measurements = profile(model, batches, results, prof.rounds, device, args.trace_dir,
+                           say=lambda m: print(f"[profile] {m}", flush=True))
+    rows = summarize(measurements)
+    print(table(rows))
+    if args.json:
+        Path(args.json).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if args.plot:
+        plot(args.plot, histogram, rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

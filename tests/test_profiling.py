@@ -1,0 +1,75 @@
+"""The profiling harness: its arithmetic on hand-computed cases, and an end-to-end run on a tiny model."""
+
+import json
+
+import numpy as np
+import pytest
+
+from bert_ipu import packing
+from bert_ipu.profiling import Measurement, make_batches, summarize
+
+import run_profiling  # repository root is the working directory of the test run (pyproject testpaths)
+
+
+def fake(name, hist, seconds, sequences, tokens, flops=1.0):
+    m = Measurement(name, packing.pack(hist, name, None if name in ("none", "sort") else 3))
+    m.step_seconds, m.sequences_per_step, m.tokens_per_step, m.flops_per_step = seconds, sequences, tokens, flops
+    return m
+
+
+def test_arithmetic_against_hand_computed_cases():
+    """Histogram [0,0,0,2,0,0,0,2] at pack length 8: NONE 4 rows of 8 (EFF 24/32), CGHP pairs 4+4 and 8
+    alone: 3 packs, EFF 24/24, p 4/3, theory 4/3. With NONE at 1 s a step for 4 sequences and CGHP at 1.1 s
+    a step for 4 packs (16/3 sequences): realized (16/3/1.1)/(4/1) = 1.2121..., OH +10%."""
+    hist = np.array([0, 0, 0, 2, 0, 0, 0, 2])
+    rows = {r["algorithm"]: r for r in summarize({
+        "none": fake("none", hist, [1.0, 1.0, 1.0], 4, 24),
+        "cghp": fake("cghp", hist, [1.1, 1.1, 1.1], 16 / 3, 32),
+    })}
+    assert rows["none"]["efficiency"] == pytest.approx(24 / 64 * 2)  # 24 real tokens in 4 rows of 8
+    assert rows["cghp"]["efficiency"] == pytest.approx(1.0)
+    assert rows["cghp"]["packing_factor"] == pytest.approx(4 / 3)
+    assert rows["cghp"]["theoretical_speedup"] == pytest.approx(4 / 3)
+    assert rows["cghp"]["realized_speedup"] == pytest.approx((16 / 3 / 1.1) / 4)
+    assert rows["cghp"]["overhead"] == pytest.approx(0.1)
+    assert rows["cghp"]["tokens_per_second"] == pytest.approx(32 / 1.1)
+    assert rows["none"]["realized_speedup"] == 1.0 and rows["none"]["overhead"] == 0.0
+
+
+def test_batches_follow_the_packing():
+    """Packed micro-batches have static shapes and hold the mixture's lengths; SORT's change shape."""
+    hist = np.zeros(64, dtype=np.int64)
+    hist[[9, 19, 29, 59]] = [50, 40, 30, 10]
+    result, batches = make_batches(hist, "cghp", 3, micro_batch=4, steps=3, vocab=100, sort_batch=4, seed=0)
+    assert {tuple(b["input_ids"].shape) for b in batches} == {(4, 64)}
+    lengths = {int(n) for s in result.mixture.strategies for n in s if n}
+    for b in batches:
+        for row in b["sequence_ids"]:
+            counts = np.bincount(row.numpy())[1:]
+            assert set(counts[counts > 0].tolist()) <= lengths
+    _, sort_batches = make_batches(hist, "sort", 3, micro_batch=4, steps=6, vocab=100, sort_batch=4, seed=0)
+    assert len({tuple(b["input_ids"].shape) for b in sort_batches}) > 1
+
+
+def test_end_to_end_tiny(tmp_path, capsys):
+    hist = tmp_path / "h.json"
+    counts = [0] * 64
+    for length, n in ((10, 300), (20, 200), (30, 100), (60, 40)):
+        counts[length - 1] = n
+    hist.write_text(json.dumps(counts))
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text(f"name: tiny\nmodel: {{hidden_size: 32, num_hidden_layers: 1, num_attention_heads: 2, "
+                   f"intermediate_size: 64, max_position_embeddings: 64}}\nprofile: {{histogram: {hist}, steps: 2, "
+                   f"rounds: 2, micro_batch_size: 2}}\n")
+    out, png, traces = tmp_path / "rows.jsonl", tmp_path / "plot.png", tmp_path / "traces"
+    assert run_profiling.main(["--config", str(cfg), "--algorithms", "sort", "lpfhp", "cghp", "--json", str(out),
+                               "--plot", str(png), "--trace-dir", str(traces)]) == 0
+    text = capsys.readouterr().out
+    for column in ("EFF", "theory", "realized", "OH", "seq/s", "GFLOP/step", "shapes"):
+        assert column in text
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [r["algorithm"] for r in rows] == ["none", "sort", "lpfhp", "cghp"]
+    assert all(r["flops_per_step"] > 0 and r["sequences_per_second"] > 0 for r in rows)
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    assert (traces / "cghp.trace.json").is_file() and "aten::" in (traces / "cghp_ops.txt").read_text()
+    assert run_profiling.main(["--config", str(tmp_path / "missing.yaml")]) == 2
