@@ -23,7 +23,7 @@ from transformers import BertConfig
 from bert_ipu import packing
 from bert_ipu.config import ConfigError, ProfilingRunConfig, load_config
 from bert_ipu.modeling import PackedBertForPreTraining
-from bert_ipu.profiling import make_batches, profile, summarize
+from bert_ipu.profiling import make_batches, profile, scaling_study, summarize
 
 COLUMNS = [("algorithm", 9, "{}"), ("EFF", 8, "{:.2%}"), ("p", 6, "{:.3f}"), ("theory", 7, "{:.3f}x"),
            ("realized", 9, "{:.3f}x"), ("OH", 7, "{:+.1%}"), ("seq/s", 8, "{:.1f}"), ("tok/s", 9, "{:.0f}"),
@@ -71,6 +71,9 @@ def main(argv=None) -> int:
     ap.add_argument("--json", metavar="OUT", help="write one JSON object per algorithm")
     ap.add_argument("--trace-dir", metavar="DIR", help="torch.profiler traces and op tables per algorithm")
     ap.add_argument("--plot", metavar="OUT.png")
+    ap.add_argument("--scaling", metavar="OUT.png", help="also the Section E study: speed-up of packing over "
+                    "un-padded batches against the number of data-parallel devices, printed and plotted")
+    ap.add_argument("--scaling-batches", type=int, default=40, help="batches timed for --scaling (default 40)")
     ap.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
     args = ap.parse_args(argv)
     try:
@@ -109,7 +112,32 @@ def main(argv=None) -> int:
         Path(args.json).write_text("".join(json.dumps(r) + "\n" for r in rows))
     if args.plot:
         plot(args.plot, histogram, rows)
+    if args.scaling:
+        print(f"[profile] Section E: timing {args.scaling_batches} un-padded and packed (cghp) batches ...", flush=True)
+        study = scaling_study(model, histogram, "cghp", depth, prof.micro_batch_size, args.scaling_batches,
+                              config.vocab_size, device, prof.seed)
+        print(f"{'devices':>8} {'un-padded seq/s/device':>23} {'packed seq/s/device':>20} {'speed-up':>9}")
+        for r in study:
+            print(f"{r['devices']:>8} {r['unpadded_sequences_per_second_per_device']:>23.1f} "
+                  f"{r['packed_sequences_per_second_per_device']:>20.1f} {r['speedup']:>8.3f}x")
+        plot_scaling(args.scaling, study)
     return 0
+
+
+def plot_scaling(path, study) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot([r["devices"] for r in study], [r["speedup"] for r in study], marker="o")
+    ax.set_xscale("log", base=2)
+    ax.set(xlabel="data-parallel devices", ylabel="speed-up of packing over un-padding",
+           title="every step waits for the slowest device")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -190,3 +190,53 @@ def write_traces(model, opt, batches: dict, trace_dir) -> None:
         prof.export_chrome_trace(str(chrome))
         # the TensorBoard profiler plugin reads *.pt.trace.json files under its log folder
         shutil.copyfile(chrome, trace_dir / "tensorboard" / f"{name}.pt.trace.json")
+
+
+def expected_max(samples: np.ndarray, n: int) -> float:
+    """E[max of n independent draws] from the empirical distribution of `samples` (exact, not sampled):
+    with sorted x_1..x_m, P(max = x_(i)) = (i/m)^n - ((i-1)/m)^n."""
+    x = np.sort(np.asarray(samples, dtype=np.float64))
+    m = len(x)
+    cdf = (np.arange(1, m + 1) / m) ** n
+    return float((x * np.diff(np.concatenate([[0.0], cdf]))).sum())
+
+
+def scaling_study(model, histogram: np.ndarray, packed_algorithm: str, depth: int, micro_batch: int, batches: int,
+                  vocab: int, device, seed: int = 0, devices=(1, 2, 4, 8, 16, 32, 64)) -> list[dict]:
+    """The paper's Section E, measured: un-padded batches (random sequences, each batch padded only to its own
+    longest, so its time varies with its content) against packed batches (constant shape), timed one by one.
+    With n data-parallel devices every step waits for the slowest, so a step takes E[max of n batch times];
+    the speed-up of packing at n devices is (packed sequences / E[max packed]) / (sequences / E[max un-padded])."""
+    rng = np.random.default_rng(seed)
+    S, K = len(histogram), depth
+    M = mlm_slots_for(InstanceConfig(max_seq_length=S), S, K)
+    lengths = packing.expand_histogram(histogram)
+    result = packing.pack(histogram, packed_algorithm, depth)
+    mix = result.mixture
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    times = {"unpadded": [], "packed": []}
+    for i in range(batches + 1):
+        chunk = rng.choice(lengths, size=micro_batch)
+        width = int(max(chunk.max(), K + 1))
+        unpadded = stack_packs([pack_instances([_instance(int(n), vocab, rng)], PackLayout(width, min(M, width - K), K))
+                                for n in chunk])
+        picks = rng.choice(len(mix.counts), size=micro_batch, p=mix.counts / mix.counts.sum())
+        packed = stack_packs([pack_instances([_instance(int(n), vocab, rng) for n in mix.strategies[j] if n > 0],
+                                             PackLayout(S, M, K)) for j in picks])
+        for name, arrays in (("unpadded", unpadded), ("packed", packed)):
+            batch = {k: torch.from_numpy(v).to(device) for k, v in arrays.items()}
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            train_step(model, opt, batch)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            if i:  # the first pair is warm-up
+                times[name].append(time.perf_counter() - start)
+    rows = []
+    for n in devices:
+        unpadded_rate = micro_batch / expected_max(times["unpadded"], n)
+        packed_rate = micro_batch * result.packing_factor / expected_max(times["packed"], n)
+        rows.append({"devices": n, "unpadded_sequences_per_second_per_device": unpadded_rate,
+                     "packed_sequences_per_second_per_device": packed_rate, "speedup": packed_rate / unpadded_rate})
+    return rows

@@ -63,13 +63,25 @@ def test_end_to_end_tiny(tmp_path, capsys):
                    f"rounds: 2, micro_batch_size: 2}}\n")
     out, png, traces = tmp_path / "rows.jsonl", tmp_path / "plot.png", tmp_path / "traces"
     assert run_profiling.main(["--config", str(cfg), "--algorithms", "sort", "lpfhp", "cghp", "--json", str(out),
-                               "--plot", str(png), "--trace-dir", str(traces)]) == 0
+                               "--plot", str(png), "--trace-dir", str(traces), "--scaling", str(tmp_path / "e.png"),
+                               "--scaling-batches", "6"]) == 0
     text = capsys.readouterr().out
-    for column in ("EFF", "theory", "realized", "OH", "seq/s", "GFLOP/step", "shapes"):
+    for column in ("EFF", "theory", "realized", "OH", "seq/s", "GFLOP/step", "shapes", "un-padded seq/s/device"):
         assert column in text
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     assert [r["algorithm"] for r in rows] == ["none", "sort", "lpfhp", "cghp"]
     assert all(r["flops_per_step"] > 0 and r["sequences_per_second"] > 0 for r in rows)
-    assert png.read_bytes()[:4] == b"\x89PNG"
+    assert png.read_bytes()[:4] == b"\x89PNG" and (tmp_path / "e.png").read_bytes()[:4] == b"\x89PNG"
     assert (traces / "cghp.trace.json").is_file() and "aten::" in (traces / "cghp_ops.txt").read_text()
     assert run_profiling.main(["--config", str(tmp_path / "missing.yaml")]) == 2
+
+
+def test_expected_max_of_draws():
+    """E[max of n draws] from {1, 2, 3, 4}: n=1 -> 2.5; n=2 -> sum x ((i/4)^2 - ((i-1)/4)^2) = 50/16."""
+    from bert_ipu.profiling import expected_max
+
+    x = np.array([4.0, 1.0, 3.0, 2.0])
+    assert expected_max(x, 1) == pytest.approx(2.5)
+    assert expected_max(x, 2) == pytest.approx((1 * 1 + 2 * 3 + 3 * 5 + 4 * 7) / 16)
+    assert expected_max(x, 1000) == pytest.approx(4.0)
+    assert expected_max(np.full(5, 2.0), 7) == pytest.approx(2.0)
