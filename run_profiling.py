@@ -8,7 +8,8 @@ NAME is a file in configs/ (profile_*.yaml) or a path; KEY=VALUE pairs override 
 Columns: EFF (real / computed tokens), p (sequences per pack), theory (speed-up bound over NONE), realized
 (measured sequences/s over NONE's), OH (step time over NONE's at the same shape, minus 1), sequences/s,
 tokens/s, median step time with its min-max spread, FLOPs per step (torch.utils.flop_counter), shapes
-(distinct batch shapes: SORT compiles one graph per shape), peak memory (GPU only).
+(distinct batch shapes: SORT compiles one graph per shape), peak memory (GPU only), and with --compile the
+seconds torch.compile spends on each algorithm's batches (a recompilation per new shape).
 """
 
 import argparse
@@ -28,7 +29,7 @@ from bert_ipu.profiling import make_batches, profile, scaling_study, summarize
 COLUMNS = [("algorithm", 9, "{}"), ("EFF", 8, "{:.2%}"), ("p", 6, "{:.3f}"), ("theory", 7, "{:.3f}x"),
            ("realized", 9, "{:.3f}x"), ("OH", 7, "{:+.1%}"), ("seq/s", 8, "{:.1f}"), ("tok/s", 9, "{:.0f}"),
            ("step ms", 8, "{:.1f}"), ("min-max", 13, "{}"), ("GFLOP/step", 10, "{:.2f}"), ("shapes", 6, "{}"),
-           ("peak MB", 8, "{}")]
+           ("peak MB", 8, "{}"), ("compile s", 9, "{:.1f}")]
 
 
 def table(rows) -> str:
@@ -37,7 +38,8 @@ def table(rows) -> str:
         values = [r["algorithm"], r["efficiency"], r["packing_factor"], r["theoretical_speedup"],
                   r["realized_speedup"], r["overhead"], r["sequences_per_second"], r["tokens_per_second"],
                   r["step_ms_median"], f"{r['step_ms_min']:.0f}-{r['step_ms_max']:.0f}", r["flops_per_step"] / 1e9,
-                  r["shapes"], "n/a" if r["peak_memory_mb"] is None else f"{r['peak_memory_mb']:.0f}"]
+                  r["shapes"], "n/a" if r["peak_memory_mb"] is None else f"{r['peak_memory_mb']:.0f}",
+                  r["compile_seconds"]]
         cells = ["n/a" if v is None else f.format(v) for (_, w, f), v in zip(COLUMNS, values)]
         lines.append("  ".join(f"{c:>{w}}" for (_, w, _), c in zip(COLUMNS, cells)))
     return "\n".join(lines)
@@ -74,6 +76,8 @@ def main(argv=None) -> int:
     ap.add_argument("--scaling", metavar="OUT.png", help="also the Section E study: speed-up of packing over "
                     "un-padded batches against the number of data-parallel devices, printed and plotted")
     ap.add_argument("--scaling-batches", type=int, default=40, help="batches timed for --scaling (default 40)")
+    ap.add_argument("--compile", action="store_true", help="also time torch.compile per algorithm: one compilation "
+                    "per distinct batch shape (SORT recompiles for every new shape)")
     ap.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
     args = ap.parse_args(argv)
     try:
@@ -105,7 +109,7 @@ def main(argv=None) -> int:
         results[name], batches[name] = make_batches(histogram, name, depth, prof.micro_batch_size, prof.steps,
                                                     config.vocab_size, prof.sort_batch_size, prof.seed)
     measurements = profile(model, batches, results, prof.rounds, device, args.trace_dir,
-                           say=lambda m: print(f"[profile] {m}", flush=True))
+                           say=lambda m: print(f"[profile] {m}", flush=True), compile_step=args.compile)
     rows = summarize(measurements)
     print(table(rows))
     if args.json:

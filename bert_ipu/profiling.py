@@ -44,6 +44,7 @@ class Measurement:
     flops_per_step: float = 0.0
     shapes: int = 1
     peak_memory_bytes: int | None = None
+    compile_seconds: float | None = None  # torch.compile: total compilation time over the batches' shapes
 
 
 def summarize(measurements: dict[str, Measurement]) -> list[dict]:
@@ -71,6 +72,7 @@ def summarize(measurements: dict[str, Measurement]) -> list[dict]:
             "step_ms_max": max(m.step_seconds) * 1e3,
             "flops_per_step": m.flops_per_step,
             "shapes": m.shapes,
+            "compile_seconds": m.compile_seconds,
             "peak_memory_mb": None if m.peak_memory_bytes is None else m.peak_memory_bytes / 2**20,
         })
     return rows
@@ -133,7 +135,35 @@ def count_flops(model, batch) -> float:
     return float(counter.get_total_flops())
 
 
-def profile(model, batches: dict, results: dict, rounds: int, device, trace_dir=None, say=print) -> dict:
+def compile_cost(model, batches: list[dict]) -> float:
+    """Seconds torch.compile spends on these batches: every new shape compiles the step again (a static-shape
+    compiler's recompilation), measured as first call minus a second call of the same shape."""
+    import torch._dynamo
+    import torch._inductor.config
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, dynamic=False)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.0)
+    total, seen = 0.0, set()
+    for b in batches:
+        shape = tuple(b["input_ids"].shape)
+        if shape in seen:
+            continue
+        seen.add(shape)
+        timings = []
+        # no cache of compiled graphs: every algorithm pays for its own shapes, whatever ran before it
+        with torch._inductor.config.patch(fx_graph_cache=False):
+            for _ in range(2):
+                start = time.perf_counter()
+                train_step(compiled, opt, b)
+                timings.append(time.perf_counter() - start)
+        total += max(0.0, timings[0] - timings[1])
+    torch._dynamo.reset()
+    return total
+
+
+def profile(model, batches: dict, results: dict, rounds: int, device, trace_dir=None, say=print,
+            compile_step: bool = False) -> dict:
     """Interleaved measurement of every algorithm's batches on `model`. Returns {algorithm: Measurement}."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -165,6 +195,11 @@ def profile(model, batches: dict, results: dict, rounds: int, device, trace_dir=
             if device.type == "cuda" and r:
                 out[name].peak_memory_bytes = max(out[name].peak_memory_bytes or 0, torch.cuda.max_memory_allocated())
         say(f"round {r + 1}/{rounds} done{' (warm-up)' if r == 0 else ''}")
+    if compile_step:
+        compile_cost(model, next(iter(batches.values()))[:1])  # warm-up: the compiler's own first-use costs
+        for name, bs in batches.items():
+            say(f"compiling the step for {name} ({out[name].shapes} shape(s)) ...")
+            out[name].compile_seconds = compile_cost(model, bs)
     if trace_dir is not None:
         write_traces(model, opt, batches, trace_dir)
     return out

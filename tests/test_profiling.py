@@ -64,13 +64,13 @@ def test_end_to_end_tiny(tmp_path, capsys):
     out, png, traces = tmp_path / "rows.jsonl", tmp_path / "plot.png", tmp_path / "traces"
     assert run_profiling.main(["--config", str(cfg), "--algorithms", "sort", "lpfhp", "cghp", "--json", str(out),
                                "--plot", str(png), "--trace-dir", str(traces), "--scaling", str(tmp_path / "e.png"),
-                               "--scaling-batches", "6"]) == 0
+                               "--scaling-batches", "6", "--compile"]) == 0
     text = capsys.readouterr().out
     for column in ("EFF", "theory", "realized", "OH", "seq/s", "GFLOP/step", "shapes", "un-padded seq/s/device"):
         assert column in text
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     assert [r["algorithm"] for r in rows] == ["none", "sort", "lpfhp", "cghp"]
-    assert all(r["flops_per_step"] > 0 and r["sequences_per_second"] > 0 for r in rows)
+    assert all(r["flops_per_step"] > 0 and r["sequences_per_second"] > 0 and r["compile_seconds"] > 0 for r in rows)
     assert png.read_bytes()[:4] == b"\x89PNG" and (tmp_path / "e.png").read_bytes()[:4] == b"\x89PNG"
     assert (traces / "cghp.trace.json").is_file() and "aten::" in (traces / "cghp_ops.txt").read_text()
     assert run_profiling.main(["--config", str(tmp_path / "missing.yaml")]) == 2
