@@ -79,7 +79,11 @@ def main(argv=None) -> int:
     ap.add_argument("--compile", action="store_true", help="also time torch.compile per algorithm: one compilation "
                     "per distinct batch shape (SORT recompiles for every new shape)")
     ap.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
-    args = ap.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # KEY=VALUE pairs may come anywhere, also after --algorithms (which would otherwise swallow them)
+    overrides = [a for a in argv if "=" in a and not a.startswith("-")]
+    args = ap.parse_args([a for a in argv if a not in overrides])
+    args.overrides = overrides
     try:
         cfg = load_config(args.config, args.overrides, root=ProfilingRunConfig)
         histogram = packing.load_histogram(cfg.profile.histogram)

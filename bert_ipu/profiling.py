@@ -8,8 +8,9 @@ interleaved round by round; the first round is warm-up. Reported per algorithm:
     EFF        real tokens / computed tokens of the packing (SORT: of its padded batches)
     p          packing factor: sequences per pack (row)
     theory     the speed-up bound over NONE if time were proportional to tokens
-    realized   real sequences per second over NONE's, measured (sequences per step: the packing's average
-               p x micro-batch, so that the few sampled packs add no noise; SORT: its rows)
+    realized   real sequences per second over NONE's, measured: sequences per step (the packing's average
+               p x micro-batch, so that the few sampled packs add no noise; SORT: its rows) over the median
+               step time (SORT: the mean, as its batches differ by design)
     OH         extra time per step over NONE at the same shape (packs of S tokens vs rows of S tokens):
                what the packed model costs beyond vanilla (mask, positions, K NSP slots); SORT: n/a
     FLOPs      per step, counted by torch.utils.flop_counter: deterministic, noise-free
@@ -53,7 +54,11 @@ def summarize(measurements: dict[str, Measurement]) -> list[dict]:
     base = measurements.get("none")
 
     def rate(m: Measurement) -> float:
-        return m.sequences_per_step * len(m.step_seconds) / sum(m.step_seconds)
+        # static shapes: every step costs the same, so the median step resists the shared machine's outliers;
+        # SORT's steps differ by design (each batch its own length), so its mean over the batches counts
+        if m.algorithm == "sort":
+            return m.sequences_per_step * len(m.step_seconds) / sum(m.step_seconds)
+        return m.sequences_per_step / statistics.median(m.step_seconds)
 
     rows = []
     for name, m in measurements.items():
@@ -66,7 +71,7 @@ def summarize(measurements: dict[str, Measurement]) -> list[dict]:
             "realized_speedup": rate(m) / rate(base) if base else None,
             "overhead": (median / statistics.median(base.step_seconds) - 1) if base and name in STATIC else None,
             "sequences_per_second": rate(m),
-            "tokens_per_second": m.tokens_per_step * len(m.step_seconds) / sum(m.step_seconds),
+            "tokens_per_second": rate(m) * m.tokens_per_step / m.sequences_per_step,
             "step_ms_median": median * 1e3,
             "step_ms_min": min(m.step_seconds) * 1e3,
             "step_ms_max": max(m.step_seconds) * 1e3,

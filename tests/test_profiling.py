@@ -62,7 +62,8 @@ def test_end_to_end_tiny(tmp_path, capsys):
                    f"intermediate_size: 64, max_position_embeddings: 64}}\nprofile: {{histogram: {hist}, steps: 2, "
                    f"rounds: 2, micro_batch_size: 2}}\n")
     out, png, traces = tmp_path / "rows.jsonl", tmp_path / "plot.png", tmp_path / "traces"
-    assert run_profiling.main(["--config", str(cfg), "--algorithms", "sort", "lpfhp", "cghp", "--json", str(out),
+    assert run_profiling.main(["--config", str(cfg), "--algorithms", "sort", "lpfhp", "cghp", "profile.seed=1",
+                               "--json", str(out),
                                "--plot", str(png), "--trace-dir", str(traces), "--scaling", str(tmp_path / "e.png"),
                                "--scaling-batches", "6", "--compile"]) == 0
     text = capsys.readouterr().out
