@@ -161,13 +161,7 @@ class Pipeline:
     def step(self, batch: dict, normalizers: tuple[float, float]) -> None:
         """Forward and backward of one update's micro-batches (batch holds all of them along dim 0)."""
         self.loss.normalizers = normalizers
-        if self.first:
-            self.schedule.step(batch["input_ids"], batch["position_ids"], batch["token_type_ids"],
-                               batch["sequence_ids"])
-        elif self.last:
-            self.schedule.step(target=pack_targets(batch), losses=[])
-        else:
-            self.schedule.step()
+        self._run(self.schedule.step, batch)
         self._sum_tied_gradients()
         if self.replicas > 1:  # what DDP would do: sum each gradient over the replicas
             for p in self.module.parameters():
@@ -178,13 +172,16 @@ class Pipeline:
     def evaluate(self, batch: dict) -> None:
         """Forward only (with the loss, for the metrics) of micro_batches micro-batches."""
         with torch.no_grad():
-            if self.first:
-                self.schedule.eval(batch["input_ids"], batch["position_ids"], batch["token_type_ids"],
-                                   batch["sequence_ids"])
-            elif self.last:
-                self.schedule.eval(target=pack_targets(batch), losses=[])
-            else:
-                self.schedule.eval()
+            self._run(self.schedule.eval, batch)
+
+    def _run(self, call, batch: dict) -> None:
+        """The schedule's step or eval, with what each stage feeds in: inputs on the first, labels on the last."""
+        if self.first:
+            call(batch["input_ids"], batch["position_ids"], batch["token_type_ids"], batch["sequence_ids"])
+        elif self.last:
+            call(target=pack_targets(batch), losses=[])
+        else:
+            call()
 
     def _sum_tied_gradients(self):
         if self.first or self.last:
