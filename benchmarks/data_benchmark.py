@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from bert_ipu import packing
-from bert_ipu.data.instances import InstanceConfig
+from bert_ipu.data.instances import InstanceConfig, default_vocab
 from bert_ipu.data.layout import IGNORE_INDEX, PackLayout
 from bert_ipu.data.pipeline import create_pretraining_data
 from bert_ipu.data.shards import DatasetWriter
@@ -69,8 +69,7 @@ def synthesise_instances(out: Path, n: int, seed: int = 0) -> None:
     S, M = 512, 76
     config = InstanceConfig(max_seq_length=512)
     with DatasetWriter(out, PackLayout(S, M, 1), overwrite=True) as writer:
-        shutil.copyfile(Path(__import__("bert_ipu.data.instances", fromlist=["x"]).default_vocab()),
-                        writer.partial / "vocab.txt")
+        shutil.copyfile(default_vocab(), writer.partial / "vocab.txt")
         for lo in range(0, n, 65536):
             ln = lengths[lo:lo + 65536]
             rows = len(ln)

@@ -95,6 +95,20 @@ def _instance(n: int, vocab: int, rng: np.random.Generator) -> Instance:
     return Instance(ids, types, labels, int(rng.integers(0, 2)))
 
 
+def padded_batch(lengths, M: int, K: int, vocab: int, rng) -> dict:
+    """One sequence per row, padded to the batch's own longest (the shape changes with the content)."""
+    width = int(max(max(lengths), K + 1))
+    layout = PackLayout(width, min(M, width - K), K)
+    return stack_packs([pack_instances([_instance(int(n), vocab, rng)], layout) for n in lengths])
+
+
+def packed_batch(mixture, micro_batch: int, S: int, M: int, K: int, vocab: int, rng) -> dict:
+    """micro_batch packs of S tokens, strategies drawn in proportion to the mixture's counts."""
+    picks = rng.choice(len(mixture.counts), size=micro_batch, p=mixture.counts / mixture.counts.sum())
+    return stack_packs([pack_instances([_instance(int(n), vocab, rng) for n in mixture.strategies[i] if n > 0],
+                                       PackLayout(S, M, K)) for i in picks])
+
+
 def make_batches(histogram: np.ndarray, algorithm: str, depth: int, micro_batch: int, steps: int, vocab: int,
                  sort_batch: int, seed: int):
     """(PackingResult, list of micro-batches as dicts of tensors) for one algorithm."""
@@ -105,22 +119,12 @@ def make_batches(histogram: np.ndarray, algorithm: str, depth: int, micro_batch:
         result = packing.pack(histogram, "sort", batch_size=sort_batch)
         lengths = packing.expand_histogram(histogram)
         batches = []
-        for _ in range(steps):
+        for _ in range(steps):  # consecutive sequences of the sorted data: SORT's batches
             start = int(rng.integers(0, len(lengths) - micro_batch + 1))
-            chunk = lengths[start:start + micro_batch]
-            width = int(max(chunk.max(), K + 1))  # padded to the longest: the shape changes every batch
-            layout = PackLayout(width, min(M, width - K), K)
-            batches.append(stack_packs([pack_instances([_instance(int(n), vocab, rng)], layout) for n in chunk]))
+            batches.append(padded_batch(lengths[start:start + micro_batch], M, K, vocab, rng))
     else:
         result = packing.pack(histogram, algorithm, None if algorithm == "none" else depth)
-        mix = result.mixture
-        layout = PackLayout(S, M, K)
-        batches = []
-        for _ in range(steps):
-            picks = rng.choice(len(mix.counts), size=micro_batch, p=mix.counts / mix.counts.sum())
-            packs = [pack_instances([_instance(int(n), vocab, rng) for n in mix.strategies[i] if n > 0], layout)
-                     for i in picks]
-            batches.append(stack_packs(packs))
+        batches = [packed_batch(result.mixture, micro_batch, S, M, K, vocab, rng) for _ in range(steps)]
     tensors = [{k: torch.from_numpy(v) for k, v in b.items()} for b in batches]
     return result, tensors
 
@@ -129,6 +133,17 @@ def train_step(model, opt, batch) -> None:
     model(**batch).loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
+
+
+def timed_step(model, opt, batch, device) -> float:
+    """Seconds of one training step, the device synchronised before and after."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    train_step(model, opt, batch)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
 
 
 def count_flops(model, batch) -> float:
@@ -171,7 +186,6 @@ def profile(model, batches: dict, results: dict, rounds: int, device, trace_dir=
             compile_step: bool = False) -> dict:
     """Interleaved measurement of every algorithm's batches on `model`. Returns {algorithm: Measurement}."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     out = {}
     for name, bs in batches.items():
         bs[:] = [{k: v.to(device) for k, v in b.items()} for b in bs]
@@ -191,12 +205,9 @@ def profile(model, batches: dict, results: dict, rounds: int, device, trace_dir=
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats()
             for b in bs:
-                sync()
-                start = time.perf_counter()
-                train_step(model, opt, b)
-                sync()
+                seconds = timed_step(model, opt, b, device)
                 if r:  # round 0 is warm-up
-                    out[name].step_seconds.append(time.perf_counter() - start)
+                    out[name].step_seconds.append(seconds)
             if device.type == "cuda" and r:
                 out[name].peak_memory_bytes = max(out[name].peak_memory_bytes or 0, torch.cuda.max_memory_allocated())
         say(f"round {r + 1}/{rounds} done{' (warm-up)' if r == 0 else ''}")
@@ -256,23 +267,12 @@ def scaling_study(model, histogram: np.ndarray, packed_algorithm: str, depth: in
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
     times = {"unpadded": [], "packed": []}
     for i in range(batches + 1):
-        chunk = rng.choice(lengths, size=micro_batch)
-        width = int(max(chunk.max(), K + 1))
-        unpadded = stack_packs([pack_instances([_instance(int(n), vocab, rng)], PackLayout(width, min(M, width - K), K))
-                                for n in chunk])
-        picks = rng.choice(len(mix.counts), size=micro_batch, p=mix.counts / mix.counts.sum())
-        packed = stack_packs([pack_instances([_instance(int(n), vocab, rng) for n in mix.strategies[j] if n > 0],
-                                             PackLayout(S, M, K)) for j in picks])
+        unpadded = padded_batch(rng.choice(lengths, size=micro_batch), M, K, vocab, rng)
+        packed = packed_batch(mix, micro_batch, S, M, K, vocab, rng)
         for name, arrays in (("unpadded", unpadded), ("packed", packed)):
-            batch = {k: torch.from_numpy(v).to(device) for k, v in arrays.items()}
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            start = time.perf_counter()
-            train_step(model, opt, batch)
-            if device.type == "cuda":
-                torch.cuda.synchronize()
+            seconds = timed_step(model, opt, {k: torch.from_numpy(v).to(device) for k, v in arrays.items()}, device)
             if i:  # the first pair is warm-up
-                times[name].append(time.perf_counter() - start)
+                times[name].append(seconds)
     rows = []
     for n in devices:
         unpadded_rate = micro_batch / expected_max(times["unpadded"], n)

@@ -210,6 +210,7 @@ class LocalEngine:
     """The whole model on this process; data parallel with DDP when there are several processes."""
 
     stage = None
+    eval_micro_batches = 1  # micro-batches evaluated together
 
     @property
     def writes_optimizer(self) -> bool:  # replicas hold equal optimizer states: rank 0 saves one
@@ -264,6 +265,7 @@ class PipelineEngine(LocalEngine):
         self.pipe = Pipeline(model, cfg.parallel.pipeline_stages, mlm_slots, micro_batches, cfg.parallel.schedule,
                              cfg.parallel.layers_per_stage, device)
         self.stage = self.pipe.rank
+        self.eval_micro_batches = micro_batches  # the schedule always runs all of its micro-batches
 
     @property
     def writes_optimizer(self) -> bool:  # replica 0 saves one optimizer file per stage
@@ -280,7 +282,7 @@ class PipelineEngine(LocalEngine):
         return self.pipe.stats()
 
     def evaluate(self, batches):
-        n = self.pipe.micro_batches
+        n = self.eval_micro_batches
         stats = torch.zeros(7, dtype=torch.float64)
         for lo in range(0, len(batches) - n + 1, n):
             self.pipe.evaluate({k: torch.cat([b[k] for b in batches[lo:lo + n]]) for k in batches[0]})
@@ -303,7 +305,7 @@ class PipelineEngine(LocalEngine):
 
 def validate(engine, data: PackedDataset, cfg: RunConfig, rank: int, world: int, device) -> dict:
     """MLM and NSP loss and accuracy on (up to `validation_batches` micro-batches of) the held-out split."""
-    group = getattr(getattr(engine, "pipe", None), "micro_batches", 1)
+    group = engine.eval_micro_batches
     # a small held-out split still validates: the micro-batch shrinks to what every rank can fill
     micro = max(1, min(cfg.train.micro_batch_size, data.packs("validation") // (world * group)))
     loader = PackedLoader(data, "validation", micro, shuffle=False, rank=rank, world_size=world)
