@@ -10,6 +10,8 @@ NAME is a file in configs/ (without .yaml) or a path. A file may start from anot
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -65,36 +67,23 @@ class DataConfig:
 
 
 @dataclass
-class TrainConfig:
+class OptimizerConfig:
+    """What pretraining and fine-tuning share: batches, optimizer, schedule shape, clipping, seed, device."""
     micro_batch_size: int = 8
     """packs (or rows) per forward pass on one replica"""
     global_batch_size: int = 32
     """per optimizer update, counted in `batch_unit`"""
-    batch_unit: str = "packs"
-    """packs: the global batch holds that many packs (use the packing correction of the betas); sequences:
-    it holds about that many sequences, so packed data takes 1/p as many packs per update"""
-    max_steps: int = 200
     optimizer: str = "lamb"
     """lamb or adamw"""
     learning_rate: float = 2e-3
     betas: tuple = (0.9, 0.999)
-    packing_beta_correction: bool = True
-    """with batch_unit=packs: beta ** p (p = packing factor), as the paper derives"""
     eps: float = 1e-6
     weight_decay: float = 0.01
-    warmup_steps: int = 20
     decay_power: float = 1.0
     """polynomial decay to 0 after warm-up (1 = linear)"""
     clip_grad_norm: float | None = 1.0
-    loss_balancing: bool = False
-    """the paper's loss balancing: divide by the expected counts of masked tokens and sequences per update
-    (from the dataset's averages) instead of the real counts of the update"""
     seed: int = 1234
-    validate_every: int = 50
-    validation_batches: int = 8
     log_every: int = 10
-    checkpoint_every: int = 100
-    keep_checkpoints: int = 2
     device: str = "auto"
     """auto (cuda if available), cpu or cuda"""
 
@@ -102,10 +91,33 @@ class TrainConfig:
         self.betas = tuple(self.betas)
         if self.optimizer not in ("lamb", "adamw"):
             raise ConfigError(f"train.optimizer {self.optimizer!r}: choose lamb or adamw")
+        if min(self.micro_batch_size, self.global_batch_size) < 1:
+            raise ConfigError("train.micro_batch_size and global_batch_size must be >= 1")
+
+
+@dataclass
+class TrainConfig(OptimizerConfig):
+    batch_unit: str = "packs"
+    """packs: the global batch holds that many packs (use the packing correction of the betas); sequences:
+    it holds about that many sequences, so packed data takes 1/p as many packs per update"""
+    max_steps: int = 200
+    warmup_steps: int = 20
+    packing_beta_correction: bool = True
+    """with batch_unit=packs: beta ** p (p = packing factor), as the paper derives"""
+    loss_balancing: bool = False
+    """the paper's loss balancing: divide by the expected counts of masked tokens and sequences per update
+    (from the dataset's averages) instead of the real counts of the update"""
+    validate_every: int = 50
+    validation_batches: int = 8
+    checkpoint_every: int = 100
+    keep_checkpoints: int = 2
+
+    def __post_init__(self):
+        super().__post_init__()
         if self.batch_unit not in ("packs", "sequences"):
             raise ConfigError(f"train.batch_unit {self.batch_unit!r}: choose packs or sequences")
-        if min(self.micro_batch_size, self.global_batch_size, self.max_steps) < 1:
-            raise ConfigError("train.micro_batch_size, global_batch_size and max_steps must be >= 1")
+        if self.max_steps < 1:
+            raise ConfigError("train.max_steps must be >= 1")
         if self.keep_checkpoints < 1:
             raise ConfigError("train.keep_checkpoints must be >= 1")
 
@@ -162,8 +174,75 @@ class ProfilingRunConfig:
     name: str = "unnamed"
 
 
-SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig, "parallel": ParallelConfig,
-            "profile": ProfileConfig}
+@dataclass
+class SquadDataConfig:
+    train_file: str | None = None
+    """SQuAD v1.1 JSON (the official format) or a `datasets` dataset saved to disk; None = evaluate only"""
+    predict_file: str | None = None
+    """the same, to evaluate on (answers give EM/F1); None = train only"""
+    vocab: str | None = None
+    """WordPiece vocab.txt; None = the init checkpoint's vocab.txt if it has one, else bert-base-uncased's"""
+    max_seq_length: int = 384
+    doc_stride: int = 128
+    """tokens between the starts of two windows over a long context (the reference's doc_stride)"""
+    max_query_length: int = 64
+    """questions are cut to this many tokens (counted and reported)"""
+    algorithm: str = "cghp"
+    """packing algorithm over the features' lengths; none = unpacked (one feature per row)"""
+    max_sequences_per_pack: int | str = "auto"
+    """depth limit, or auto: the smallest depth that packs the features into as few packs as unlimited depth"""
+    n_best_size: int = 20
+    max_answer_length: int = 30
+
+    def __post_init__(self):
+        if self.train_file is None and self.predict_file is None:
+            raise ConfigError("give data.train_file, data.predict_file or both")
+        if self.max_seq_length < 16 or self.doc_stride < 1 or self.max_query_length < 1:
+            raise ConfigError("data.max_seq_length must be >= 16, data.doc_stride and data.max_query_length >= 1")
+        if self.max_query_length > self.max_seq_length - 4:
+            raise ConfigError(f"data.max_query_length {self.max_query_length} leaves no room for the context in "
+                              f"data.max_seq_length {self.max_seq_length}")
+        if not (self.max_sequences_per_pack == "auto" or (isinstance(self.max_sequences_per_pack, int)
+                                                          and self.max_sequences_per_pack >= 1)):
+            raise ConfigError(f"data.max_sequences_per_pack {self.max_sequences_per_pack!r}: a number >= 1 or auto")
+        if min(self.n_best_size, self.max_answer_length) < 1:
+            raise ConfigError("data.n_best_size and data.max_answer_length must be >= 1")
+
+
+@dataclass
+class FinetuneConfig(OptimizerConfig):
+    micro_batch_size: int = 4
+    global_batch_size: int = 32
+    """about this many sequences (features) per update: packed data takes 1/p as many packs"""
+    optimizer: str = "adamw"
+    learning_rate: float = 3e-5
+    num_train_epochs: float = 2.0
+    max_steps: int | None = None
+    """stop after this many updates (None: num_train_epochs)"""
+    warmup_proportion: float = 0.1
+    """linear warm-up over this fraction of the updates, then polynomial decay"""
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.num_train_epochs <= 0 or (self.max_steps is not None and self.max_steps < 1):
+            raise ConfigError("train.num_train_epochs must be > 0 and train.max_steps >= 1 (or null)")
+        if not 0 <= self.warmup_proportion < 1:
+            raise ConfigError("train.warmup_proportion must be in [0, 1)")
+
+
+@dataclass
+class SquadRunConfig:
+    data: SquadDataConfig
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: FinetuneConfig = field(default_factory=FinetuneConfig)
+    output_dir: str = "runs/squad"
+    name: str = "unnamed"
+
+
+def _sections(root) -> dict:
+    """The sections of a root config: its fields whose type is a dataclass (model, data, train, ...)."""
+    hints = typing.get_type_hints(root)
+    return {f.name: hints[f.name] for f in dataclasses.fields(root) if dataclasses.is_dataclass(hints[f.name])}
 
 
 def _build(cls, values: dict, where: str):
@@ -172,7 +251,28 @@ def _build(cls, values: dict, where: str):
     if unknown:
         raise ConfigError(f"unknown key(s) {', '.join(sorted(f'{where}{k}' for k in unknown))}; valid keys: "
                           f"{', '.join(sorted(names))}")
-    return cls(**values)
+    hints = typing.get_type_hints(cls)
+    return cls(**{k: _typed(v, hints[k], f"{where}{k}") for k, v in values.items()})
+
+
+def _typed(value, hint, key: str):
+    """`value` checked against a field's type: int, float, str or bool, optionally `| None` (or a union of
+    them); a float field also takes an int or a string such as 2e-4 (which YAML 1.1 reads as a string)."""
+    allowed = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    if value is None and type(None) in allowed:
+        return value
+    as_float = (float in allowed and isinstance(value, (int, str)) and not isinstance(value, bool)
+                and not any(isinstance(value, t) for t in (int, str) if t in allowed))
+    if as_float:
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    scalar = [t for t in allowed if t in (int, float, str, bool)]
+    if scalar and not any(isinstance(value, t) and not (t is int and isinstance(value, bool)) for t in scalar):
+        names = " or ".join(t.__name__ for t in allowed if t is not type(None))
+        raise ConfigError(f"{key} = {value!r}: expected {names}{' (or null)' if type(None) in allowed else ''}")
+    return value
 
 
 def _resolve(name: str) -> Path:
@@ -207,7 +307,8 @@ def _read(name: str, seen=()) -> dict:
 
 
 def load_config(name: str, overrides: list[str] = (), root=RunConfig):
-    """A `root` (RunConfig, or ProfilingRunConfig for run_profiling.py) from a YAML file and overrides."""
+    """A `root` (RunConfig; ProfilingRunConfig for run_profiling.py, SquadRunConfig for run_squad.py) from a
+    YAML file and overrides."""
     raw = _read(name)
     raw.setdefault("name", _resolve(name).stem)
     for item in overrides:
@@ -226,7 +327,8 @@ def load_config(name: str, overrides: list[str] = (), root=RunConfig):
     if unknown:
         raise ConfigError(f"unknown section(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(top))}")
     try:
-        kwargs = {k: _build(SECTIONS[k], v or {}, f"{k}.") if k in SECTIONS else v for k, v in raw.items()}
+        sections = _sections(root)
+        kwargs = {k: _build(sections[k], v or {}, f"{k}.") if k in sections else v for k, v in raw.items()}
         return root(**kwargs)
     except TypeError as e:
         raise ConfigError(str(e)) from None

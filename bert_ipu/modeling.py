@@ -183,9 +183,10 @@ def attention_for(sequence_ids: torch.Tensor, backend: str, dtype: torch.dtype):
 
 
 class PackedBertModel(nn.Module):
-    """Embeddings + encoder + pooler, HF `BertModel` names. Returns the encoder output (B, S, H)."""
+    """Embeddings + encoder (+ pooler), HF `BertModel` names. Returns the encoder output (B, S, H); the heads
+    apply the pooler where they need it."""
 
-    def __init__(self, config: BertConfig, attention_backend: str = "mask"):
+    def __init__(self, config: BertConfig, attention_backend: str = "mask", add_pooling_layer: bool = True):
         super().__init__()
         if attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(f"unknown attention backend {attention_backend!r}; "
@@ -194,12 +195,26 @@ class PackedBertModel(nn.Module):
         self.attention_backend = attention_backend
         self.embeddings = BertEmbeddings(config)
         self.encoder = BertEncoder(config)
-        self.pooler = BertPooler(config)
+        self.pooler = BertPooler(config) if add_pooling_layer else None  # HF's QA model has none
 
     def forward(self, input_ids, position_ids, token_type_ids, sequence_ids):
         hidden = self.embeddings(input_ids, position_ids, token_type_ids)
         attention = attention_for(sequence_ids, self.attention_backend, hidden.dtype)
         return self.encoder(hidden, attention)
+
+
+def init_weights(module: nn.Module, std: float) -> None:
+    """BERT's initialisation (as HF's `_init_weights`)."""
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, std=std)
+    if isinstance(module, nn.Linear) and module.bias is not None:
+        nn.init.zeros_(module.bias)
+    if isinstance(module, nn.Embedding) and module.padding_idx is not None:
+        with torch.no_grad():
+            module.weight[module.padding_idx].zero_()
+    if isinstance(module, nn.LayerNorm):
+        nn.init.ones_(module.weight)
+        nn.init.zeros_(module.bias)
 
 
 # --- heads -------------------------------------------------------------------------------------------------
@@ -256,20 +271,7 @@ class PackedBertForPreTraining(nn.Module):
         self.bert = PackedBertModel(config, attention_backend)
         self.cls = BertPreTrainingHeads(config)
         self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight  # tied, as in HF
-        self.apply(self._init_weights)
-
-    def _init_weights(self, module):
-        std = self.config.initializer_range
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, std=std)
-        if isinstance(module, nn.Linear) and module.bias is not None:
-            nn.init.zeros_(module.bias)
-        if isinstance(module, nn.Embedding) and module.padding_idx is not None:
-            with torch.no_grad():
-                module.weight[module.padding_idx].zero_()
-        if isinstance(module, nn.LayerNorm):
-            nn.init.ones_(module.weight)
-            nn.init.zeros_(module.bias)
+        self.apply(lambda module: init_weights(module, config.initializer_range))
 
     def forward(self, input_ids, position_ids, token_type_ids, sequence_ids, masked_lm_labels=None,
                 next_sentence_labels=None, next_sentence_weights=None, mlm_normalizer=None, nsp_normalizer=None,
@@ -330,3 +332,100 @@ class PackedBertForPreTraining(nn.Module):
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
+
+
+# --- question answering (SQuAD) ----------------------------------------------------------------------------
+
+@dataclass
+class PackedQuestionAnsweringOutput:
+    start_logits: torch.Tensor          # (B, K, S): slot k's logits, its own candidate positions only
+    end_logits: torch.Tensor            # (B, K, S)
+    loss: torch.Tensor | None = None    # loss_sum / count (or / normalizer)
+    loss_sum: torch.Tensor | None = None  # sum over present sequences of (start CE + end CE) / 2
+    count: torch.Tensor | None = None     # present sequences (slots with a label)
+
+
+class PackedBertForQuestionAnswering(nn.Module):
+    """BERT with a span head on packed inputs; HF `BertForQuestionAnswering` names (`bert`, no pooler,
+    `qa_outputs`) and state dict.
+
+    Inputs, per micro-batch of B packs of length S holding up to K = `max_sequences_per_pack` features, each
+    contiguous ([CLS] question [SEP] context [SEP]) and in slot order (see bert_ipu/squad/features.py):
+
+        input_ids, position_ids, token_type_ids, sequence_ids: (B, S) int; sequence_ids 1..k, 0 = padding
+        candidate_mask:  (B, S) bool, positions that may start or end an answer: context tokens, and each
+                         feature's [CLS] (the reference's label for "the answer is not in this window")
+        start_positions, end_positions: (B, K) int, positions in the pack of slot k's answer, -100 = no slot
+
+    Slot k's logits are the token logits with every position outside sequence k + 1, or not a candidate, set
+    to the lowest float: its softmax covers only its own candidates, so one feature can never pick a position
+    of another, and an unpacked row (K = 1) gives the same numbers. The loss is the reference's
+    (start CE + end CE) / 2 per feature, summed and divided by the count of features (or `normalizer`: a
+    global count over gradient accumulation).
+    """
+
+    def __init__(self, config: BertConfig, max_sequences_per_pack: int = 3, attention_backend: str = "mask"):
+        super().__init__()
+        self.config = config
+        self.max_sequences_per_pack = max_sequences_per_pack
+        self.bert = PackedBertModel(config, attention_backend, add_pooling_layer=False)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+        self.apply(lambda module: init_weights(module, config.initializer_range))
+
+    def token_logits(self, input_ids, position_ids, token_type_ids, sequence_ids):
+        """Unmasked start and end logits per token, (B, S) each: what HF's model computes per position."""
+        hidden = self.bert(input_ids, position_ids, token_type_ids, sequence_ids)  # (B, S, H)
+        start, end = self.qa_outputs(hidden).unbind(-1)
+        return start, end
+
+    def forward(self, input_ids, position_ids, token_type_ids, sequence_ids, candidate_mask,
+                start_positions=None, end_positions=None, normalizer=None) -> PackedQuestionAnsweringOutput:
+        start, end = self.token_logits(input_ids, position_ids, token_type_ids, sequence_ids)
+        K = self.max_sequences_per_pack
+        slots = torch.arange(1, K + 1, device=sequence_ids.device)
+        keep = (sequence_ids[:, None, :] == slots[None, :, None]) & candidate_mask[:, None, :].bool()  # (B, K, S)
+        dtype = torch.promote_types(start.dtype, torch.float32)  # softmax in at least float32 (bf16 autocast)
+        lowest = torch.finfo(dtype).min
+        start_logits = start.to(dtype)[:, None, :].masked_fill(~keep, lowest)
+        end_logits = end.to(dtype)[:, None, :].masked_fill(~keep, lowest)
+        out = PackedQuestionAnsweringOutput(start_logits, end_logits)
+        if start_positions is None or end_positions is None:
+            return out
+        # an empty slot has label -100 (ignored) and all-lowest logits: a uniform softmax, never NaN
+        ce_start = F.cross_entropy(start_logits.flatten(0, 1), start_positions.flatten(), reduction="sum",
+                                   ignore_index=IGNORE_INDEX)
+        ce_end = F.cross_entropy(end_logits.flatten(0, 1), end_positions.flatten(), reduction="sum",
+                                 ignore_index=IGNORE_INDEX)
+        out.loss_sum = (ce_start + ce_end) / 2
+        out.count = (start_positions != IGNORE_INDEX).sum()
+        out.loss = out.loss_sum / (out.count.clamp_min(1) if normalizer is None else normalizer)
+        return out
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, **kwargs) -> "PackedBertForQuestionAnswering":
+        """Load any Hugging Face BERT folder: a fine-tuned `BertForQuestionAnswering` (the span head too), or a
+        pretrained `BertForPreTraining` / `BertModel` (ours or transformers'; the span head starts fresh, drawn
+        from torch's generator, so seed it)."""
+        from transformers import BertForQuestionAnswering
+        from transformers.utils import logging
+
+        verbosity = logging.get_verbosity()
+        logging.set_verbosity_error()  # "some weights were newly initialised": expected for a new span head
+        try:
+            hf = BertForQuestionAnswering.from_pretrained(str(path))
+        finally:
+            logging.set_verbosity(verbosity)
+        model = cls(hf.config, **kwargs)
+        model.load_state_dict(hf.state_dict(), strict=True)
+        return model
+
+    def save_pretrained(self, path: str | Path) -> None:
+        """Write a folder that `transformers.BertForQuestionAnswering.from_pretrained` loads."""
+        from transformers import BertForQuestionAnswering
+
+        hf = BertForQuestionAnswering(self.config)
+        hf.load_state_dict(self.state_dict(), strict=True)
+        hf.save_pretrained(str(path))
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())

@@ -36,7 +36,7 @@ import torch.distributed as dist
 import yaml
 from transformers import BertConfig
 
-from .config import RunConfig, to_dict
+from .config import OptimizerConfig, RunConfig, to_dict
 from .data.dataset import PackedLoader
 from .data.instances import InstanceConfig
 from .data.pipeline import create_pretraining_data, pack_pretraining_data
@@ -97,11 +97,9 @@ def param_groups(named_parameters, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def make_optimizer(named_parameters, cfg: RunConfig, packing_factor: float, packed_batches: bool):
-    t = cfg.train
-    betas = t.betas
-    if packed_batches and t.packing_beta_correction:
-        betas = tuple(b ** packing_factor for b in betas)
+def make_optimizer(named_parameters, t: OptimizerConfig, total_steps: int, warmup_steps: int, betas: tuple):
+    """LAMB or AdamW without weight decay on biases and LayerNorm; linear warm-up over `warmup_steps`, then
+    polynomial decay to 0 at `total_steps`."""
     groups = param_groups(named_parameters, t.weight_decay)
     if t.optimizer == "lamb":
         from pytorch_optimizer import Lamb
@@ -109,14 +107,14 @@ def make_optimizer(named_parameters, cfg: RunConfig, packing_factor: float, pack
         opt = Lamb(groups, lr=t.learning_rate, betas=betas, eps=t.eps, weight_decay=t.weight_decay)
     else:
         opt = torch.optim.AdamW(groups, lr=t.learning_rate, betas=betas, eps=t.eps)
-    warmup, total, power = t.warmup_steps, t.max_steps, t.decay_power
+    power = t.decay_power
 
     def schedule(step):  # step = updates done so far
-        if step < warmup:
-            return (step + 1) / warmup
-        return max(0.0, (total - step) / max(1, total - warmup)) ** power
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps)) ** power
 
-    return opt, torch.optim.lr_scheduler.LambdaLR(opt, schedule), betas
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, schedule)
 
 
 # --- checkpoints -------------------------------------------------------------------------------------------
@@ -389,7 +387,10 @@ def main(cfg: RunConfig, resume: bool = False, progress: bool = True) -> dict:
     model.to(device).train()
     engine = (PipelineEngine(model, cfg, layout.mlm_slots, accumulation, device) if stages > 1
               else LocalEngine(model, world))
-    opt, sched, betas = make_optimizer(engine.named_parameters(), cfg, p, packed and t.batch_unit == "packs")
+    betas = t.betas
+    if packed and t.batch_unit == "packs" and t.packing_beta_correction:
+        betas = tuple(b ** p for b in betas)  # p times more sequences per update: the paper's correction
+    opt, sched = make_optimizer(engine.named_parameters(), t, t.max_steps, t.warmup_steps, betas)
     loader = PackedLoader(data, "train", t.micro_batch_size, seed=t.seed, rank=rank_dp, world_size=world)
 
     step, sequences_seen = 0, 0.0
