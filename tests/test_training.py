@@ -47,12 +47,14 @@ def final_weights(out: Path) -> dict:
 
 
 def test_every_config_loads():
-    from bert_ipu.config import ProfilingRunConfig
+    from bert_ipu.config import ProfilingRunConfig, SquadRunConfig
 
     names = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
     assert "pretrain_large_512_packed" in names and "pretrain_base_128" in names and "profile_quick" in names
+    assert {"squad_base_384", "squad_base_384_packed", "squad_large_384", "squad_large_384_packed"} <= set(names)
+    roots = {"profile": ProfilingRunConfig, "squad": SquadRunConfig}
     for name in names:
-        cfg = load_config(name, root=ProfilingRunConfig if name.startswith("profile_") else training.RunConfig)
+        cfg = load_config(name, root=roots.get(name.split("_")[0], training.RunConfig))
         assert cfg.name == name
     large = load_config("pretrain_large_512_packed")
     assert large.train.micro_batch_size == 3 and large.model.num_hidden_layers == 24
