@@ -83,6 +83,26 @@ def summarize(measurements: dict[str, Measurement]) -> list[dict]:
     return rows
 
 
+COLUMNS = [("algorithm", 9, "{}"), ("EFF", 8, "{:.2%}"), ("p", 6, "{:.3f}"), ("theory", 7, "{:.3f}x"),
+           ("realized", 9, "{:.3f}x"), ("OH", 7, "{:+.1%}"), ("seq/s", 8, "{:.1f}"), ("tok/s", 9, "{:.0f}"),
+           ("step ms", 8, "{:.1f}"), ("min-max", 13, "{}"), ("GFLOP/step", 10, "{:.2f}"), ("shapes", 6, "{}"),
+           ("peak MB", 8, "{}"), ("compile s", 9, "{:.1f}")]
+
+
+def format_table(rows) -> str:
+    """The rows of `summarize` as a fixed-width text table."""
+    lines = ["  ".join(f"{h:>{w}}" for h, w, _ in COLUMNS)]
+    for r in rows:
+        values = [r["algorithm"], r["efficiency"], r["packing_factor"], r["theoretical_speedup"],
+                  r["realized_speedup"], r["overhead"], r["sequences_per_second"], r["tokens_per_second"],
+                  r["step_ms_median"], f"{r['step_ms_min']:.0f}-{r['step_ms_max']:.0f}", r["flops_per_step"] / 1e9,
+                  r["shapes"], "n/a" if r["peak_memory_mb"] is None else f"{r['peak_memory_mb']:.0f}",
+                  r["compile_seconds"]]
+        cells = ["n/a" if v is None else f.format(v) for (_, w, f), v in zip(COLUMNS, values)]
+        lines.append("  ".join(f"{c:>{w}}" for (_, w, _), c in zip(COLUMNS, cells)))
+    return "\n".join(lines)
+
+
 def _instance(n: int, vocab: int, rng: np.random.Generator) -> Instance:
     ids = rng.integers(5, vocab, size=n)
     ids[0] = 2

@@ -118,8 +118,9 @@ def test_packed_rows_hold_every_feature_once(train_features, algorithm):
         assert (pf.rows["sequence_ids"][r, o:o + n] == k + 1).all()
         assert pf.rows["start_positions"][r, k] == o + f.start_position[i]
         assert pf.rows["end_positions"][r, k] == o + f.end_position[i]
+    assert pf.rows["start_positions"].shape == (pf.packs, depth)  # label slots: the limit, for every layout
     if algorithm == "none":
-        assert pf.packs == len(f) and pf.max_sequences_per_pack == 1
+        assert pf.packs == len(f) and (pf.rows["start_positions"][:, 1:] == IGNORE_INDEX).all()
     else:
         assert pf.packs < len(f) and pf.packing_factor > 1
 
@@ -167,7 +168,7 @@ def test_span_head_equals_huggingface_float64(wp):
     config = tiny_config(vocab_size=len(wp), max_position_embeddings=S)
     hf, ours = _qa_pair(config, torch.float64)
     _, f = _random_features(wp, np.random.default_rng(0), 6, 64)
-    pf = pack_features(f, 64, "none")
+    pf = pack_features(f, 64, "none", 1)
     rows = {k: torch.from_numpy(v) for k, v in pf.rows.items()}
     start, end = ours.token_logits(rows["input_ids"], rows["position_ids"], rows["token_type_ids"],
                                    rows["sequence_ids"])
@@ -188,8 +189,7 @@ def test_packed_equals_unpacked_logits_predictions_and_gradients(wp, dtype, tol)
     examples, f = _random_features(wp, np.random.default_rng(1), 12, 64)
     results = {}
     for algorithm in ("none", "cghp"):
-        pf = pack_features(f, 64, algorithm, 4)
-        ours.max_sequences_per_pack = pf.max_sequences_per_pack
+        pf = pack_features(f, 64, algorithm, 4)  # unpacked rows use slot 0 of 4
         rows = {k: torch.from_numpy(v) for k, v in pf.rows.items()}
         out = ours(**rows)
         logits = postprocess.feature_logits(f, pf, out.start_logits.detach().numpy(), out.end_logits.detach().numpy())

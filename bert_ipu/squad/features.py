@@ -34,7 +34,7 @@ import numpy as np
 
 from ..data.instances import WordPiece
 from ..modeling import IGNORE_INDEX
-from ..packing import PackingInputError, assign, pack
+from ..packing import PackingInputError, PackingResult, assign, pack
 from ..packing.histogram import histogram_of
 
 
@@ -304,10 +304,16 @@ class PackedFeatures:
     row: np.ndarray                # (F,)
     slot: np.ndarray               # (F,)
     offset: np.ndarray             # (F,)
-    algorithm: str
-    max_sequences_per_pack: int
-    packing_factor: float          # features per pack
-    efficiency: float              # real tokens / row tokens
+    result: PackingResult          # the packing of the features' length histogram
+    max_sequences_per_pack: int    # K: label slots per row (the depth limit; 1 unpacked)
+
+    @property
+    def packing_factor(self) -> float:  # features per row
+        return self.result.packing_factor
+
+    @property
+    def efficiency(self) -> float:      # real tokens / row tokens
+        return self.result.efficiency
 
     @property
     def packs(self) -> int:
@@ -327,16 +333,16 @@ def auto_depth(lengths: np.ndarray, max_len: int, algorithm: str = "cghp") -> in
 
 def pack_features(features: Features, max_len: int, algorithm: str = "cghp", max_sequences_per_pack: int = 3,
                   seed: int = 0) -> PackedFeatures:
-    """Pack the features with any algorithm of bert_ipu.packing ("none": one per row). Vectorised: no Python
-    loop over features or tokens."""
+    """Pack the features with any algorithm of bert_ipu.packing ("none": one per row). Every row has
+    `max_sequences_per_pack` label slots (with "none" only the first is used), so one model takes both
+    layouts. Vectorised: no Python loop over features or tokens."""
     if algorithm == "sort":
         raise PackingInputError("sort makes batches of changing width; SQuAD rows have a fixed length: use none "
                                 "(unpacked) or a packing algorithm")
     lengths = features.lengths
-    depth = 1 if algorithm == "none" else max_sequences_per_pack
-    result = pack(histogram_of(lengths, max_len), algorithm, depth, seed=seed)
+    result = pack(histogram_of(lengths, max_len), algorithm, max_sequences_per_pack, seed=seed)
     groups = assign(lengths, result.mixture, max_len, seed=seed)           # (P, D <= K) feature indices, -1 = empty
-    K = depth  # the model's slot count: fixed by the limit, not by the depth this split happens to use
+    K = max_sequences_per_pack  # the model's slot count: the limit, not the depth this split happens to use
     groups = np.pad(groups, ((0, 0), (0, K - groups.shape[1])), constant_values=-1)
     P = len(groups)
     present = groups >= 0
@@ -365,8 +371,7 @@ def pack_features(features: Features, max_len: int, algorithm: str = "cghp", max
         labelled = labels != IGNORE_INDEX
         out[row[labelled], slot[labelled]] = offset[labelled] + labels[labelled]
         rows[name] = out
-    return PackedFeatures(rows, row, slot, offset, algorithm, K, len(lengths) / P,
-                          float(lengths.sum()) / (P * max_len))
+    return PackedFeatures(rows, row, slot, offset, result, K)
 
 
 def micro_batches(packed: PackedFeatures, micro_batch_size: int, order: np.ndarray | None = None):
