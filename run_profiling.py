@@ -23,8 +23,9 @@ from transformers import BertConfig
 
 from bert_ipu import packing
 from bert_ipu.config import ConfigError, ProfilingRunConfig, load_config
-from bert_ipu.modeling import PackedBertForPreTraining
-from bert_ipu.profiling import format_table, make_batches, profile, scaling_study, summarize
+from bert_ipu.modeling import ATTENTION_BACKENDS, PackedBertForPreTraining
+from bert_ipu.profiling import (HFPreTrainingBaseline, WithPrecision, format_table, make_batches, peak_flops, profile,
+                                scaling_study, summarize)
 
 def plot(path, histogram, rows) -> None:
     import matplotlib
@@ -59,6 +60,12 @@ def main(argv=None) -> int:
     ap.add_argument("--scaling-batches", type=int, default=40, help="batches timed for --scaling (default 40)")
     ap.add_argument("--compile", action="store_true", help="also time torch.compile per algorithm: one compilation "
                     "per distinct batch shape (SORT recompiles for every new shape)")
+    ap.add_argument("--backends", nargs="+", choices=ATTENTION_BACKENDS, help="attention backends to measure, "
+                    "each with every algorithm (default: model.attention_backend); speed-ups are over NONE on the "
+                    "same backend")
+    ap.add_argument("--hf-baseline", action="store_true", help="also time transformers' BertForPreTraining on "
+                    "NONE's rows (row 'hf'): the model a user would otherwise run; OH of the others is still over "
+                    "our NONE")
     ap.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
     argv = sys.argv[1:] if argv is None else list(argv)
     # KEY=VALUE pairs may come anywhere, also after --algorithms (which would otherwise swallow them)
@@ -84,26 +91,50 @@ def main(argv=None) -> int:
                         max_position_embeddings=max(S, cfg.model.max_position_embeddings), hidden_dropout_prob=0.0,
                         attention_probs_dropout_prob=0.0)
     torch.manual_seed(prof.seed)
-    model = PackedBertForPreTraining(config, depth, cfg.model.attention_backend).to(device).train()
-    print(f"[profile] {cfg.name}: {sum(q.numel() for q in model.parameters()) / 1e6:.1f} M parameters on {device}, "
-          f"pack length {S}, depth {depth}, micro-batch {prof.micro_batch_size}, {prof.steps} steps x "
-          f"{prof.rounds} rounds (first = warm-up)", flush=True)
+    base = PackedBertForPreTraining(config, depth, cfg.model.attention_backend).to(device).train()
+    print(f"[profile] {cfg.name}: {sum(q.numel() for q in base.parameters()) / 1e6:.1f} M parameters on {device}, "
+          f"{prof.precision}, pack length {S}, depth {depth}, micro-batch {prof.micro_batch_size}, {prof.steps} "
+          f"steps x {prof.rounds} rounds (first = warm-up)", flush=True)
     batches, results = {}, {}
     for name in algorithms:
         print(f"[profile] packing with {name} ...", flush=True)
         results[name], batches[name] = make_batches(histogram, name, depth, prof.micro_batch_size, prof.steps,
                                                     config.vocab_size, prof.sort_batch_size, prof.seed)
-    measurements = profile(model, batches, results, prof.rounds, device, args.trace_dir,
-                           say=lambda m: print(f"[profile] {m}", flush=True), compile_step=args.compile)
-    rows = summarize(measurements)
+    peak = peak_flops(device, prof.precision)
+    rows = []
+    for backend in args.backends or [cfg.model.attention_backend]:
+        model = PackedBertForPreTraining(config, depth, backend).to(device).train()
+        model.load_state_dict(base.state_dict())
+        runs = {k: [dict(b) for b in v] for k, v in batches.items()}
+        extra = {}
+        if args.hf_baseline:
+            runs["hf"], results["hf"] = runs["none"], results["none"]
+            extra["hf"] = WithPrecision(HFPreTrainingBaseline(config).to(device).train(), device, prof.precision)
+        print(f"[profile] backend {backend} ...", flush=True)
+        try:
+            measurements = profile(WithPrecision(model, device, prof.precision), runs, results, prof.rounds, device,
+                                   args.trace_dir, say=lambda m: print(f"[profile] {m}", flush=True),
+                                   compile_step=args.compile, models=extra)
+        except (RuntimeError, NotImplementedError) as e:  # e.g. FlexAttention has no backward on the CPU
+            print(f"[profile] backend {backend}: skipped, it cannot train here ({str(e).splitlines()[0][:160]})")
+            continue
+        rows += [r | {"backend": backend} for r in summarize(measurements, peak)]
+    if not rows:
+        print("error: no backend could be measured", file=sys.stderr)
+        return 2
     print(format_table(rows))
+    for backend in dict.fromkeys(r["backend"] for r in rows):
+        mine = {r["algorithm"]: r for r in rows if r["backend"] == backend}
+        if "hf" in mine:
+            print(f"[profile] {backend}: our NONE step vs transformers BertForPreTraining at the same shape: "
+                  f"{mine['none']['step_ms_median'] / mine['hf']['step_ms_median'] - 1:+.1%} (OH over HF)")
     if args.json:
         Path(args.json).write_text("".join(json.dumps(r) + "\n" for r in rows))
     if args.plot:
         plot(args.plot, histogram, rows)
     if args.scaling:
         print(f"[profile] Section E: timing {args.scaling_batches} un-padded and packed (cghp) batches ...", flush=True)
-        study = scaling_study(model, histogram, "cghp", depth, prof.micro_batch_size, args.scaling_batches,
+        study = scaling_study(base, histogram, "cghp", depth, prof.micro_batch_size, args.scaling_batches,
                               config.vocab_size, device, prof.seed)
         print(f"{'devices':>8} {'un-padded seq/s/device':>23} {'packed seq/s/device':>20} {'speed-up':>9}")
         for r in study:

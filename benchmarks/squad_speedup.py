@@ -24,7 +24,7 @@ from transformers import BertConfig
 
 from bert_ipu.modeling import PackedBertForQuestionAnswering
 from bert_ipu.packing.histogram import expand_histogram, load_histogram
-from bert_ipu.profiling import format_table, profile, summarize
+from bert_ipu.profiling import WithPrecision, format_table, peak_flops, profile, summarize
 from bert_ipu.squad.features import Features, auto_depth, micro_batches, pack_features
 
 SIZES = {"minilm": dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536),
@@ -59,6 +59,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3, help="micro-batches per layout per round")
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds; the first is warm-up")
     ap.add_argument("--backend", default="mask", choices=["mask", "reference", "flex"])
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"], help="bf16: autocast (a GPU run)")
     ap.add_argument("--json", metavar="OUT", help="write the rows as JSON")
     args = ap.parse_args()
 
@@ -89,8 +90,8 @@ def main() -> None:
     model.to(device)
     print(f"[squad] {args.size}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters, micro-batch "
           f"{args.micro_batch} rows, {args.steps} steps x {args.rounds} rounds per layout, {device}", flush=True)
-    rows = summarize(profile(model, batches, results, args.rounds, device,
-                             say=lambda m: print(f"[squad] {m}", flush=True)))
+    rows = summarize(profile(WithPrecision(model, device, args.precision), batches, results, args.rounds, device,
+                             say=lambda m: print(f"[squad] {m}", flush=True)), peak_flops(device, args.precision))
     print(format_table(rows))
     packed = next(r for r in rows if r["algorithm"] == "cghp")
     print(f"realized fine-tuning speed-up packed over unpacked: {packed['realized_speedup']:.3f}x "

@@ -86,9 +86,13 @@ class OptimizerConfig:
     log_every: int = 10
     device: str = "auto"
     """auto (cuda if available), cpu or cuda"""
+    precision: str = "fp32"
+    """fp32, or bf16: bfloat16 autocast of the forward pass; weights, gradients and optimizer state stay float32"""
 
     def __post_init__(self):
         self.betas = tuple(self.betas)
+        if self.precision not in ("fp32", "bf16"):
+            raise ConfigError(f"train.precision {self.precision!r}: choose fp32 or bf16")
         if self.optimizer not in ("lamb", "adamw"):
             raise ConfigError(f"train.optimizer {self.optimizer!r}: choose lamb or adamw")
         if min(self.micro_batch_size, self.global_batch_size) < 1:
@@ -145,6 +149,11 @@ class RunConfig:
     output_dir: str = "runs/pretrain"
     name: str = "unnamed"
 
+    def __post_init__(self):
+        if self.parallel.pipeline_stages > 1 and self.train.precision != "fp32":
+            raise ConfigError("train.precision=bf16 is not supported with pipeline stages yet; use fp32 or "
+                              "parallel.pipeline_stages=1")
+
 
 @dataclass
 class ProfileConfig:
@@ -161,8 +170,12 @@ class ProfileConfig:
     sort_batch_size: int = 4
     seed: int = 0
     device: str = "auto"
+    precision: str = "fp32"
+    """fp32, or bf16 autocast (what a GPU run uses)"""
 
     def __post_init__(self):
+        if self.precision not in ("fp32", "bf16"):
+            raise ConfigError(f"profile.precision {self.precision!r}: choose fp32 or bf16")
         if min(self.micro_batch_size, self.steps, self.sort_batch_size) < 1 or self.rounds < 2:
             raise ConfigError("profile.micro_batch_size, steps and sort_batch_size must be >= 1, rounds >= 2")
 

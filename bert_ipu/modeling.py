@@ -26,6 +26,7 @@ Attention backends (`attention_backend`), all giving the same numbers:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,8 +82,7 @@ class BertSelfAttention(nn.Module):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=attention.to(q.dtype),
                                                  dropout_p=self.dropout_p if self.training else 0.0)
         else:
-            from torch.nn.attention.flex_attention import flex_attention
-            out = flex_attention(q, k, v, block_mask=attention)
+            out = _flex_attention(q.device)(q, k, v, block_mask=attention)
         return out.transpose(1, 2).reshape(B, S, -1)
 
 
@@ -165,6 +165,15 @@ class BertPooler(nn.Module):
         return self.activation(self.dense(cls_hidden))
 
 
+@functools.cache
+def _flex_attention(device: torch.device):
+    """FlexAttention, compiled on GPU (its fused kernel skips fully masked blocks; eager flex is a slow
+    reference); eager on the CPU, where the compiled kernel has no backward either."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False) if device.type == "cuda" else flex_attention
+
+
 def attention_for(sequence_ids: torch.Tensor, backend: str, dtype: torch.dtype):
     """What every layer attends with: an additive (B, 1, S, S) mask, or a flex BlockMask."""
     if backend == "mask":
@@ -178,7 +187,8 @@ def attention_for(sequence_ids: torch.Tensor, backend: str, dtype: torch.dtype):
             return sequence_ids[b, q] == sequence_ids[b, kv]
 
         B, S = sequence_ids.shape
-        return create_block_mask(same_sequence, B, None, S, S, device=sequence_ids.device)
+        return create_block_mask(same_sequence, B, None, S, S, device=sequence_ids.device,
+                                 _compile=sequence_ids.device.type == "cuda")
     raise ValueError(f"unknown attention backend {backend!r}; choose from {', '.join(ATTENTION_BACKENDS)}")
 
 

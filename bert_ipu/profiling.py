@@ -48,9 +48,9 @@ class Measurement:
     compile_seconds: float | None = None  # torch.compile: total compilation time over the batches' shapes
 
 
-def summarize(measurements: dict[str, Measurement]) -> list[dict]:
+def summarize(measurements: dict[str, Measurement], peak_flops: float | None = None) -> list[dict]:
     """Rows of the table. realized = (sequences/s) / NONE's; OH = median step time / NONE's - 1 (static
-    shapes only)."""
+    shapes only); MFU = counted FLOPs per step / median step time / `peak_flops` (the device's peak)."""
     base = measurements.get("none")
 
     def rate(m: Measurement) -> float:
@@ -76,6 +76,7 @@ def summarize(measurements: dict[str, Measurement]) -> list[dict]:
             "step_ms_min": min(m.step_seconds) * 1e3,
             "step_ms_max": max(m.step_seconds) * 1e3,
             "flops_per_step": m.flops_per_step,
+            "mfu": m.flops_per_step / median / peak_flops if peak_flops else None,
             "shapes": m.shapes,
             "compile_seconds": m.compile_seconds,
             "peak_memory_mb": None if m.peak_memory_bytes is None else m.peak_memory_bytes / 2**20,
@@ -83,24 +84,69 @@ def summarize(measurements: dict[str, Measurement]) -> list[dict]:
     return rows
 
 
-COLUMNS = [("algorithm", 9, "{}"), ("EFF", 8, "{:.2%}"), ("p", 6, "{:.3f}"), ("theory", 7, "{:.3f}x"),
+COLUMNS = [("backend", 9, "{}"), ("algorithm", 9, "{}"), ("EFF", 8, "{:.2%}"), ("p", 6, "{:.3f}"), ("theory", 7, "{:.3f}x"),
            ("realized", 9, "{:.3f}x"), ("OH", 7, "{:+.1%}"), ("seq/s", 8, "{:.1f}"), ("tok/s", 9, "{:.0f}"),
            ("step ms", 8, "{:.1f}"), ("min-max", 13, "{}"), ("GFLOP/step", 10, "{:.2f}"), ("shapes", 6, "{}"),
-           ("peak MB", 8, "{}"), ("compile s", 9, "{:.1f}")]
+           ("MFU", 6, "{:.1%}"), ("peak MB", 8, "{}"), ("compile s", 9, "{:.1f}")]
 
 
 def format_table(rows) -> str:
     """The rows of `summarize` as a fixed-width text table."""
     lines = ["  ".join(f"{h:>{w}}" for h, w, _ in COLUMNS)]
     for r in rows:
-        values = [r["algorithm"], r["efficiency"], r["packing_factor"], r["theoretical_speedup"],
+        values = [r.get("backend", "-"), r["algorithm"], r["efficiency"], r["packing_factor"], r["theoretical_speedup"],
                   r["realized_speedup"], r["overhead"], r["sequences_per_second"], r["tokens_per_second"],
                   r["step_ms_median"], f"{r['step_ms_min']:.0f}-{r['step_ms_max']:.0f}", r["flops_per_step"] / 1e9,
-                  r["shapes"], "n/a" if r["peak_memory_mb"] is None else f"{r['peak_memory_mb']:.0f}",
+                  r["shapes"], r["mfu"], "n/a" if r["peak_memory_mb"] is None else f"{r['peak_memory_mb']:.0f}",
                   r["compile_seconds"]]
         cells = ["n/a" if v is None else f.format(v) for (_, w, f), v in zip(COLUMNS, values)]
         lines.append("  ".join(f"{c:>{w}}" for (_, w, _), c in zip(COLUMNS, cells)))
     return "\n".join(lines)
+
+
+# dense bf16 tensor-core peaks (FLOP/s) of the GPUs this project measures on, from NVIDIA's data sheets
+PEAK_BF16 = {"H100": 989.4e12, "H200": 989.4e12, "A100": 312e12}
+
+
+def peak_flops(device: torch.device, precision: str) -> float | None:
+    """The device's bf16 peak when known (for MFU); None on the CPU, in fp32, or on an unlisted GPU."""
+    if device.type != "cuda" or precision != "bf16":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((v for k, v in PEAK_BF16.items() if k in name), None)
+
+
+class WithPrecision(torch.nn.Module):
+    """`model`'s forward under bert_ipu.training.autocast (bf16) so every helper here times the same step."""
+
+    def __init__(self, model, device, precision: str):
+        super().__init__()
+        self.model, self.device, self.precision = model, device, precision
+
+    def forward(self, **batch):
+        from .training import autocast
+
+        with autocast(self.device, self.precision):
+            return self.model(**batch)
+
+
+class HFPreTrainingBaseline(torch.nn.Module):
+    """transformers' own `BertForPreTraining` on the unpacked (NONE) rows: what a user would otherwise run.
+    Same shapes: (B, S) tokens with an attention mask, the MLM labels of the row's masked tokens, NSP on the
+    row's one sequence; HF computes the MLM head on every position, as its users do."""
+
+    def __init__(self, config):
+        super().__init__()
+        from transformers import BertForPreTraining
+
+        self.model = BertForPreTraining(config)
+
+    def forward(self, input_ids, token_type_ids, sequence_ids, masked_lm_labels, next_sentence_labels, **_):
+        labels = torch.full_like(input_ids, IGNORE_INDEX)
+        labels[:, :masked_lm_labels.shape[1]] = masked_lm_labels  # the layout puts the masked tokens first
+        return self.model(input_ids=input_ids, token_type_ids=token_type_ids,
+                          attention_mask=(sequence_ids > 0).long(), labels=labels,
+                          next_sentence_label=next_sentence_labels[:, -1])
 
 
 def _instance(n: int, vocab: int, rng: np.random.Generator) -> Instance:
@@ -203,9 +249,12 @@ def compile_cost(model, batches: list[dict]) -> float:
 
 
 def profile(model, batches: dict, results: dict, rounds: int, device, trace_dir=None, say=print,
-            compile_step: bool = False) -> dict:
-    """Interleaved measurement of every algorithm's batches on `model`. Returns {algorithm: Measurement}."""
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+            compile_step: bool = False, models: dict | None = None) -> dict:
+    """Interleaved measurement of every algorithm's batches on `model` (or on `models[name]` where given: the
+    Hugging Face baseline). Returns {algorithm: Measurement}."""
+    models = {name: (models or {}).get(name, model) for name in batches}
+    opts = {id(m): torch.optim.AdamW(m.parameters(), lr=1e-5) for m in models.values()}
+    opt = opts[id(model)]
     out = {}
     for name, bs in batches.items():
         bs[:] = [{k: v.to(device) for k, v in b.items()} for b in bs]
@@ -217,7 +266,7 @@ def profile(model, batches: dict, results: dict, rounds: int, device, trace_dir=
         else:  # the mixture's averages: a handful of sampled packs would add noise to the rates
             m.sequences_per_step = rows * results[name].packing_factor
             m.tokens_per_step = rows * results[name].max_len * results[name].efficiency
-        m.flops_per_step = statistics.mean(count_flops(model, b) for b in bs)
+        m.flops_per_step = statistics.mean(count_flops(models[name], b) for b in bs)
         m.shapes = len({tuple(b["input_ids"].shape) for b in bs})
         out[name] = m
     for r in range(rounds):
@@ -225,7 +274,7 @@ def profile(model, batches: dict, results: dict, rounds: int, device, trace_dir=
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats()
             for b in bs:
-                seconds = timed_step(model, opt, b, device)
+                seconds = timed_step(models[name], opts[id(models[name])], b, device)
                 if r:  # round 0 is warm-up
                     out[name].step_seconds.append(seconds)
             if device.type == "cuda" and r:
@@ -235,9 +284,9 @@ def profile(model, batches: dict, results: dict, rounds: int, device, trace_dir=
         compile_cost(model, next(iter(batches.values()))[:1])  # warm-up: the compiler's own first-use costs
         for name, bs in batches.items():
             say(f"compiling the step for {name} ({out[name].shapes} shape(s)) ...")
-            out[name].compile_seconds = compile_cost(model, bs)
+            out[name].compile_seconds = compile_cost(models[name], bs)
     if trace_dir is not None:
-        write_traces(model, opt, batches, trace_dir)
+        write_traces(model, opt, {k: v for k, v in batches.items() if models[k] is model}, trace_dir)
     return out
 
 

@@ -68,6 +68,12 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def autocast(device: torch.device, precision: str):
+    """The forward pass's precision: bf16 = torch.autocast to bfloat16 (matmuls and attention in bf16, softmax,
+    LayerNorm and the losses in float32, the weights and optimizer float32); fp32 = nothing."""
+    return torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16" else nullcontext()
+
+
 def ensure_dataset(cfg: RunConfig, rank: int, say) -> Path:
     """The configured dataset; created from `data.prepare_input` (rank 0) when missing."""
     path = Path(cfg.data.dataset)
@@ -217,8 +223,9 @@ class LocalEngine:
     def dp_sum(self, values: torch.Tensor) -> torch.Tensor:
         return all_sum(values) if self.world > 1 else values
 
-    def __init__(self, model: PackedBertForPreTraining, world: int):
-        self.model, self.world = model, world
+    def __init__(self, model: PackedBertForPreTraining, world: int, precision: str = "fp32"):
+        self.model, self.world, self.precision = model, world, precision
+        self.device = next(model.parameters()).device
         self.ddp = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
 
     def named_parameters(self):
@@ -229,7 +236,8 @@ class LocalEngine:
         for i, batch in enumerate(micro):
             sync = self.ddp.no_sync() if self.world > 1 and i < len(micro) - 1 else nullcontext()
             with sync:
-                o = self.ddp(**batch, mlm_normalizer=normalizers[0], nsp_normalizer=normalizers[1])
+                with autocast(self.device, self.precision):
+                    o = self.ddp(**batch, mlm_normalizer=normalizers[0], nsp_normalizer=normalizers[1])
                 (o.loss * self.world).backward()  # DDP averages gradients over replicas; we want their sum
             stats += batch_stats(o, batch).cpu()
         return self.dp_sum(stats)
@@ -238,7 +246,9 @@ class LocalEngine:
         stats = torch.zeros(7, dtype=torch.float64)
         with torch.no_grad():
             for batch in batches:
-                stats += batch_stats(self.model(**batch), batch).cpu()
+                with autocast(self.device, self.precision):
+                    out = self.model(**batch)
+                stats += batch_stats(out, batch).cpu()
         return self.dp_sum(stats)
 
     def clip(self, max_norm: float) -> None:
@@ -386,7 +396,7 @@ def main(cfg: RunConfig, resume: bool = False, progress: bool = True) -> dict:
         model = PackedBertForPreTraining(bert_config, layout.max_sequences_per_pack, cfg.model.attention_backend)
     model.to(device).train()
     engine = (PipelineEngine(model, cfg, layout.mlm_slots, accumulation, device) if stages > 1
-              else LocalEngine(model, world))
+              else LocalEngine(model, world, t.precision))
     betas = t.betas
     if packed and t.batch_unit == "packs" and t.packing_beta_correction:
         betas = tuple(b ** p for b in betas)  # p times more sequences per update: the paper's correction

@@ -3,8 +3,9 @@
 // own id is read once; the pack's ids are read coalesced. Launched on the current stream.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
-#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
 #include <limits>
@@ -33,7 +34,7 @@ at::Tensor packed_attention_mask_cuda(const at::Tensor& sequence_ids, std::optio
   at::Tensor out = at::empty({batch, 1, len, len}, ids.options().dtype(out_type));
   if (out.numel() == 0) return out;
   const int threads = len >= 256 ? 256 : 128;
-  const auto stream = at::cuda::getCurrentCUDAStream();
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_INTEGRAL_TYPES(ids.scalar_type(), "packed_attention_mask_ids", [&] {
     using id_t = scalar_t;
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, out_type, "packed_attention_mask_out", [&] {

@@ -77,6 +77,31 @@ def test_end_to_end_tiny(tmp_path, capsys):
     assert run_profiling.main(["--config", str(tmp_path / "missing.yaml")]) == 2
 
 
+def test_backends_hf_baseline_and_bf16(tmp_path, capsys):
+    """--backends measures every algorithm per attention backend (a backend that cannot train here is skipped
+    with its reason, not a crash); --hf-baseline adds transformers' BertForPreTraining on NONE's rows, which
+    counts more FLOPs (its MLM head runs on every position); profile.precision=bf16 runs under autocast."""
+    hist = tmp_path / "h.json"
+    counts = [0] * 32
+    counts[9], counts[19] = 50, 30
+    hist.write_text(json.dumps(counts))
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text(f"name: tiny\nmodel: {{hidden_size: 32, num_hidden_layers: 1, num_attention_heads: 2, "
+                   f"intermediate_size: 64, max_position_embeddings: 64}}\nprofile: {{histogram: {hist}, steps: 1, "
+                   f"rounds: 2, micro_batch_size: 2}}\n")
+    out = tmp_path / "rows.jsonl"
+    assert run_profiling.main(["--config", str(cfg), "--algorithms", "cghp", "--backends", "reference", "flex",
+                               "--hf-baseline", "profile.precision=bf16", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    ref = {r["algorithm"]: r for r in rows if r["backend"] == "reference"}
+    assert set(ref) == {"none", "cghp", "hf"}
+    assert ref["hf"]["flops_per_step"] > ref["none"]["flops_per_step"]
+    assert "OH over HF" in text and "bf16" in text
+    assert any(r["backend"] == "flex" for r in rows) or "backend flex: skipped" in text
+    assert all(r["mfu"] is None for r in rows)  # no known peak on a CPU
+
+
 def test_expected_max_of_draws():
     """E[max of n draws] from {1, 2, 3, 4}: n=1 -> 2.5; n=2 -> sum x ((i/4)^2 - ((i-1)/4)^2) = 50/16."""
     from bert_ipu.profiling import expected_max

@@ -36,7 +36,7 @@ from ..data.instances import WordPiece, default_vocab
 from ..data.text import DataInputError
 from ..modeling import IGNORE_INDEX, PackedBertForQuestionAnswering
 from ..packing import PackingInputError
-from ..training import TrainingError, make_optimizer, pick_device
+from ..training import TrainingError, autocast, make_optimizer, pick_device
 from . import metrics, postprocess
 from .features import (Features, PackedFeatures, SquadExample, SquadInputError, auto_depth, make_features,
                        micro_batches, pack_features, read_squad)
@@ -79,7 +79,7 @@ def to_device(batch: dict, device) -> dict:
 
 @torch.no_grad()
 def predict(model: PackedBertForQuestionAnswering, packed: PackedFeatures, micro_batch_size: int, device,
-            progress: bool = False) -> tuple[np.ndarray, np.ndarray]:
+            progress: bool = False, precision: str = "fp32") -> tuple[np.ndarray, np.ndarray]:
     """Masked start and end logits of every pack, (P, K, S) float32 each."""
     from tqdm import tqdm
 
@@ -90,7 +90,8 @@ def predict(model: PackedBertForQuestionAnswering, packed: PackedFeatures, micro
     inputs = ("input_ids", "position_ids", "token_type_ids", "sequence_ids", "candidate_mask")
     for idx, batch in tqdm(micro_batches(packed, micro_batch_size), total=math.ceil(packed.packs / micro_batch_size),
                            desc="evaluating", unit="batch", disable=not progress, leave=False):
-        out = model(**to_device({k: batch[k] for k in inputs}, device))
+        with autocast(device, precision):
+            out = model(**to_device({k: batch[k] for k in inputs}, device))
         start[idx] = out.start_logits[:len(idx)].float().cpu().numpy()
         end[idx] = out.end_logits[:len(idx)].float().cpu().numpy()
     model.train(was_training)
@@ -100,7 +101,7 @@ def predict(model: PackedBertForQuestionAnswering, packed: PackedFeatures, micro
 def evaluate(model, examples: list[SquadExample], dropped: list[SquadExample], features: Features,
              packed: PackedFeatures, cfg: SquadRunConfig, device, progress: bool = False) -> tuple[dict, dict]:
     """(predictions for every question of the file, EM/F1 when it has answers)."""
-    start, end = predict(model, packed, cfg.train.micro_batch_size, device, progress)
+    start, end = predict(model, packed, cfg.train.micro_batch_size, device, progress, cfg.train.precision)
     logits = postprocess.feature_logits(features, packed, start, end)
     preds = postprocess.predictions(examples, features, logits, cfg.data.n_best_size, cfg.data.max_answer_length)
     preds |= {e.qid: "" for e in dropped}  # left-out questions are answered with nothing: they score 0
@@ -149,7 +150,8 @@ def train(model, packed: PackedFeatures, cfg: SquadRunConfig, device, out: Path,
             count = sum(int((b["start_positions"] != IGNORE_INDEX).sum()) for b in batches)
             loss_sum = 0.0
             for batch in batches:
-                o = model(**to_device(batch, device), normalizer=max(count, 1))
+                with autocast(device, t.precision):
+                    o = model(**to_device(batch, device), normalizer=max(count, 1))
                 o.loss.backward()
                 loss_sum += o.loss_sum.item()
                 window[2] += int((batch["sequence_ids"] > 0).sum())
