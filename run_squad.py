@@ -1,9 +1,9 @@
-"""Fine-tune and evaluate BERT on SQuAD v1.1, packed or unpacked.
+r"""Fine-tune and evaluate BERT on SQuAD v1.1, packed or unpacked.
 
     python run_squad.py --config squad_base_384_packed model.init_checkpoint=runs/pretrain_base_512_packed/hf \
         data.train_file=squad/train-v1.1.json data.predict_file=squad/dev-v1.1.json
     python run_squad.py --config squad_base_384 ...                       # the same, unpacked (data.algorithm=none)
-    python run_squad.py --config squad_tiny_packed                        # a minute on CPU: the test fixture
+    python run_squad.py --config squad_tiny_packed                        # ~15 s on CPU: the test fixture
     python run_squad.py --config squad_base_384_packed --eval-only model.init_checkpoint=runs/squad/hf ...
 
 NAME is a file in configs/ (without .yaml) or a path to a YAML file; KEY=VALUE pairs override single fields

@@ -17,11 +17,14 @@ Packed inputs, per micro-batch of B packs of length S (see bert_ipu/data/layout.
     next_sentence_labels:  (B, K) int, NSP label of the sequence whose [CLS] sits at position S - K + i
     next_sentence_weights: (B, K) float, 1 where that slot holds a [CLS] token, 0 otherwise
 
+`PackedBertForQuestionAnswering` (at the end) is the SQuAD twin: HF `BertForQuestionAnswering` names, packs of
+contiguous features, start/end logits per feature masked to its own candidate positions.
+
 Attention backends (`attention_backend`), all giving the same numbers:
     "mask"       the custom op's additive mask + SDPA (default; built by `make`; has a CPU backward)
     "reference"  the same mask built with plain PyTorch ops (no custom op needed)
-    "flex"       FlexAttention with a document block mask: skips fully masked blocks on GPU. Forward only
-                 on CPU (PyTorch has no FlexAttention backward there)
+    "flex"       FlexAttention with a document block mask, compiled on GPU, where it skips fully masked
+                 blocks. Forward only on CPU (PyTorch has no FlexAttention backward there)
 """
 
 from __future__ import annotations
