@@ -78,8 +78,8 @@ def test_end_to_end_tiny(tmp_path, capsys):
 
 
 def test_backends_hf_baseline_and_bf16(tmp_path, capsys):
-    """--backends measures every algorithm per attention backend (a backend that cannot train here is skipped
-    with its reason, not a crash); --hf-baseline adds transformers' BertForPreTraining on NONE's rows, which
+    """--backends measures every algorithm per attention backend and names the fastest (a backend that cannot
+    train here is skipped with its reason, not a crash); --hf-baseline adds transformers' BertForPreTraining on NONE's rows, which
     counts more FLOPs (its MLM head runs on every position); profile.precision=bf16 runs under autocast."""
     hist = tmp_path / "h.json"
     counts = [0] * 32
@@ -90,14 +90,15 @@ def test_backends_hf_baseline_and_bf16(tmp_path, capsys):
                    f"intermediate_size: 64, max_position_embeddings: 64}}\nprofile: {{histogram: {hist}, steps: 1, "
                    f"rounds: 2, micro_batch_size: 2}}\n")
     out = tmp_path / "rows.jsonl"
-    assert run_profiling.main(["--config", str(cfg), "--algorithms", "cghp", "--backends", "reference", "flex",
+    assert run_profiling.main(["--config", str(cfg), "--algorithms", "cghp", "--backends", "mask", "reference", "flex",
                                "--hf-baseline", "profile.precision=bf16", "--json", str(out)]) == 0
     text = capsys.readouterr().out
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     ref = {r["algorithm"]: r for r in rows if r["backend"] == "reference"}
     assert set(ref) == {"none", "cghp", "hf"}
     assert ref["hf"]["flops_per_step"] > ref["none"]["flops_per_step"]
-    assert "OH over HF" in text and "bf16" in text
+    assert {r["algorithm"] for r in rows if r["backend"] == "mask"} == {"none", "cghp", "hf"}
+    assert "OH over HF" in text and "bf16" in text and "fastest backend for cghp:" in text
     assert any(r["backend"] == "flex" for r in rows) or "backend flex: skipped" in text
     assert all(r["mfu"] is None for r in rows)  # no known peak on a CPU
 
