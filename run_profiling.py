@@ -19,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from transformers import BertConfig
 
 from bert_ipu import packing
 from bert_ipu.config import ConfigError, ProfilingRunConfig, load_config
@@ -86,10 +85,7 @@ def main(argv=None) -> int:
     device = torch.device("cuda" if prof.device == "auto" and torch.cuda.is_available() else
                           ("cpu" if prof.device == "auto" else prof.device))
     S = len(histogram)
-    config = BertConfig(vocab_size=30522, hidden_size=cfg.model.hidden_size, num_hidden_layers=cfg.model.num_hidden_layers,
-                        num_attention_heads=cfg.model.num_attention_heads, intermediate_size=cfg.model.intermediate_size,
-                        max_position_embeddings=max(S, cfg.model.max_position_embeddings), hidden_dropout_prob=0.0,
-                        attention_probs_dropout_prob=0.0)
+    config = cfg.model.bert_config(30522, S, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     torch.manual_seed(prof.seed)
     base = PackedBertForPreTraining(config, depth, cfg.model.attention_backend).to(device).train()
     print(f"[profile] {cfg.name}: {sum(q.numel() for q in base.parameters()) / 1e6:.1f} M parameters on {device}, "
@@ -101,23 +97,24 @@ def main(argv=None) -> int:
         results[name], batches[name] = make_batches(histogram, name, depth, prof.micro_batch_size, prof.steps,
                                                     config.vocab_size, prof.sort_batch_size, prof.seed)
     peak = peak_flops(device, prof.precision)
+    extra = {}
+    if args.hf_baseline:  # timed again in every backend's run, interleaved with it
+        results["hf"] = results["none"]
+        extra["hf"] = WithPrecision(HFPreTrainingBaseline(config).to(device).train(), device, prof.precision)
     rows = []
     for backend in args.backends or [cfg.model.attention_backend]:
+        if backend == "flex" and device.type == "cpu":
+            print("[profile] backend flex: skipped, PyTorch has no FlexAttention backward on the CPU")
+            continue
         model = PackedBertForPreTraining(config, depth, backend).to(device).train()
         model.load_state_dict(base.state_dict())
         runs = {k: [dict(b) for b in v] for k, v in batches.items()}
-        extra = {}
         if args.hf_baseline:
-            runs["hf"], results["hf"] = runs["none"], results["none"]
-            extra["hf"] = WithPrecision(HFPreTrainingBaseline(config).to(device).train(), device, prof.precision)
+            runs["hf"] = runs["none"]
         print(f"[profile] backend {backend} ...", flush=True)
-        try:
-            measurements = profile(WithPrecision(model, device, prof.precision), runs, results, prof.rounds, device,
-                                   args.trace_dir, say=lambda m: print(f"[profile] {m}", flush=True),
-                                   compile_step=args.compile, models=extra)
-        except (RuntimeError, NotImplementedError) as e:  # e.g. FlexAttention has no backward on the CPU
-            print(f"[profile] backend {backend}: skipped, it cannot train here ({str(e).splitlines()[0][:160]})")
-            continue
+        measurements = profile(WithPrecision(model, device, prof.precision), runs, results, prof.rounds, device,
+                               args.trace_dir, say=lambda m: print(f"[profile] {m}", flush=True),
+                               compile_step=args.compile, models=extra)
         rows += [r | {"backend": backend} for r in summarize(measurements, peak)]
     if not rows:
         print("error: no backend could be measured", file=sys.stderr)

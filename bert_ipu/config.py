@@ -37,7 +37,7 @@ class ModelConfig:
     attention_backend: str = "mask"
     """mask (custom op + SDPA), reference (plain PyTorch mask) or flex"""
     init_checkpoint: str | None = None
-    """start from a Hugging Face BertForPreTraining folder (ours or transformers'); None = from scratch"""
+    """start from a Hugging Face BERT folder (ours or transformers'); None = from scratch"""
 
     def __post_init__(self):
         if self.hidden_size % self.num_attention_heads:
@@ -45,6 +45,18 @@ class ModelConfig:
                               f"model.num_attention_heads {self.num_attention_heads}")
         if self.attention_backend not in ("mask", "reference", "flex"):
             raise ConfigError(f"model.attention_backend {self.attention_backend!r}: choose mask, reference or flex")
+
+    def bert_config(self, vocab_size: int, min_positions: int = 0, **overrides):
+        """The `transformers.BertConfig` of a model built from scratch with this section's sizes (at least
+        `min_positions` position embeddings); `overrides` replace single fields (e.g. dropout 0 to profile)."""
+        from transformers import BertConfig
+
+        fields = dict(vocab_size=vocab_size, hidden_size=self.hidden_size, num_hidden_layers=self.num_hidden_layers,
+                      num_attention_heads=self.num_attention_heads, intermediate_size=self.intermediate_size,
+                      max_position_embeddings=max(self.max_position_embeddings, min_positions),
+                      hidden_dropout_prob=self.hidden_dropout_prob,
+                      attention_probs_dropout_prob=self.attention_probs_dropout_prob)
+        return BertConfig(**(fields | overrides))
 
 
 @dataclass

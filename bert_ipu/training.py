@@ -34,7 +34,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import yaml
-from transformers import BertConfig
 
 from .config import OptimizerConfig, RunConfig, to_dict
 from .data.dataset import PackedLoader
@@ -380,13 +379,7 @@ def main(cfg: RunConfig, resume: bool = False, progress: bool = True) -> dict:
         expected = (packs_per_update * masked_per_pack, packs_per_update * p)
 
     torch.manual_seed(t.seed)
-    bert_config = BertConfig(vocab_size=manifest["vocab"]["size"], hidden_size=cfg.model.hidden_size,
-                             num_hidden_layers=cfg.model.num_hidden_layers,
-                             num_attention_heads=cfg.model.num_attention_heads,
-                             intermediate_size=cfg.model.intermediate_size,
-                             max_position_embeddings=max(cfg.model.max_position_embeddings, layout.pack_len),
-                             hidden_dropout_prob=cfg.model.hidden_dropout_prob,
-                             attention_probs_dropout_prob=cfg.model.attention_probs_dropout_prob)
+    bert_config = cfg.model.bert_config(manifest["vocab"]["size"], layout.pack_len)
     if cfg.model.init_checkpoint:
         model = PackedBertForPreTraining.from_pretrained(cfg.model.init_checkpoint,
                                                          max_sequences_per_pack=layout.max_sequences_per_pack,

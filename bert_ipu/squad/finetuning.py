@@ -29,7 +29,6 @@ from pathlib import Path
 import numpy as np
 import torch
 import yaml
-from transformers import BertConfig
 
 from ..config import SquadRunConfig, to_dict
 from ..data.instances import WordPiece, default_vocab
@@ -59,11 +58,7 @@ def build_model(cfg: SquadRunConfig, vocab_size: int, depth: int) -> PackedBertF
         model = PackedBertForQuestionAnswering.from_pretrained(m.init_checkpoint, max_sequences_per_pack=depth,
                                                                attention_backend=m.attention_backend)
     else:
-        config = BertConfig(vocab_size=vocab_size, hidden_size=m.hidden_size, num_hidden_layers=m.num_hidden_layers,
-                            num_attention_heads=m.num_attention_heads, intermediate_size=m.intermediate_size,
-                            max_position_embeddings=m.max_position_embeddings, hidden_dropout_prob=m.hidden_dropout_prob,
-                            attention_probs_dropout_prob=m.attention_probs_dropout_prob)
-        model = PackedBertForQuestionAnswering(config, depth, m.attention_backend)
+        model = PackedBertForQuestionAnswering(m.bert_config(vocab_size), depth, m.attention_backend)
     if model.config.vocab_size < vocab_size:
         raise TrainingError(f"the vocab has {vocab_size} tokens but the model only {model.config.vocab_size}; give "
                             "the vocab the model was trained with (data.vocab=PATH/vocab.txt)")
