@@ -26,7 +26,7 @@ from bert_ipu.data.dataset import PackedLoader
 from bert_ipu.data.instances import InstanceConfig
 from bert_ipu.data.pipeline import create_pretraining_data, pack_pretraining_data
 from bert_ipu.data.shards import PackedDataset
-from bert_ipu.training import main as train
+from bert_ipu.tasks.pretraining import main as train
 
 
 def throughput(packed: PackedDataset, unpacked: PackedDataset, rounds: int = 8, micro: int = 8) -> dict:
@@ -100,7 +100,7 @@ def main() -> None:
             f"train.warmup_steps={max(1, steps // 10)}", "train.log_every=10", f"train.checkpoint_every={steps}",
             "train.validation_batches=1000", "train.micro_batch_size=8", "train.global_batch_size=32"])
         start = time.perf_counter()
-        result = train(cfg, progress=False)
+        result = train(cfg, overwrite=True, progress=False)
         rows = [json.loads(x) for x in (out / ("run_" + name) / "metrics.jsonl").read_text().splitlines()]
         curves[name] = [(r["sequences_seen"], r["val_mlm_accuracy"]) for r in rows if "val_mlm_accuracy" in r]
         print(f"  {name:>8}: {steps} updates, {time.perf_counter() - start:.0f} s, final validation MLM accuracy "

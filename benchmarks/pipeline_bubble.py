@@ -19,7 +19,9 @@ import torch.distributed as dist
 from transformers import BertConfig
 
 from bert_ipu.modeling import PackedBertForPreTraining
-from bert_ipu.pipeline_parallel import Pipeline
+from bert_ipu.engine.parallel import PipelineParallel
+from bert_ipu.engine.runtime import Runtime
+from bert_ipu.tasks.pretraining import PretrainingTask
 
 
 def batch(n, S, M, K, vocab, rng):
@@ -56,20 +58,20 @@ def main():
         ms, times = [2, 4, 8, 16], []
         for m in ms:
             torch.manual_seed(0)
-            model = PackedBertForPreTraining(config, K)
-            pipe = Pipeline(model, p, M, m, schedule)
+            model = PackedBertForPreTraining(config, K, mlm_slots=M)
+            pipe = PipelineParallel(model, PretrainingTask(None), Runtime(torch.device("cpu"), rank, p, p), m, schedule)
             data = batch(m * args.micro_batch, args.seq_len, M, K, config.vocab_size, rng)
+            micro = [{k: v[i * args.micro_batch:(i + 1) * args.micro_batch] for k, v in data.items()} for i in range(m)]
             samples = []
             for r in range(args.repeats + 1):
                 dist.barrier()
                 start = time.perf_counter()
-                pipe.step(data, (1.0, 1.0))
+                pipe.train_step(micro, {"mlm": 1.0, "nsp": 1.0})
                 dist.barrier()
                 if r:
                     samples.append(time.perf_counter() - start)
-                for q in pipe.parameters():
+                for q in pipe.module.parameters():
                     q.grad = None
-                pipe.stats()
             times.append(statistics.median(samples))
         slope, intercept = np.polyfit(ms, times, 1)
         if rank == 0:

@@ -67,24 +67,33 @@ class DataConfig:
     """text to create the dataset from when it does not exist (None: the dataset must exist)"""
     max_seq_length: int = 128
     algorithm: str = "cghp"
-    """packing algorithm used when the dataset is created; none = unpacked"""
-    max_sequences_per_pack: int = 3
+    """packing algorithm of the dataset; none = unpacked. An existing dataset packed otherwise is an error"""
+    max_sequences_per_pack: int | str = 3
+    """depth limit: N, max (unlimited) or auto (the smallest that packs as tightly as unlimited)"""
     validation_fraction: float = 0.05
     """documents held out for validation when the dataset is created"""
 
     def __post_init__(self):
-        if self.max_seq_length < 8 or self.max_sequences_per_pack < 1 or not 0 < self.validation_fraction < 1:
-            raise ConfigError("data.max_seq_length must be >= 8, data.max_sequences_per_pack >= 1 and "
-                              "data.validation_fraction in (0, 1)")
+        from .packing import ALGORITHMS
+
+        if self.max_seq_length < 8 or not 0 < self.validation_fraction < 1:
+            raise ConfigError("data.max_seq_length must be >= 8 and data.validation_fraction in (0, 1)")
+        if self.algorithm not in ALGORITHMS or self.algorithm == "sort":
+            raise ConfigError(f"data.algorithm {self.algorithm!r}: choose one of "
+                              f"{', '.join(a for a in ALGORITHMS if a != 'sort')}")
+        self.max_sequences_per_pack = depth_value(self.max_sequences_per_pack, "data.max_sequences_per_pack")
 
 
 @dataclass
-class OptimizerConfig:
-    """What pretraining and fine-tuning share: batches, optimizer, schedule shape, clipping, seed, device."""
+class TrainConfig:
+    """The engine's section, the same for every task: batches, optimizer, schedule, precision, cadence."""
     micro_batch_size: int = 8
     """packs (or rows) per forward pass on one replica"""
     global_batch_size: int = 32
     """per optimizer update, counted in `batch_unit`"""
+    batch_unit: str = "packs"
+    """packs: the global batch holds that many packs (use the packing correction of the betas); sequences:
+    it holds about that many sequences, so packed data takes 1/p as many packs per update"""
     optimizer: str = "lamb"
     """lamb or adamw"""
     learning_rate: float = 2e-3
@@ -94,48 +103,66 @@ class OptimizerConfig:
     decay_power: float = 1.0
     """polynomial decay to 0 after warm-up (1 = linear)"""
     clip_grad_norm: float | None = 1.0
+    packing_beta_correction: bool = True
+    """with batch_unit=packs: beta ** p (p = packing factor), as the paper derives"""
+    loss_balancing: bool = False
+    """the paper's loss balancing: divide by the expected counts per update (from the dataset's averages)
+    instead of the real counts of the update"""
+    max_steps: int | None = 200
+    """optimizer updates; null: num_train_epochs decides"""
+    num_train_epochs: float | None = None
+    """passes over the training packs, when max_steps is null"""
+    warmup_steps: int | None = 20
+    """linear warm-up; null: warmup_proportion of the updates"""
+    warmup_proportion: float = 0.0
     seed: int = 1234
-    log_every: int = 10
     device: str = "auto"
     """auto (cuda if available), cpu or cuda"""
     precision: str = "fp32"
     """fp32, or bf16: bfloat16 autocast of the forward pass; weights, gradients and optimizer state stay float32"""
+    log_every: int = 10
+    """a metrics row (and, off a terminal, a log line) every this many updates"""
+    validate_every: int | None = 50
+    """evaluate every this many updates (and at the end); null: at the end only"""
+    validation_batches: int = 8
+    checkpoint_every: int | None = 100
+    """checkpoint every this many updates (and at the end); null: at the end only"""
+    keep_checkpoints: int = 2
 
     def __post_init__(self):
-        self.betas = tuple(self.betas)
+        self.betas = tuple(self.betas) if isinstance(self.betas, (list, tuple)) else self.betas
+        if not (isinstance(self.betas, tuple) and len(self.betas) == 2
+                and all(isinstance(b, (int, float)) and 0 <= b < 1 for b in self.betas)):
+            raise ConfigError(f"train.betas {self.betas!r}: give two numbers in [0, 1), e.g. [0.9, 0.999]")
         if self.precision not in ("fp32", "bf16"):
             raise ConfigError(f"train.precision {self.precision!r}: choose fp32 or bf16")
         if self.optimizer not in ("lamb", "adamw"):
             raise ConfigError(f"train.optimizer {self.optimizer!r}: choose lamb or adamw")
-        if min(self.micro_batch_size, self.global_batch_size) < 1:
-            raise ConfigError("train.micro_batch_size and global_batch_size must be >= 1")
-
-
-@dataclass
-class TrainConfig(OptimizerConfig):
-    batch_unit: str = "packs"
-    """packs: the global batch holds that many packs (use the packing correction of the betas); sequences:
-    it holds about that many sequences, so packed data takes 1/p as many packs per update"""
-    max_steps: int = 200
-    warmup_steps: int = 20
-    packing_beta_correction: bool = True
-    """with batch_unit=packs: beta ** p (p = packing factor), as the paper derives"""
-    loss_balancing: bool = False
-    """the paper's loss balancing: divide by the expected counts of masked tokens and sequences per update
-    (from the dataset's averages) instead of the real counts of the update"""
-    validate_every: int = 50
-    validation_batches: int = 8
-    checkpoint_every: int = 100
-    keep_checkpoints: int = 2
-
-    def __post_init__(self):
-        super().__post_init__()
         if self.batch_unit not in ("packs", "sequences"):
             raise ConfigError(f"train.batch_unit {self.batch_unit!r}: choose packs or sequences")
-        if self.max_steps < 1:
-            raise ConfigError("train.max_steps must be >= 1")
-        if self.keep_checkpoints < 1:
-            raise ConfigError("train.keep_checkpoints must be >= 1")
+        if min(self.micro_batch_size, self.global_batch_size) < 1:
+            raise ConfigError("train.micro_batch_size and global_batch_size must be >= 1")
+        if self.max_steps is None and self.num_train_epochs is None:
+            raise ConfigError("give train.max_steps or train.num_train_epochs")
+        if (self.max_steps is not None and self.max_steps < 1) or (self.num_train_epochs is not None
+                                                                    and self.num_train_epochs <= 0):
+            raise ConfigError("train.max_steps must be >= 1 and train.num_train_epochs > 0 (or null)")
+        if self.warmup_steps is not None and self.warmup_steps < 0 or not 0 <= self.warmup_proportion < 1:
+            raise ConfigError("train.warmup_steps must be >= 0 and train.warmup_proportion in [0, 1)")
+        if self.learning_rate < 0 or self.eps <= 0 or self.weight_decay < 0:
+            raise ConfigError("train.learning_rate and weight_decay must be >= 0 and train.eps > 0")
+        if self.clip_grad_norm is not None and self.clip_grad_norm <= 0:
+            raise ConfigError("train.clip_grad_norm must be > 0 (or null: no clipping)")
+        if self.log_every < 1 or self.keep_checkpoints < 1 or self.validation_batches < 1:
+            raise ConfigError("train.log_every, keep_checkpoints and validation_batches must be >= 1")
+        for key in ("validate_every", "checkpoint_every"):
+            if getattr(self, key) is not None and getattr(self, key) < 1:
+                raise ConfigError(f"train.{key} must be >= 1 (or null: at the end only)")
+        if self.seed < 0:
+            raise ConfigError("train.seed must be >= 0")
+
+
+OptimizerConfig = TrainConfig  # the name the optimizer builder documents
 
 
 @dataclass
@@ -154,17 +181,29 @@ class ParallelConfig:
 
 @dataclass
 class RunConfig:
+    """A pretraining run (kind: pretraining; run_pretraining.py)."""
+    kind: str = "pretraining"
+    name: str = "unnamed"
+    """defaults to the config file's name"""
+    output_dir: str | None = None
+    """the run's folder (checkpoints, metrics, export); default runs/NAME"""
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
-    output_dir: str = "runs/pretrain"
-    name: str = "unnamed"
 
     def __post_init__(self):
-        if self.parallel.pipeline_stages > 1 and self.train.precision != "fp32":
-            raise ConfigError("train.precision=bf16 is not supported with pipeline stages yet; use fp32 or "
-                              "parallel.pipeline_stages=1")
+        _common_checks(self)
+
+
+def _common_checks(cfg) -> None:
+    if cfg.output_dir is None:
+        cfg.output_dir = f"runs/{cfg.name}"
+    if not isinstance(cfg.output_dir, str) or not cfg.output_dir.strip():
+        raise ConfigError(f"output_dir {cfg.output_dir!r}: give a folder path")
+    if cfg.parallel.pipeline_stages > 1 and cfg.train.precision != "fp32":
+        raise ConfigError("train.precision=bf16 is not supported with pipeline stages yet; use fp32 or "
+                          "parallel.pipeline_stages=1")
 
 
 @dataclass
@@ -184,19 +223,57 @@ class ProfileConfig:
     device: str = "auto"
     precision: str = "fp32"
     """fp32, or bf16 autocast (what a GPU run uses)"""
+    backends: list | None = None
+    """attention backends to measure (mask, reference, flex), each with every algorithm; None = the model's"""
+    hf_baseline: bool = False
+    """also time transformers' BertForPreTraining on NONE's rows (row 'hf'); OH of the others stays over our NONE"""
+    compile: bool = False
+    """also time torch.compile per algorithm: one compilation per distinct batch shape"""
+    trace_dir: str | None = None
+    """folder for torch.profiler traces and op tables per algorithm (and config.yaml); None = no traces"""
+    json: str | None = None
+    """JSON-lines file of the rows, one object per algorithm and backend (and <json>.config.yaml); None = none"""
+    plot: str | None = None
+    """PNG of the theoretical and realized speed-ups and the histogram; None = no plot"""
+    scaling: str | None = None
+    """PNG of the Section E study (packing vs un-padded batches over data-parallel devices); None = no study"""
+    scaling_batches: int = 40
+    """batches of each kind timed for the scaling study"""
 
     def __post_init__(self):
+        from .packing import ALGORITHMS
+
         if self.precision not in ("fp32", "bf16"):
             raise ConfigError(f"profile.precision {self.precision!r}: choose fp32 or bf16")
         if min(self.micro_batch_size, self.steps, self.sort_batch_size) < 1 or self.rounds < 2:
             raise ConfigError("profile.micro_batch_size, steps and sort_batch_size must be >= 1, rounds >= 2")
+        if not isinstance(self.algorithms, list) or not self.algorithms:
+            raise ConfigError(f"profile.algorithms {self.algorithms!r}: a non-empty list of {', '.join(ALGORITHMS)}")
+        bad = [a for a in self.algorithms if a not in ALGORITHMS]
+        if bad:
+            raise ConfigError(f"profile.algorithms: unknown algorithm(s) {', '.join(map(repr, bad))}; choose from "
+                              f"{', '.join(ALGORITHMS)}")
+        if self.max_sequences_per_pack < 1:
+            raise ConfigError(f"profile.max_sequences_per_pack {self.max_sequences_per_pack}: must be >= 1")
+        if self.backends is not None:
+            if not isinstance(self.backends, list) or not self.backends:
+                raise ConfigError(f"profile.backends {self.backends!r}: a non-empty list of mask, reference, flex "
+                                  "(or null for model.attention_backend)")
+            bad = [b for b in self.backends if b not in ("mask", "reference", "flex")]
+            if bad:
+                raise ConfigError(f"profile.backends: unknown backend(s) {', '.join(map(repr, bad))}; choose from "
+                                  "mask, reference, flex")
+        if self.scaling_batches < 2:
+            raise ConfigError(f"profile.scaling_batches {self.scaling_batches}: must be >= 2")
 
 
 @dataclass
 class ProfilingRunConfig:
+    """A profile (kind: profile; run_profiling.py)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     name: str = "unnamed"
+    kind: str = "profile"
 
 
 @dataclass
@@ -215,7 +292,7 @@ class SquadDataConfig:
     algorithm: str = "cghp"
     """packing algorithm over the features' lengths; none = unpacked (one feature per row)"""
     max_sequences_per_pack: int | str = "auto"
-    """depth limit, or auto: the smallest depth that packs the features into as few packs as unlimited depth"""
+    """depth limit: N, max, or auto: the smallest depth that packs the features as tightly as unlimited depth"""
     n_best_size: int = 20
     max_answer_length: int = 30
 
@@ -227,41 +304,57 @@ class SquadDataConfig:
         if self.max_query_length > self.max_seq_length - 4:
             raise ConfigError(f"data.max_query_length {self.max_query_length} leaves no room for the context in "
                               f"data.max_seq_length {self.max_seq_length}")
-        if not (self.max_sequences_per_pack == "auto" or (isinstance(self.max_sequences_per_pack, int)
-                                                          and self.max_sequences_per_pack >= 1)):
-            raise ConfigError(f"data.max_sequences_per_pack {self.max_sequences_per_pack!r}: a number >= 1 or auto")
+        self.max_sequences_per_pack = depth_value(self.max_sequences_per_pack, "data.max_sequences_per_pack")
         if min(self.n_best_size, self.max_answer_length) < 1:
             raise ConfigError("data.n_best_size and data.max_answer_length must be >= 1")
 
 
 @dataclass
-class FinetuneConfig(OptimizerConfig):
+class FinetuneConfig(TrainConfig):
+    """TrainConfig with fine-tuning defaults (the reference's SQuAD recipe)."""
     micro_batch_size: int = 4
     global_batch_size: int = 32
     """about this many sequences (features) per update: packed data takes 1/p as many packs"""
+    batch_unit: str = "sequences"
     optimizer: str = "adamw"
     learning_rate: float = 3e-5
-    num_train_epochs: float = 2.0
     max_steps: int | None = None
     """stop after this many updates (None: num_train_epochs)"""
+    num_train_epochs: float | None = 2.0
+    warmup_steps: int | None = None
     warmup_proportion: float = 0.1
     """linear warm-up over this fraction of the updates, then polynomial decay"""
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.num_train_epochs <= 0 or (self.max_steps is not None and self.max_steps < 1):
-            raise ConfigError("train.num_train_epochs must be > 0 and train.max_steps >= 1 (or null)")
-        if not 0 <= self.warmup_proportion < 1:
-            raise ConfigError("train.warmup_proportion must be in [0, 1)")
+    validate_every: int | None = None
+    checkpoint_every: int | None = None
 
 
 @dataclass
 class SquadRunConfig:
+    """A SQuAD fine-tuning run (kind: squad; run_squad.py)."""
     data: SquadDataConfig
+    kind: str = "squad"
+    name: str = "unnamed"
+    output_dir: str | None = None
     model: ModelConfig = field(default_factory=ModelConfig)
     train: FinetuneConfig = field(default_factory=FinetuneConfig)
-    output_dir: str = "runs/squad"
-    name: str = "unnamed"
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+
+    def __post_init__(self):
+        _common_checks(self)
+        if self.parallel.pipeline_stages != 1:
+            raise ConfigError("SQuAD fine-tuning runs on one process or data parallel (torchrun); "
+                              "set parallel.pipeline_stages=1")
+
+
+def depth_value(value, key: str):
+    """A depth limit as the config holds it: an int >= 1, "max" or "auto" (one type everywhere)."""
+    from .packing import PackingInputError, parse_depth
+
+    try:
+        depth = parse_depth(value)
+    except PackingInputError as e:
+        raise ConfigError(f"{key}: {e}") from None
+    return "max" if depth is None else depth
 
 
 def _sections(root) -> dict:
@@ -331,9 +424,15 @@ def _read(name: str, seen=()) -> dict:
     return merged
 
 
-def load_config(name: str, overrides: list[str] = (), root=RunConfig):
-    """A `root` (RunConfig; ProfilingRunConfig for run_profiling.py, SquadRunConfig for run_squad.py) from a
-    YAML file and overrides."""
+def _kinds() -> dict:
+    return {"pretraining": RunConfig, "squad": SquadRunConfig, "profile": ProfilingRunConfig}
+
+
+def load_config(name: str, overrides: list[str] = (), root=None):
+    """The config NAME (a file in configs/ without .yaml, or a path) with `section.key=value` overrides. Its
+    `kind:` (inherited like any key) picks the root dataclass: pretraining (RunConfig), squad (SquadRunConfig)
+    or profile (ProfilingRunConfig); `root`, when given, is what the caller can run (a mismatch is an error
+    that names the right entry point). `name` defaults to the file's name, `output_dir` to runs/NAME."""
     raw = _read(name)
     raw.setdefault("name", _resolve(name).stem)
     for item in overrides:
@@ -342,18 +441,39 @@ def load_config(name: str, overrides: list[str] = (), root=RunConfig):
         key, value = item.split("=", 1)
         parts = key.split(".")
         if len(parts) == 2:
-            raw.setdefault(parts[0], {})[parts[1]] = yaml.safe_load(value)
+            section = raw.setdefault(parts[0], {})
+            if not isinstance(section, dict):
+                raise ConfigError(f"override {key!r}: {parts[0]} is not a section")
+            section[parts[1]] = yaml.safe_load(value)
         elif len(parts) == 1:
             raw[key] = yaml.safe_load(value)
         else:
             raise ConfigError(f"override {key!r}: use section.key (e.g. train.max_steps)")
+    kinds = _kinds()
+    kind = raw.get("kind")
+    if kind is None:
+        kind = next((k for k, v in kinds.items() if v is root), "pretraining")
+        raw["kind"] = kind
+    if kind not in kinds:
+        raise ConfigError(f"kind {kind!r}: choose one of {', '.join(kinds)}")
+    if root is not None and kinds[kind] is not root:
+        entry = {"pretraining": "run_pretraining.py", "squad": "run_squad.py", "profile": "run_profiling.py"}[kind]
+        raise ConfigError(f"config {name!r} is of kind {kind}: run it with {entry}")
+    root = kinds[kind]
     top = {f.name for f in dataclasses.fields(root)}
     unknown = set(raw) - top
     if unknown:
         raise ConfigError(f"unknown section(s) {', '.join(sorted(unknown))}; valid: {', '.join(sorted(top))}")
     try:
         sections = _sections(root)
-        kwargs = {k: _build(sections[k], v or {}, f"{k}.") if k in sections else v for k, v in raw.items()}
+        kwargs = {}
+        for k, v in raw.items():
+            if k in sections:
+                if v is not None and not isinstance(v, dict):
+                    raise ConfigError(f"section {k} must be a mapping of keys, got {v!r}")
+                kwargs[k] = _build(sections[k], v or {}, f"{k}.")
+            else:
+                kwargs[k] = _typed(v, typing.get_type_hints(root)[k], k)
         return root(**kwargs)
     except TypeError as e:
         raise ConfigError(str(e)) from None

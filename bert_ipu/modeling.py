@@ -211,7 +211,9 @@ class PackedBertModel(nn.Module):
         self.pooler = BertPooler(config) if add_pooling_layer else None  # HF's QA model has none
 
     def forward(self, input_ids, position_ids, token_type_ids, sequence_ids):
-        hidden = self.embeddings(input_ids, position_ids, token_type_ids)
+        """(B, S) ids -> encoder output (B, S, H). On a pipeline stage without the embeddings (deleted),
+        `input_ids` is the previous stage's hidden state (B, S, H) and passes straight to the layers."""
+        hidden = input_ids if self.embeddings is None else self.embeddings(input_ids, position_ids, token_type_ids)
         attention = attention_for(sequence_ids, self.attention_backend, hidden.dtype)
         return self.encoder(hidden, attention)
 
@@ -260,27 +262,49 @@ class BertPreTrainingHeads(nn.Module):
         self.predictions = BertLMPredictionHead(config)
         self.seq_relationship = nn.Linear(config.hidden_size, 2)
 
+    def forward(self, mlm_hidden, pooled):  # (B, M, H), (B, K, H) -> (B, M, V), (B, K, 2), as HF's
+        return self.predictions(mlm_hidden), self.seq_relationship(pooled)
 
-@dataclass
-class PackedPreTrainingOutput:
-    mlm_logits: torch.Tensor           # (B, M, V)
-    nsp_logits: torch.Tensor           # (B, K, 2)
-    loss: torch.Tensor | None = None   # mlm_loss + nsp_loss
-    mlm_loss: torch.Tensor | None = None
-    nsp_loss: torch.Tensor | None = None
-    mlm_loss_sum: torch.Tensor | None = None  # summed over masked tokens
-    mlm_count: torch.Tensor | None = None     # masked tokens in the micro-batch
-    nsp_loss_sum: torch.Tensor | None = None  # summed over present sequences
-    nsp_count: torch.Tensor | None = None     # present sequences in the micro-batch
+
+def pretraining_loss_sums(mlm_logits, nsp_logits, masked_lm_labels, next_sentence_labels, next_sentence_weights):
+    """The pretraining losses as sums and counts (one definition for the model and every training engine):
+    (MLM cross-entropy summed over masked tokens, masked tokens, NSP cross-entropy summed over present
+    sequences, present sequences). In at least float32, also under bf16 autocast."""
+    loss_dtype = torch.promote_types(mlm_logits.dtype, torch.float32)
+    mlm_sum = F.cross_entropy(mlm_logits.flatten(0, 1).to(loss_dtype), masked_lm_labels.flatten(),
+                              ignore_index=IGNORE_INDEX, reduction="sum")
+    mlm_count = (masked_lm_labels != IGNORE_INDEX).sum()
+    weights = next_sentence_weights.flatten().to(loss_dtype)
+    nsp_each = F.cross_entropy(nsp_logits.flatten(0, 1).to(loss_dtype), next_sentence_labels.flatten(),
+                               reduction="none")
+    return mlm_sum, mlm_count, (nsp_each * weights).sum(), weights.sum()
+
+
+class PackedPreTrainingOutput(tuple):
+    """(mlm_logits (B, M, V), nsp_logits (B, K, 2)): a tuple, so that a pipeline's last stage can return it,
+    with the logits and, when labels were given, the losses as attributes:
+    loss = mlm_loss + nsp_loss; mlm_loss_sum / mlm_count (masked tokens of the micro-batch); nsp_loss_sum /
+    nsp_count (present sequences)."""
+
+    LOSSES = ("loss", "mlm_loss", "nsp_loss", "mlm_loss_sum", "mlm_count", "nsp_loss_sum", "nsp_count")
+
+    def __new__(cls, mlm_logits: torch.Tensor, nsp_logits: torch.Tensor, **losses):
+        out = super().__new__(cls, (mlm_logits, nsp_logits))
+        out.mlm_logits, out.nsp_logits = mlm_logits, nsp_logits
+        for name in cls.LOSSES:
+            setattr(out, name, losses.get(name))
+        return out
 
 
 class PackedBertForPreTraining(nn.Module):
     """BERT with MLM and NSP heads on packed inputs; HF `BertForPreTraining` names and state dict."""
 
-    def __init__(self, config: BertConfig, max_sequences_per_pack: int = 3, attention_backend: str = "mask"):
+    def __init__(self, config: BertConfig, max_sequences_per_pack: int = 3, attention_backend: str = "mask",
+                 mlm_slots: int | None = None):
         super().__init__()
         self.config = config
         self.max_sequences_per_pack = max_sequences_per_pack
+        self.mlm_slots = mlm_slots  # M, when no labels say it (a pipeline's last stage)
         self.bert = PackedBertModel(config, attention_backend)
         self.cls = BertPreTrainingHeads(config)
         self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight  # tied, as in HF
@@ -288,32 +312,29 @@ class PackedBertForPreTraining(nn.Module):
 
     def forward(self, input_ids, position_ids, token_type_ids, sequence_ids, masked_lm_labels=None,
                 next_sentence_labels=None, next_sentence_weights=None, mlm_normalizer=None, nsp_normalizer=None,
-                mlm_slots: int | None = None) -> PackedPreTrainingOutput:
+                mlm_slots: int | None = None):
         """Shapes in the module docstring. The losses are sums divided by a count: by default this
         micro-batch's masked tokens and present sequences; pass `mlm_normalizer` / `nsp_normalizer` to divide
         by a global count instead (gradient accumulation, data parallelism) or by an expected count (the
-        paper's loss balancing). `mlm_slots` (M) defaults to masked_lm_labels.shape[1]."""
+        paper's loss balancing). `mlm_slots` (M) defaults to masked_lm_labels.shape[1], then self.mlm_slots.
+
+        A pipeline stage is this model with modules deleted (set to None): without `bert.embeddings`,
+        `input_ids` is the previous stage's hidden state; without the heads (`cls`), it returns what the next
+        stage takes, (hidden, position_ids, token_type_ids, sequence_ids)."""
         hidden = self.bert(input_ids, position_ids, token_type_ids, sequence_ids)  # (B, S, H)
+        if self.cls is None:
+            return hidden, position_ids, token_type_ids, sequence_ids
         if mlm_slots is None:
-            if masked_lm_labels is None:
+            mlm_slots = masked_lm_labels.shape[1] if masked_lm_labels is not None else self.mlm_slots
+            if mlm_slots is None:
                 raise ValueError("give masked_lm_labels or mlm_slots: the MLM head runs on the first M positions")
-            mlm_slots = masked_lm_labels.shape[1]
-        mlm_logits = self.cls.predictions(hidden[:, :mlm_slots])                    # (B, M, V)
         pooled = self.bert.pooler(hidden[:, -self.max_sequences_per_pack:])          # (B, K, H)
-        nsp_logits = self.cls.seq_relationship(pooled)                              # (B, K, 2)
+        mlm_logits, nsp_logits = self.cls(hidden[:, :mlm_slots], pooled)            # (B, M, V), (B, K, 2)
         out = PackedPreTrainingOutput(mlm_logits, nsp_logits)
         if masked_lm_labels is None or next_sentence_labels is None or next_sentence_weights is None:
             return out
-        # losses in at least float32, also under bf16 autocast
-        loss_dtype = torch.promote_types(mlm_logits.dtype, torch.float32)
-        out.mlm_loss_sum = F.cross_entropy(mlm_logits.flatten(0, 1).to(loss_dtype), masked_lm_labels.flatten(),
-                                           ignore_index=IGNORE_INDEX, reduction="sum")
-        out.mlm_count = (masked_lm_labels != IGNORE_INDEX).sum()
-        weights = next_sentence_weights.flatten().to(loss_dtype)
-        nsp_each = F.cross_entropy(nsp_logits.flatten(0, 1).to(loss_dtype), next_sentence_labels.flatten(),
-                                   reduction="none")
-        out.nsp_loss_sum = (nsp_each * weights).sum()
-        out.nsp_count = weights.sum()
+        out.mlm_loss_sum, out.mlm_count, out.nsp_loss_sum, out.nsp_count = pretraining_loss_sums(
+            mlm_logits, nsp_logits, masked_lm_labels, next_sentence_labels, next_sentence_weights)
         # clamp keeps an all-padding micro-batch at loss 0 instead of 0/0, with no data-dependent branch
         mlm_div = out.mlm_count.clamp_min(1) if mlm_normalizer is None else mlm_normalizer
         nsp_div = out.nsp_count.clamp_min(1) if nsp_normalizer is None else nsp_normalizer
@@ -348,6 +369,17 @@ class PackedBertForPreTraining(nn.Module):
 
 
 # --- question answering (SQuAD) ----------------------------------------------------------------------------
+
+def span_loss_sums(start_logits, end_logits, start_positions, end_positions):
+    """The SQuAD loss as a sum and a count (one definition for the model and every training engine): the sum
+    over labelled slots of (start CE + end CE) / 2, and the number of labelled slots. An empty slot has label
+    -100 (ignored) and all-lowest logits: a uniform softmax, never NaN."""
+    ce_start = F.cross_entropy(start_logits.flatten(0, 1), start_positions.flatten(), reduction="sum",
+                               ignore_index=IGNORE_INDEX)
+    ce_end = F.cross_entropy(end_logits.flatten(0, 1), end_positions.flatten(), reduction="sum",
+                             ignore_index=IGNORE_INDEX)
+    return (ce_start + ce_end) / 2, (start_positions != IGNORE_INDEX).sum()
+
 
 @dataclass
 class PackedQuestionAnsweringOutput:
@@ -404,13 +436,7 @@ class PackedBertForQuestionAnswering(nn.Module):
         out = PackedQuestionAnsweringOutput(start_logits, end_logits)
         if start_positions is None or end_positions is None:
             return out
-        # an empty slot has label -100 (ignored) and all-lowest logits: a uniform softmax, never NaN
-        ce_start = F.cross_entropy(start_logits.flatten(0, 1), start_positions.flatten(), reduction="sum",
-                                   ignore_index=IGNORE_INDEX)
-        ce_end = F.cross_entropy(end_logits.flatten(0, 1), end_positions.flatten(), reduction="sum",
-                                 ignore_index=IGNORE_INDEX)
-        out.loss_sum = (ce_start + ce_end) / 2
-        out.count = (start_positions != IGNORE_INDEX).sum()
+        out.loss_sum, out.count = span_loss_sums(start_logits, end_logits, start_positions, end_positions)
         out.loss = out.loss_sum / (out.count.clamp_min(1) if normalizer is None else normalizer)
         return out
 

@@ -16,19 +16,24 @@ interleaved round by round; the first round is warm-up. Reported per algorithm:
     FLOPs      per step, counted by torch.utils.flop_counter: deterministic, noise-free
     shapes     distinct batch shapes: 1 for every packer; SORT needs one compiled graph per shape
 
-`summarize` holds the arithmetic; `profile` the measurement.
+`summarize` holds the arithmetic; `profile` the measurement; `run` a whole profile from its config
+(`ProfilingRunConfig`: run_profiling.py is its command line).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import statistics
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from . import packing
+from .engine.runtime import RunError, autocast, pick_device
 from .data.instances import InstanceConfig, mlm_slots_for
 from .data.layout import IGNORE_INDEX, Instance, PackLayout, pack_instances, stack_packs
 
@@ -84,8 +89,9 @@ def summarize(measurements: dict[str, Measurement], peak_flops: float | None = N
     return rows
 
 
-COLUMNS = [("backend", 9, "{}"), ("algorithm", 9, "{}"), ("EFF", 8, "{:.2%}"), ("p", 6, "{:.3f}"), ("theory", 7, "{:.3f}x"),
-           ("realized", 9, "{:.3f}x"), ("OH", 7, "{:+.1%}"), ("seq/s", 8, "{:.1f}"), ("tok/s", 9, "{:.0f}"),
+COLUMNS = [("backend", 9, "{}"), ("algorithm", 9, "{}"), ("EFF", 8, "{:.2%}"), ("p", 6, "{:.3f}"),
+           ("theory", 7, "{:.3f}x"), ("realized", 9, "{:.3f}x"), ("OH", 7, "{:+.1%}"), ("seq/s", 8, "{:.1f}"),
+           ("tok/s", 9, "{:.0f}"),
            ("step ms", 8, "{:.1f}"), ("min-max", 13, "{}"), ("GFLOP/step", 10, "{:.2f}"), ("shapes", 6, "{}"),
            ("MFU", 6, "{:.1%}"), ("peak MB", 8, "{}"), ("compile s", 9, "{:.1f}")]
 
@@ -117,15 +123,13 @@ def peak_flops(device: torch.device, precision: str) -> float | None:
 
 
 class WithPrecision(torch.nn.Module):
-    """`model`'s forward under bert_ipu.training.autocast (bf16) so every helper here times the same step."""
+    """`model`'s forward under bert_ipu.engine.runtime.autocast (bf16) so every helper here times the same step."""
 
     def __init__(self, model, device, precision: str):
         super().__init__()
         self.model, self.device, self.precision = model, device, precision
 
     def forward(self, **batch):
-        from .training import autocast
-
         with autocast(self.device, self.precision):
             return self.model(**batch)
 
@@ -349,3 +353,148 @@ def scaling_study(model, histogram: np.ndarray, packed_algorithm: str, depth: in
         rows.append({"devices": n, "unpadded_sequences_per_second_per_device": unpadded_rate,
                      "packed_sequences_per_second_per_device": packed_rate, "speedup": packed_rate / unpadded_rate})
     return rows
+
+
+class ProfilingError(ValueError):
+    """A profile that cannot run or measure nothing; the message says why. run_profiling.py prints it and exits 2."""
+
+
+def run(cfg, say=print) -> dict:
+    """The whole profile of `cfg` (a `ProfilingRunConfig`): pack the histogram with every algorithm (NONE
+    added first: the baseline), measure each attention backend (and the Hugging Face baseline), print the
+    table, and write what `cfg.profile` asks for (JSON rows and the config beside them, traces, plots, the
+    Section E scaling study). Returns {"rows": the table's rows, "scaling": the study's rows or None}.
+    Bad input raises a ValueError (packing.PackingInputError for the histogram, ProfilingError otherwise)."""
+    from .modeling import PackedBertForPreTraining
+
+    prof = cfg.profile
+    histogram = packing.load_histogram(prof.histogram)
+    algorithms = list(dict.fromkeys(prof.algorithms))
+    unknown = [a for a in algorithms if a not in packing.ALGORITHMS]
+    if unknown:
+        raise ProfilingError(f"profile.algorithms: unknown {', '.join(unknown)}; choose from "
+                             f"{', '.join(packing.ALGORITHMS)}")
+    if "none" not in algorithms:
+        algorithms = ["none", *algorithms]  # the baseline every speed-up is measured against
+    try:
+        device = pick_device(prof.device)
+    except RunError as e:
+        raise ProfilingError(str(e).replace("train.device", "profile.device")) from None
+    depth = prof.max_sequences_per_pack
+    S = len(histogram)
+    config = cfg.model.bert_config(30522, S, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    torch.manual_seed(prof.seed)
+    base = PackedBertForPreTraining(config, depth, cfg.model.attention_backend).to(device).train()
+    say(f"[profile] {cfg.name}: {sum(q.numel() for q in base.parameters()) / 1e6:.1f} M parameters on {device}, "
+        f"{prof.precision}, pack length {S}, depth {depth}, micro-batch {prof.micro_batch_size}, {prof.steps} "
+        f"steps x {prof.rounds} rounds (first = warm-up)")
+    batches, results = {}, {}
+    for name in algorithms:
+        say(f"[profile] packing with {name} ...")
+        results[name], batches[name] = make_batches(histogram, name, depth, prof.micro_batch_size, prof.steps,
+                                                    config.vocab_size, prof.sort_batch_size, prof.seed)
+    peak = peak_flops(device, prof.precision)
+    extra = {}
+    if prof.hf_baseline:  # timed again in every backend's run, interleaved with it
+        results["hf"] = results["none"]
+        extra["hf"] = WithPrecision(HFPreTrainingBaseline(config).to(device).train(), device, prof.precision)
+    rows = []
+    for backend in prof.backends or [cfg.model.attention_backend]:
+        if backend == "flex" and device.type == "cpu":
+            say("[profile] backend flex: skipped, PyTorch has no FlexAttention backward on the CPU")
+            continue
+        model = PackedBertForPreTraining(config, depth, backend).to(device).train()
+        model.load_state_dict(base.state_dict())
+        runs = {k: [dict(b) for b in v] for k, v in batches.items()}
+        if prof.hf_baseline:
+            runs["hf"] = runs["none"]
+        say(f"[profile] backend {backend} ...")
+        measurements = profile(WithPrecision(model, device, prof.precision), runs, results, prof.rounds, device,
+                               prof.trace_dir, say=lambda m: say(f"[profile] {m}"), compile_step=prof.compile,
+                               models=extra)
+        rows += [r | {"backend": backend} for r in summarize(measurements, peak)]
+    if not rows:
+        raise ProfilingError(f"no backend could be measured on {device}: "
+                             f"profile.backends={prof.backends or [cfg.model.attention_backend]}; "
+                             "add mask or reference")
+    say(format_table(rows))
+    measured = list(dict.fromkeys(r["backend"] for r in rows))
+    if len(measured) > 1:  # the harness's choice: the backend with the most sequences/s per algorithm
+        for name in algorithms:
+            best = max((r for r in rows if r["algorithm"] == name), key=lambda r: r["sequences_per_second"])
+            say(f"[profile] fastest backend for {name}: {best['backend']} ({best['sequences_per_second']:.1f} seq/s)")
+    for backend in measured:
+        mine = {r["algorithm"]: r for r in rows if r["backend"] == backend}
+        if "hf" in mine:
+            say(f"[profile] {backend}: our NONE step vs transformers BertForPreTraining at the same shape: "
+                f"{mine['none']['step_ms_median'] / mine['hf']['step_ms_median'] - 1:+.1%} (OH over HF)")
+    if prof.json:
+        Path(prof.json).write_text("".join(json.dumps(r) + "\n" for r in rows))
+        write_config(cfg, Path(f"{prof.json}.config.yaml"))
+    if prof.trace_dir:
+        write_config(cfg, Path(prof.trace_dir) / "config.yaml")
+    if prof.plot:
+        plot(prof.plot, histogram, rows)
+    study = None
+    if prof.scaling:
+        say(f"[profile] Section E: timing {prof.scaling_batches} un-padded and packed (cghp) batches ...")
+        study = scaling_study(base, histogram, "cghp", depth, prof.micro_batch_size, prof.scaling_batches,
+                              config.vocab_size, device, prof.seed)
+        say(format_scaling(study))
+        plot_scaling(prof.scaling, study)
+    return {"rows": rows, "scaling": study}
+
+
+def write_config(cfg, path: Path) -> None:
+    """The effective config as YAML: `load_config(path)` runs the same profile again."""
+    import yaml
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
+
+
+def format_scaling(study) -> str:
+    """The rows of `scaling_study` as a fixed-width text table."""
+    lines = [f"{'devices':>8} {'un-padded seq/s/device':>23} {'packed seq/s/device':>20} {'speed-up':>9}"]
+    for r in study:
+        lines.append(f"{r['devices']:>8} {r['unpadded_sequences_per_second_per_device']:>23.1f} "
+                     f"{r['packed_sequences_per_second_per_device']:>20.1f} {r['speedup']:>8.3f}x")
+    return "\n".join(lines)
+
+
+def plot(path, histogram, rows) -> None:
+    """The histogram, and the theoretical and realized speed-ups of every row, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.2), gridspec_kw={"width_ratios": [2, 3]})
+    a.bar(np.arange(1, len(histogram) + 1), histogram, width=1.0)
+    a.set(title=f"{int(histogram.sum()):,} sequences", xlabel="sequence length", ylabel="sequences")
+    x = np.arange(len(rows))
+    b.bar(x - 0.2, [r["theoretical_speedup"] for r in rows], 0.4, label="theoretical (tokens)")
+    b.bar(x + 0.2, [r["realized_speedup"] for r in rows], 0.4, label="realized (sequences/s)")
+    b.set_xticks(x, [r["algorithm"] for r in rows])
+    b.set(title="speed-up over NONE", ylabel="x")
+    b.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_scaling(path, study) -> None:
+    """The Section E speed-up of packing over un-padded batches against the data-parallel devices, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot([r["devices"] for r in study], [r["speedup"] for r in study], marker="o")
+    ax.set_xscale("log", base=2)
+    ax.set(xlabel="data-parallel devices", ylabel="speed-up of packing over un-padding",
+           title="every step waits for the slowest device")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -10,6 +10,25 @@ import numpy as np
 
 from bert_ipu.data.layout import IGNORE_INDEX, unpack
 from bert_ipu.data.shards import DatasetError, PackedDataset
+from bert_ipu.packing import DEPTH_FREE
+
+
+def describe_depth(manifest: dict, K: int) -> str:
+    """How many sequences a row holds, from the layout (K = its NSP slots), with the packer's depth limit:
+    "unpacked (1 sequence a row)", or "algorithm cghp, depth limit 3, at most 3 sequences a pack (3 NSP slots)"."""
+    parts = []
+    algorithm = manifest.get("algorithm")
+    if algorithm is not None:
+        parts.append(f"algorithm {algorithm}")
+        limit = manifest.get("max_sequences_per_pack")
+        if algorithm not in DEPTH_FREE and limit is not None:
+            asked = manifest.get("depth_requested")
+            parts.append(f"depth limit {limit}" + (f" ({asked})" if asked not in (None, limit) else ""))
+    if K == 1:
+        parts.append("unpacked (1 sequence a row)")
+    else:
+        parts.append(f"at most {K} sequences a pack ({K} NSP slots)")
+    return ", ".join(parts)
 
 
 def main(argv=None) -> int:
@@ -28,11 +47,13 @@ def main(argv=None) -> int:
         return 2
     m = data.manifest
     print(f"{args.dataset}: {m['kind']}, layout {m['layout']}, checksums OK")
+    print(f"  {describe_depth(m, data.layout.max_sequences_per_pack)}")
     for split, info in m["splits"].items():
         print(f"  {split}: {info['packs']:,} packs in {len(info['shards'])} shards")
     for split, info in m.get("packing", {}).items():
-        print(f"  {split}: {m['algorithm']} depth {m['max_sequences_per_pack']}: {info['sequences']:,} sequences, "
-              f"efficiency {info['efficiency']:.2%}, packing factor {info['packing_factor']:.3f}")
+        used = info.get("max_depth_used")
+        print(f"  {split}: {info['sequences']:,} sequences" + (f", at most {used} a pack" if used else "") +
+              f", efficiency {info['efficiency']:.2%}, packing factor {info['packing_factor']:.3f}")
     vocab = (data.path / "vocab.txt").read_text(encoding="utf-8").splitlines()
     pack = data.read(args.split, args.pack, args.pack + 1)
     print(f"\npack {args.pack} of {args.split}:")

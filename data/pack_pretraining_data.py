@@ -3,9 +3,9 @@
     python data/pack_pretraining_data.py --input data/instances_128 --output data/packed_128
     python data/pack_pretraining_data.py --input data/instances_128 --output data/unpacked_128 --algorithm none
 
-Histogram of the instance lengths -> bert_ipu.packing (default: CGHP, at most 3 sequences a pack) ->
-assignment of every instance to one pack -> shards in the packed layout (MLM tokens first, [CLS] tokens
-last). Inspect the result with data/inspect_packed_data.py.
+Histogram of the instance lengths -> bert_ipu.packing (default: CGHP, at most 3 sequences a pack; N, max or
+auto) -> assignment of every instance to one pack -> shards in the packed layout (MLM tokens first, [CLS]
+tokens last; as many NSP slots as the fullest pack holds). Inspect the result with data/inspect_packed_data.py.
 """
 
 import argparse
@@ -14,8 +14,15 @@ import sys
 from bert_ipu.data.pipeline import pack_pretraining_data
 from bert_ipu.data.shards import DatasetError
 from bert_ipu.data.text import DataInputError
-from bert_ipu.packing import ALGORITHMS, PackingInputError
-from bert_ipu.packing.__main__ import parse_depth
+from bert_ipu.packing import ALGORITHMS, PackingInputError, parse_depth
+
+
+def depth_arg(text: str):
+    """argparse type of --max-sequences-per-pack: N, max or auto (bert_ipu.packing.parse_depth)."""
+    try:
+        return parse_depth(text)
+    except PackingInputError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def main(argv=None) -> int:
@@ -24,7 +31,9 @@ def main(argv=None) -> int:
     p.add_argument("--output", required=True, help="dataset folder to create")
     p.add_argument("--algorithm", default="cghp", choices=[a for a in ALGORITHMS if a != "sort"],
                    help="packing algorithm (default: cghp); none = unpacked baseline")
-    p.add_argument("--max-sequences-per-pack", type=parse_depth, default=3, metavar="N|max")
+    p.add_argument("--max-sequences-per-pack", type=depth_arg, default=3, metavar="N|max|auto",
+                   help="depth limit: most sequences in a pack; max = unlimited, auto = the smallest limit at "
+                        "which CGHP needs no more packs than unlimited (on the train split) (default: 3)")
     p.add_argument("--seed", type=int, default=0, help="assignment shuffle (and GREEDY's)")
     p.add_argument("--packs-per-shard", type=int, default=4096)
     p.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
@@ -38,6 +47,9 @@ def main(argv=None) -> int:
     for split, info in manifest["packing"].items():
         print(f"{split}: {info['sequences']:,} sequences in {info['packs']:,} packs, efficiency "
               f"{info['efficiency']:.2%}, packing factor {info['packing_factor']:.3f}")
+    K = manifest["layout"]["max_sequences_per_pack"]
+    print(f"depth limit {manifest['max_sequences_per_pack']} (asked: {manifest['depth_requested']}): at most {K} "
+          f"sequence{'s' if K > 1 else ''} a pack")
     print(f"wrote {args.output} (layout {manifest['layout']}) in {manifest['seconds']:.1f} s")
     return 0
 

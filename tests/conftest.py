@@ -20,3 +20,22 @@ import sys
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "data"))  # the data/ command-line scripts
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run_pretraining.py, run_profiling.py
+
+
+@pytest.fixture(scope="session")
+def dataset(tmp_path_factory) -> Path:
+    """A small packed dataset of real text (pydoc topics) at 64 tokens, CGHP depth 3, with a validation split."""
+    import pydoc_data.topics
+
+    from bert_ipu.data.instances import InstanceConfig
+    from bert_ipu.data.pipeline import create_pretraining_data, pack_pretraining_data
+    from bert_ipu.data.text import split_sentences
+
+    folder = tmp_path_factory.mktemp("train_data")
+    text = "\n\n".join("\n".join(split_sentences(pydoc_data.topics.topics[n]))
+                       for n in sorted(pydoc_data.topics.topics)[:30])
+    (folder / "corpus.txt").write_text(text)
+    create_pretraining_data([str(folder / "corpus.txt")], folder / "instances", InstanceConfig(max_seq_length=64),
+                            docs_per_shard=10, validation_fraction=0.25, progress=False)
+    pack_pretraining_data(folder / "instances", folder / "packed", "cghp", 3, progress=False)
+    return folder / "packed"

@@ -15,10 +15,12 @@ from bert_ipu.data.layout import FIELDS, PackLayout, pack_instances, pack_rows, 
 from bert_ipu.data.pipeline import create_pretraining_data, pack_pretraining_data
 from bert_ipu.data.shards import DatasetError, DatasetWriter, PackedDataset
 from bert_ipu.data.text import DataInputError, split_sentences
+from bert_ipu.packing import PackingInputError, auto_depth, depth_label, histogram_of, pack, parse_depth
 from packed_bert_helpers import random_instances
 
 import create_pretraining_data as create_cli  # data/ scripts, on sys.path via conftest
 import inspect_packed_data as inspect_cli
+import pack_pretraining_data as pack_cli
 
 
 @pytest.fixture(scope="module")
@@ -299,3 +301,100 @@ def test_whole_word_masking_dupe_factor_and_trained_vocab(corpus, tmp_path):
     size = len((tmp_path / "tv" / "vocab.txt").read_text().splitlines())
     assert trained["vocab"]["size"] == size <= 800
     assert max(int(x.input_ids.max()) for x in all_instances(tmp_path / "tv")) < size
+
+
+def most_sequences_in_a_row(path) -> int:
+    """The largest number of distinct nonzero sequence ids in any row of any split of a dataset."""
+    data = PackedDataset(path)
+    most = 0
+    for split in data.splits:
+        ids = np.sort(data.read(split)["sequence_ids"], axis=1)
+        distinct = (np.diff(ids, axis=1) > 0).sum(axis=1) + (ids[:, 0] > 0)
+        most = max(most, int(distinct.max()))
+    return most
+
+
+def train_histogram(instances_dir, pack_len=64):
+    rows = PackedDataset(instances_dir).read("train")["sequence_ids"]
+    return histogram_of((rows > 0).sum(axis=1), pack_len)
+
+
+@pytest.mark.parametrize("algorithm, depth", [("cghp", None), ("greedy", "max")])
+def test_unlimited_depth_gives_as_many_nsp_slots_as_the_fullest_pack(instances_dir, tmp_path, algorithm, depth):
+    """At unlimited depth K (NSP slots) is the most sequences any pack holds, not a bound like S // 5."""
+    manifest = pack_pretraining_data(instances_dir, tmp_path / "p", algorithm, depth, progress=False)
+    K = manifest["layout"]["max_sequences_per_pack"]
+    assert K == most_sequences_in_a_row(tmp_path / "p") == max(i["max_depth_used"] for i in manifest["packing"].values())
+    assert 1 < K < 64 // 5
+    assert manifest["layout"]["mlm_slots"] == mlm_slots_for(InstanceConfig(max_seq_length=64), 64, K)
+    assert manifest["max_sequences_per_pack"] == manifest["depth_requested"] == "max"
+    assert PackedDataset(tmp_path / "p").read("train")["next_sentence_weights"].shape[1] == K
+
+
+def test_none_is_depth_one(instances_dir, tmp_path):
+    """Algorithm none: the packer ran at depth 1 and the layout has one NSP slot, whatever was asked."""
+    manifest = pack_pretraining_data(instances_dir, tmp_path / "none", "none", 3, progress=False)
+    assert manifest["max_sequences_per_pack"] == 1 and manifest["depth_requested"] == 3
+    assert manifest["layout"]["max_sequences_per_pack"] == 1 == most_sequences_in_a_row(tmp_path / "none")
+    assert manifest["layout"]["mlm_slots"] == InstanceConfig(max_seq_length=64).max_predictions
+    assert all(info["max_sequences_per_pack"] == 1 for info in manifest["packing"].values())
+
+
+def test_auto_depth_resolves_on_the_training_split(instances_dir, tmp_path, capsys):
+    """--max-sequences-per-pack auto packs at auto_depth of the train histogram: the smallest limit at which
+    CGHP needs no more packs than unlimited; NNLSHP at most 3."""
+    hist = train_histogram(instances_dir)
+    depth = auto_depth(hist)
+    unlimited = pack(hist, "cghp", None).packs
+    assert pack(hist, "cghp", depth).packs <= unlimited
+    assert depth == 1 or pack(hist, "cghp", depth - 1).packs > unlimited
+    assert auto_depth(hist, "nnlshp") == min(depth, 3)
+    assert pack_cli.main(["--input", str(instances_dir), "--output", str(tmp_path / "auto"),
+                          "--max-sequences-per-pack", "auto"]) == 0
+    assert f"depth limit {depth} (asked: auto)" in capsys.readouterr().out
+    manifest = PackedDataset(tmp_path / "auto").manifest
+    assert manifest["max_sequences_per_pack"] == depth and manifest["depth_requested"] == "auto"
+    assert manifest["packing"]["train"]["max_sequences_per_pack"] == depth
+    K = manifest["layout"]["max_sequences_per_pack"]
+    assert K == most_sequences_in_a_row(tmp_path / "auto") <= depth
+    nnlshp = pack_pretraining_data(instances_dir, tmp_path / "nnlshp", "nnlshp", "auto", progress=False)
+    assert nnlshp["max_sequences_per_pack"] == min(depth, 3)
+
+
+def test_inspect_prints_the_layout_depth(instances_dir, tmp_path, capsys):
+    """inspect_packed_data reports how many sequences a row holds from the layout, not the requested depth."""
+    pack_pretraining_data(instances_dir, tmp_path / "none", "none", 3, progress=False)
+    assert inspect_cli.main([str(tmp_path / "none")]) == 0
+    out = capsys.readouterr().out
+    assert "algorithm none, unpacked (1 sequence a row)" in out
+    assert "depth 3" not in out and "depth limit" not in out
+    manifest = pack_pretraining_data(instances_dir, tmp_path / "cghp", "cghp", 3, progress=False)
+    K = manifest["layout"]["max_sequences_per_pack"]
+    assert inspect_cli.main([str(tmp_path / "cghp")]) == 0
+    assert f"algorithm cghp, depth limit 3, at most {K} sequences a pack ({K} NSP slots)" in capsys.readouterr().out
+    assert inspect_cli.main([str(instances_dir)]) == 0
+    assert "\n  unpacked (1 sequence a row)\n" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("value, expected", [(3, 3), ("3", 3), (1, 1), (np.int64(2), 2), ("max", None), (None, None),
+                                             ("auto", "auto")])
+def test_parse_depth_accepts(value, expected):
+    assert parse_depth(value) == expected
+    assert depth_label(parse_depth(value)) == ("max" if expected is None else str(expected))
+
+
+@pytest.mark.parametrize("value", [0, -1, 2.5, "abc", True, "0", "-2", "2.5", "", [3]])
+def test_parse_depth_refuses(value):
+    """A bad depth: PackingInputError, one line naming the value and the valid forms."""
+    with pytest.raises(PackingInputError) as e:
+        parse_depth(value)
+    message = str(e.value)
+    assert "\n" not in message and str(value) in message
+    assert "whole number >= 1, 'max' or 'auto'" in message
+
+
+def test_bad_depth_is_refused_before_any_work(instances_dir, tmp_path):
+    for value in (0, 2.5, "abc"):
+        with pytest.raises(PackingInputError, match="max_sequences_per_pack"):
+            pack_pretraining_data(instances_dir, tmp_path / "p", "cghp", value, progress=False)
+        assert not (tmp_path / "p").exists() and not (tmp_path / "p.partial").exists()

@@ -186,7 +186,7 @@ def test_bf16_autocast_error_is_the_reference_bf16_error(grouping, device, backe
     mantissa bits, and the two models round in different places (packs vs padded rows), so their errors are
     of the same size but not equal; a mistake in the packed model (a cross-sequence leak, wrong positions)
     would add errors of the size of the logits themselves."""
-    from bert_ipu.training import autocast
+    from bert_ipu.engine.runtime import autocast
 
     groups = GROUPINGS[grouping]
     hf, ours = models(torch.float32)

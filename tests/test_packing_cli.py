@@ -99,6 +99,22 @@ def test_bad_options(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("value, message", [
+    ("auto", "'auto' is not supported here"),
+    ("2.5", "'2.5' is not valid"),
+    ("abc", "'abc' is not valid"),
+    ("-1", "-1 is below 1"),
+])
+def test_bad_depths_name_the_value_and_the_valid_forms(tmp_path, capsys, value, message):
+    """The depth limit goes through bert_ipu.packing.parse_depth: N or max here ("auto" needs a dataset)."""
+    hist = write(tmp_path, "h.json", "[1, 2, 3]")
+    with pytest.raises(SystemExit) as e:
+        main(["--histogram", hist, "--max-sequences-per-pack", value])
+    assert e.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert message in last and "give a whole number >= 1 or 'max'" in last
+
+
 def test_command_line_exit_code_and_no_traceback(tmp_path):
     """As a user runs it: exit code 2, one line on stderr, no traceback."""
     bad = write(tmp_path, "h.json", "[1, -1]")

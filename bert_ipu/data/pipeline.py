@@ -149,39 +149,71 @@ def create_pretraining_data(inputs: list[str], output: str | Path, config: Insta
     return PackedDataset(output).manifest
 
 
+def _split_lengths(src: PackedDataset, split: str) -> np.ndarray:
+    # shard by shard, dropping each map: a mapped page that was read counts as resident memory
+    return np.concatenate([lengths_of(src.shard(split, i, ["sequence_ids"])["sequence_ids"])
+                           for i in range(len(src.shard_sizes(split)))])
+
+
+def _compact(groups: np.ndarray, width: int) -> np.ndarray:
+    """Pack rows of sequence indices with the empty slots (-1) last, cut or padded to `width` columns."""
+    order = np.argsort(groups < 0, axis=1, kind="stable")
+    groups = np.take_along_axis(groups, order, axis=1)[:, :width]
+    return np.pad(groups, ((0, 0), (0, width - groups.shape[1])), constant_values=-1)
+
+
 def pack_pretraining_data(input_dir: str | Path, output: str | Path, algorithm: str = "cghp",
-                          max_sequences_per_pack: int | None = 3, seed: int = 0, packs_per_shard: int = 4096,
+                          max_sequences_per_pack: int | str | None = 3, seed: int = 0, packs_per_shard: int = 4096,
                           overwrite: bool = False, progress: bool = True) -> dict:
     """Unpacked instances -> packed shards with a `bert_ipu.packing` algorithm. Returns the manifest.
 
-    `algorithm="none"` writes the unpacked baseline in the same format (packs of one)."""
+    max_sequences_per_pack: the depth limit, `N | max | auto` (see `packing.parse_depth`): an int, None or
+    "max" for unlimited, or "auto" for `packing.auto_depth` of the training split's histogram.
+    `algorithm="none"` (and the other depth-free algorithms) writes the unpacked baseline in the same format
+    (packs of one, limit 1).
+
+    Every split is packed first; the layout's K (NSP slots, and with it the MLM slots) is then the largest
+    number of sequences any pack of any split holds, never more than the limit. The manifest records the
+    limit the packer ran with (`max_sequences_per_pack`: an int or "max"), what the caller asked for
+    (`depth_requested`) and, in `layout`, K."""
     from tqdm import tqdm
 
+    requested = packing.parse_depth(max_sequences_per_pack)
+    if algorithm not in packing.ALGORITHMS:
+        raise packing.PackingInputError(f"unknown algorithm {algorithm!r}; choose from "
+                                        f"{', '.join(packing.ALGORITHMS)}")
     src = PackedDataset(input_dir)
     if src.layout.max_sequences_per_pack != 1 or src.manifest.get("kind") != "instances":
         raise DatasetError(f"{input_dir} is already packed; give the output of data/create_pretraining_data.py")
     config = InstanceConfig(**{k: v for k, v in src.manifest["instance_config"].items()})
     S = src.layout.pack_len
-    depth = 1 if algorithm in packing.DEPTH_FREE else max_sequences_per_pack
-    K = depth if depth is not None else S // 5  # shortest instance: [CLS] a [SEP] b [SEP]
-    layout = PackLayout(S, mlm_slots_for(config, S, K), K)
     start = time.perf_counter()
-    per_split = {}
-    with DatasetWriter(output, layout, overwrite) as writer:
-        shutil.copyfile(src.path / "vocab.txt", writer.partial / "vocab.txt")
+    with DatasetWriter(output, None, overwrite) as writer:  # the layout is known once every split is packed
+        lengths = {split: _split_lengths(src, split) for split in src.splits}
+        histograms = {split: packing.histogram_of(x, S) for split, x in lengths.items()}
+        if algorithm in packing.DEPTH_FREE:
+            limit = 1
+        elif requested == "auto":
+            basis = histograms["train"] if "train" in histograms else sum(histograms.values())
+            limit = packing.auto_depth(basis, algorithm)
+        else:
+            limit = requested
+        results, groups = {}, {}
         for split in src.splits:
-            n_shards = len(src.shard_sizes(split))
-            # shard by shard, dropping each map: a mapped page that was read counts as resident memory
-            lengths = np.concatenate([lengths_of(src.shard(split, i, ["sequence_ids"])["sequence_ids"])
-                                      for i in range(n_shards)])
-            histogram = packing.histogram_of(lengths, S)
-            result = packing.pack(histogram, algorithm, depth)
-            groups = packing.assign(lengths, result.mixture, S, seed=seed)
-            if groups.shape[1] < K:
-                groups = np.pad(groups, ((0, 0), (0, K - groups.shape[1])), constant_values=-1)
-            bar = tqdm(total=len(groups), desc=f"packing {split}", unit="pack", disable=not progress or None)
-            for lo in range(0, len(groups), packs_per_shard):
-                block = groups[lo:lo + packs_per_shard]
+            results[split] = packing.pack(histograms[split], algorithm, limit)
+            groups[split] = packing.assign(lengths[split], results[split].mixture, S, seed=seed)
+        del lengths
+        K = max((int((g >= 0).sum(axis=1).max()) for g in groups.values() if len(g)), default=1)
+        assert limit is None or K <= limit, (K, limit)
+        layout = PackLayout(S, mlm_slots_for(config, S, K), K)
+        writer.layout = layout
+        shutil.copyfile(src.path / "vocab.txt", writer.partial / "vocab.txt")
+        per_split = {}
+        for split in src.splits:
+            split_groups = _compact(groups.pop(split), K)
+            bar = tqdm(total=len(split_groups), desc=f"packing {split}", unit="pack", disable=not progress or None)
+            for lo in range(0, len(split_groups), packs_per_shard):
+                block = split_groups[lo:lo + packs_per_shard]
                 used = block[block >= 0]
                 rows = gather(src.shard_sizes(split), lambda i: src.shard(split, i), used)
                 local = np.full(block.shape, -1)
@@ -189,11 +221,13 @@ def pack_pretraining_data(input_dir: str | Path, output: str | Path, algorithm: 
                 writer.write_shard(split, pack_rows(rows, local, layout))
                 bar.update(len(block))
             bar.close()
+            result = results[split]
             per_split[split] = {**{k: v for k, v in result.to_json().items() if k != "seconds"},
-                                "solver_seconds": result.seconds, "histogram": histogram}
+                                "solver_seconds": result.seconds, "histogram": histograms[split]}
         info = {
             "kind": "packed", "source": str(Path(input_dir).resolve()), "algorithm": algorithm,
-            "max_sequences_per_pack": "max" if max_sequences_per_pack is None else max_sequences_per_pack,
+            "max_sequences_per_pack": "max" if limit is None else limit,
+            "depth_requested": "max" if requested is None else requested,
             "seed": seed, "instance_config": src.manifest["instance_config"], "vocab": src.manifest["vocab"],
             "packing": per_split, "seconds": time.perf_counter() - start, "versions": versions(),
         }

@@ -5,6 +5,9 @@ possible, and assign real sequences to the packs.
     result = pack(histogram, "cghp", max_sequences_per_pack=3)   # a PackingResult
     packs = assign(lengths, result.mixture, max_len=len(histogram), seed=0)
 
+The depth limit (`max_sequences_per_pack`) is `N | max | auto` everywhere: `parse_depth` reads it, `depth_label`
+writes it, `auto_depth(histogram)` resolves "auto" on the data.
+
 Run `python -m bert_ipu.packing --help` for the report that compares every algorithm on a histogram.
 
 Algorithms (all work on the length histogram, not on the sequences):
@@ -28,6 +31,7 @@ import numpy as np
 from . import baselines, heuristics, nnlshp as _nnlshp
 from .assign import EMPTY, assign
 from .cghp import cghp as _cghp
+from .depth import auto_depth, depth_label, parse_depth
 from .histogram import (PackingInputError, expand_histogram, histogram_of, load_histogram, load_lengths,
                         validate_histogram, validate_lengths)
 from .mixture import Mixture
@@ -35,9 +39,9 @@ from .mixture import Mixture
 ALGORITHMS = ("none", "sort", "greedy", "spfhp", "lpfhp", "nnlshp", "cghp")
 DEPTH_FREE = ("none", "sort")  # algorithms whose result does not depend on max_sequences_per_pack
 
-__all__ = ["ALGORITHMS", "EMPTY", "Mixture", "PackingInputError", "PackingResult", "applies", "assign",
-           "expand_histogram", "histogram_of", "load_histogram", "load_lengths", "lower_bound", "pack",
-           "validate_histogram", "validate_lengths"]
+__all__ = ["ALGORITHMS", "DEPTH_FREE", "EMPTY", "Mixture", "PackingInputError", "PackingResult", "applies",
+           "assign", "auto_depth", "depth_label", "expand_histogram", "histogram_of", "load_histogram",
+           "load_lengths", "lower_bound", "pack", "parse_depth", "validate_histogram", "validate_lengths"]
 
 
 @dataclass(frozen=True)
@@ -140,7 +144,7 @@ def pack(histogram, algorithm: str, max_sequences_per_pack: int | None = None, *
         raise PackingInputError(f"max_sequences_per_pack is {max_sequences_per_pack}; it must be >= 1 (or max)")
     if not applies(algorithm, max_sequences_per_pack):
         raise PackingInputError(f"nnlshp supports max_sequences_per_pack up to {_nnlshp.MAX_DEPTH}, "
-                                f"not {'max' if max_sequences_per_pack is None else max_sequences_per_pack}")
+                                f"not {depth_label(max_sequences_per_pack)}")
     if batch_size < 1:
         raise PackingInputError(f"batch_size is {batch_size}; it must be >= 1")
     max_len = len(histogram)

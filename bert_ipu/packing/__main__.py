@@ -15,7 +15,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from . import ALGORITHMS, DEPTH_FREE, PackingInputError, applies, histogram_of, load_histogram, load_lengths, pack
+from . import (ALGORITHMS, DEPTH_FREE, PackingInputError, applies, depth_label, histogram_of, load_histogram,
+               load_lengths, pack, parse_depth)
 
 COLUMNS = [  # header, width, format
     ("algorithm", 9, "{}"), ("depth", 5, "{}"), ("packs", 11, "{:,}"), ("efficiency", 10, "{:.3%}"),
@@ -24,16 +25,12 @@ COLUMNS = [  # header, width, format
 ]
 
 
-def parse_depth(text: str) -> int | None:
-    if text == "max":
-        return None
+def depth_arg(text: str) -> int | None:
+    """argparse type of --max-sequences-per-pack: N or max (parse_depth's forms, without auto)."""
     try:
-        depth = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number or 'max'") from None
-    if depth < 1:
-        raise argparse.ArgumentTypeError(f"{depth} is below 1; a pack holds at least one sequence")
-    return depth
+        return parse_depth(text, allow_auto=False)
+    except PackingInputError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="pack length for --lengths (default: the longest sequence)")
     p.add_argument("--algorithm", nargs="+", metavar="NAME", default=None,
                    help=f"algorithms to run, from: {' '.join(ALGORITHMS)} (default: all that apply)")
-    p.add_argument("--max-sequences-per-pack", nargs="+", type=parse_depth, metavar="N|max",
+    p.add_argument("--max-sequences-per-pack", nargs="+", type=depth_arg, metavar="N|max",
                    default=[None, 3], help="depth limit(s): most sequences in a pack (default: max 3)")
     p.add_argument("--batch-size", type=int, default=32, help="batch size of SORT (default: 32)")
     p.add_argument("--seed", type=int, default=0, help="shuffle seed of GREEDY (default: 0)")
@@ -96,9 +93,8 @@ def format_table(results) -> str:
         best[r.max_sequences_per_pack] = max(best.get(r.max_sequences_per_pack, 0), r.lower_bound_packs)
     lines = ["  ".join(f"{h:>{w}}" for h, w, _ in COLUMNS)]
     for r in results:
-        depth = "max" if r.max_sequences_per_pack is None else r.max_sequences_per_pack
-        values = [r.algorithm, depth, r.packs, r.efficiency, r.padding_tokens, r.packing_factor,
-                  r.speedup_upper_bound, r.packs - best[r.max_sequences_per_pack], r.mixture.depth,
+        values = [r.algorithm, depth_label(r.max_sequences_per_pack), r.packs, r.efficiency, r.padding_tokens,
+                  r.packing_factor, r.speedup_upper_bound, r.packs - best[r.max_sequences_per_pack], r.mixture.depth,
                   len(r.mixture.counts), r.seconds]
         lines.append("  ".join(f"{f.format(v):>{w}}" for (_, w, f), v in zip(COLUMNS, values)))
     return "\n".join(lines)
@@ -113,8 +109,7 @@ def write_plot(path: str, histogram, results, title: str) -> None:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.5), gridspec_kw={"width_ratios": [3, 2]})
     ax1.bar(np.arange(1, len(histogram) + 1), histogram, width=1.0, color="tab:blue")
     ax1.set(title=f"{title}: {int(histogram.sum()):,} sequences", xlabel="sequence length", ylabel="sequences")
-    labels = [f"{r.algorithm}\n{'max' if r.max_sequences_per_pack is None else r.max_sequences_per_pack}"
-              for r in results]
+    labels = [f"{r.algorithm}\n{depth_label(r.max_sequences_per_pack)}" for r in results]
     speedups = [r.speedup_upper_bound for r in results]
     ax2.bar(labels, speedups, color="tab:green")
     for i, s in enumerate(speedups):
@@ -147,7 +142,7 @@ def main(argv=None) -> int:
         results = []
         for name, depth in rows:
             if not args.json:
-                print(f"running {name} (depth {'max' if depth is None else depth}) ...", file=sys.stderr)
+                print(f"running {name} (depth {depth_label(depth)}) ...", file=sys.stderr)
             result = pack(histogram, name, depth, seed=args.seed, batch_size=args.batch_size)
             results.append(result)
             if args.json:

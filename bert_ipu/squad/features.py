@@ -321,14 +321,11 @@ class PackedFeatures:
 
 
 def auto_depth(lengths: np.ndarray, max_len: int, algorithm: str = "cghp") -> int:
-    """The smallest depth limit at which CGHP needs no more packs than with unlimited depth: deeper packs
-    would gain nothing. (NNLSHP stops at 3.)"""
-    hist = histogram_of(lengths, max_len)
-    target = pack(hist, "cghp", None).packs
-    depth = 1
-    while pack(hist, "cghp", depth).packs > target:
-        depth += 1
-    return min(depth, 3) if algorithm == "nnlshp" else depth
+    """`bert_ipu.packing.auto_depth` of the lengths' histogram: the smallest depth limit at which CGHP needs
+    no more packs than with unlimited depth (capped at 3 for NNLSHP)."""
+    from ..packing import auto_depth as auto_depth_of_histogram
+
+    return auto_depth_of_histogram(histogram_of(lengths, max_len), algorithm)
 
 
 def pack_features(features: Features, max_len: int, algorithm: str = "cghp", max_sequences_per_pack: int = 3,

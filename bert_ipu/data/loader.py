@@ -1,0 +1,141 @@
+"""The loader every task trains with: whole updates of packs, the same for any number of processes.
+
+    source = ShardSource(PackedDataset("runs/data/packed_128"), "train")   # or any PackSource
+    loader = UpdateLoader(source, packs_per_update=32, micro_batch_size=8, dp_rank=0, dp_world=2, seed=0)
+    micro = loader.next_update()    # this replica's micro-batches of the next update: list of dicts of tensors
+    state = loader.state_dict()     # {"epoch", "update_in_epoch", ...}: resume at the exact next update
+
+Each epoch visits the packs in an order shuffled from (seed, epoch) and cuts it into updates of
+`packs_per_update` consecutive packs. Replica r of n takes the r-th n-th of each update and cuts it into
+micro-batches. So the packs of an update, and the loader's position, depend only on (seed, packs per update),
+never on how many replicas or pipeline stages share the work: a checkpoint resumes exactly on another
+topology. `drop_last` drops the epoch's last partial update (pretraining, static shapes); without it the last
+update is filled up with empty rows (no tokens, no labels: they add nothing to any loss or count), so every
+pack is seen once per epoch (fine-tuning).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from .layout import FIELDS, IGNORE_INDEX
+from .shards import PackedDataset, gather, widen
+
+
+class PackSource(Protocol):
+    """Rows of packed data, addressable by index."""
+    packs: int
+
+    def gather(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        """The rows (any order) as numpy arrays of the model's dtypes; index -1 = an empty row."""
+
+
+def empty_rows(template: dict[str, np.ndarray], n: int, label_fields=()) -> dict[str, np.ndarray]:
+    """n all-padding rows shaped like `template`'s: zeros, IGNORE_INDEX in the label fields."""
+    return {k: np.full((n, *v.shape[1:]), IGNORE_INDEX if k in label_fields else 0, dtype=v.dtype)
+            for k, v in template.items()}
+
+
+def with_empty_rows(rows: np.ndarray, fetch, label_fields) -> dict[str, np.ndarray]:
+    """fetch(real rows) with the -1 entries of `rows` replaced by empty rows, in place."""
+    real = rows >= 0
+    got = fetch(rows[real])
+    if real.all():
+        return got
+    out = empty_rows(got, len(rows), label_fields)
+    for k in out:
+        out[k][real] = got[k]
+    return out
+
+
+class ShardSource:
+    """A split of a dataset on disk (bert_ipu.data.shards), read through its memory maps."""
+
+    LABELS = ("masked_lm_labels",)
+
+    def __init__(self, dataset: PackedDataset, split: str):
+        self.dataset, self.split = dataset, split
+        self.shards = dataset.shards(split)  # kept mapped: training reads them again every epoch
+        self.sizes = dataset.shard_sizes(split)
+        self.packs = dataset.packs(split)
+
+    def _fetch(self, rows):
+        arrays = gather(self.sizes, self.shards.__getitem__, rows)
+        return {f: widen(f, arrays[f]) for f in FIELDS}
+
+    def gather(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        return with_empty_rows(np.asarray(rows), self._fetch, self.LABELS)
+
+
+class ArraySource:
+    """Rows held in memory: a dict of (P, ...) arrays (e.g. SQuAD features packed on the fly)."""
+
+    def __init__(self, rows: dict[str, np.ndarray], label_fields=()):
+        self.rows, self.label_fields = rows, tuple(label_fields)
+        self.packs = len(next(iter(rows.values())))
+
+    def gather(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        return with_empty_rows(np.asarray(rows), lambda r: {k: v[r] for k, v in self.rows.items()},
+                               self.label_fields)
+
+
+class UpdateLoader:
+    def __init__(self, source: PackSource, packs_per_update: int, micro_batch_size: int, dp_rank: int = 0,
+                 dp_world: int = 1, seed: int = 0, shuffle: bool = True, drop_last: bool = True):
+        if micro_batch_size < 1 or not 0 <= dp_rank < dp_world:
+            raise ValueError("micro_batch_size must be >= 1 and 0 <= dp_rank < dp_world")
+        if packs_per_update % (micro_batch_size * dp_world):
+            raise ValueError(f"{packs_per_update} packs per update do not split into micro-batches of "
+                             f"{micro_batch_size} on {dp_world} replica(s)")
+        self.source, self.packs_per_update, self.micro_batch_size = source, packs_per_update, micro_batch_size
+        self.dp_rank, self.dp_world, self.seed, self.shuffle, self.drop_last = dp_rank, dp_world, seed, shuffle, drop_last
+        n = source.packs
+        self.updates_per_epoch = n // packs_per_update if drop_last else -(-n // packs_per_update)
+        if self.updates_per_epoch == 0:
+            raise ValueError(f"{n} packs do not fill one update of {packs_per_update} packs")
+        self.epoch, self.update_in_epoch = 0, 0
+        self._order_epoch, self._order = None, None
+
+    @property
+    def accumulation(self) -> int:
+        """Micro-batches per update on one replica."""
+        return self.packs_per_update // (self.micro_batch_size * self.dp_world)
+
+    def _epoch_order(self) -> np.ndarray:
+        if self._order_epoch != self.epoch:
+            n = self.source.packs
+            order = np.random.default_rng([self.seed, self.epoch]).permutation(n) if self.shuffle else np.arange(n)
+            total = self.updates_per_epoch * self.packs_per_update
+            self._order = np.concatenate([order, np.full(max(0, total - n), -1)])[:total]  # -1 = empty row
+            self._order_epoch = self.epoch
+        return self._order
+
+    def update_rows(self) -> np.ndarray:
+        """The packs (indices, -1 = empty) of the next update on this replica: (accumulation, micro)."""
+        lo = self.update_in_epoch * self.packs_per_update
+        rows = self._epoch_order()[lo:lo + self.packs_per_update]
+        share = self.packs_per_update // self.dp_world
+        return rows[self.dp_rank * share:(self.dp_rank + 1) * share].reshape(-1, self.micro_batch_size)
+
+    def next_update(self) -> list[dict[str, torch.Tensor]]:
+        """This replica's micro-batches of the next update (then the position moves on)."""
+        micro = [{k: torch.from_numpy(v) for k, v in self.source.gather(rows).items()}
+                 for rows in self.update_rows()]
+        self.update_in_epoch += 1
+        if self.update_in_epoch == self.updates_per_epoch:
+            self.epoch, self.update_in_epoch = self.epoch + 1, 0
+        return micro
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "update_in_epoch": self.update_in_epoch, "seed": self.seed,
+                "packs_per_update": self.packs_per_update}
+
+    def load_state_dict(self, state: dict) -> None:
+        if (state["seed"], state["packs_per_update"]) != (self.seed, self.packs_per_update):
+            raise ValueError(f"the checkpoint's loader read updates of {state['packs_per_update']} packs with seed "
+                             f"{state['seed']}; this run has {self.packs_per_update} packs per update and seed "
+                             f"{self.seed}: keep train.global_batch_size, the batch unit and train.seed to resume")
+        self.epoch, self.update_in_epoch = state["epoch"], state["update_in_epoch"]

@@ -1,0 +1,205 @@
+"""Checkpoints that resume on any topology: model and optimizer state by full parameter name, written with
+torch.distributed.checkpoint (DCP) into safetensors files, and everything else in JSON.
+
+    OUTPUT/checkpoints/step-0000300/
+      shard-0000R-model-00001-of-00001.safetensors  tensors of rank R: "model.<name>" and "optim.<name>.<state>"
+      state.json                                    step, counters, scheduler, optimizer hyper-parameters,
+                                                    loader position, RNG states, the topology it was saved on
+
+Every rank saves what it holds under the full model's names (a pipeline stage is the model with modules
+deleted, so its names are the full model's); replicas hold equal copies and DCP writes one. Loading asks for
+the names this rank holds now, so a checkpoint saved on any (replicas x stages) grid loads on any other.
+Nothing is unpickled: safetensors and JSON only. A checkpoint is written into step-N.partial and renamed
+when complete; the newest `keep` are kept, by step number.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import warnings
+
+import torch
+import torch.distributed as dist
+
+from .runtime import RunError
+
+# DCP warns that it saves "in a single process" whenever no process group is up: that is what we mean
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+
+STATE = "state.json"
+_STEP = re.compile(r"^step-(\d+)$")
+
+
+def checkpoints(out: Path) -> list[Path]:
+    """Complete checkpoints of a run folder, oldest first (by step number, not by name)."""
+    folder = Path(out) / "checkpoints"
+    found = [(int(m.group(1)), p) for p in folder.glob("step-*") if (m := _STEP.match(p.name))
+             and (p / STATE).is_file()]
+    return [p for _, p in sorted(found)]
+
+
+def _fsync_tree(path: Path) -> None:
+    for root, _, files in os.walk(path):
+        for name in files:
+            with open(Path(root) / name, "rb") as f:
+                os.fsync(f.fileno())
+        fd = os.open(root, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _rng_to_text(state: torch.Tensor) -> str:
+    return base64.b64encode(state.numpy().tobytes()).decode()
+
+
+def _rng_from_text(text: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8).clone()
+
+
+def _param_names(module: torch.nn.Module) -> dict[int, list[str]]:
+    """id(parameter) -> every name it has in `module` (a tied weight has two)."""
+    names: dict[int, list[str]] = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    return names
+
+
+def _optimizer_tensors(module, opt) -> tuple[dict[str, torch.Tensor], dict[str, list]]:
+    """The optimizer's per-parameter state keyed "optim.<name>.<key>" under every name of the parameter,
+    and the non-tensor entries (kept in JSON)."""
+    names = _param_names(module)
+    tensors, other = {}, {}
+    for p, state in opt.state.items():
+        for name in names.get(id(p), []):
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor):
+                    tensors[f"optim.{name}.{key}"] = value
+                else:
+                    other[f"{name}.{key}"] = value
+    return tensors, other
+
+
+def _unshared(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """safetensors stores no tensor twice: a tied weight's second name (and its optimizer state) gets a copy,
+    so that every name loads on its own on any topology (a pipeline's last stage holds the decoder alone)."""
+    seen, out = set(), {}
+    for k, v in tensors.items():
+        key = (v.untyped_storage().data_ptr(), v.storage_offset(), tuple(v.shape))
+        out[k] = v.contiguous() if key not in seen else v.clone()
+        seen.add(key)
+    return out
+
+
+def save(path: Path, module: torch.nn.Module, opt, state: dict, keep: int, main: bool, group=None) -> Path:
+    """Save this rank's model part and optimizer state, and (main rank) `state` as JSON; a collective."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import HuggingFaceStorageWriter
+
+    final = Path(path)
+    partial = final.with_name(final.name + ".partial")
+    if main:
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+    if dist.is_initialized():
+        dist.barrier()
+    tensors = {f"model.{k}": v.detach() for k, v in module.state_dict().items()}
+    optim, other = _optimizer_tensors(module, opt)
+    tensors |= optim
+    dcp.save(_unshared(tensors),
+             storage_writer=HuggingFaceStorageWriter(str(partial), save_distributed=True),
+             no_dist=not dist.is_initialized())
+    rng = _rng_to_text(torch.get_rng_state())
+    rngs = [None] * dist.get_world_size() if dist.is_initialized() else [rng]
+    others = [None] * len(rngs)
+    if dist.is_initialized():
+        dist.all_gather_object(rngs, rng)
+        dist.all_gather_object(others, other)
+    else:
+        others = [other]
+    if main:
+        merged = {}
+        for part in others:
+            merged |= part
+        groups = [{k: v for k, v in g.items() if k != "params"} for g in opt.state_dict()["param_groups"]]
+        doc = state | {"optimizer_groups": groups, "optimizer_other": merged, "rng": rngs}
+        (partial / STATE).write_text(json.dumps(doc, indent=1))
+        _fsync_tree(partial)
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(partial, final)
+        for old in checkpoints(final.parent.parent)[:-keep]:
+            shutil.rmtree(old)
+    if dist.is_initialized():
+        dist.barrier()
+    return final
+
+
+def read_state(path: Path) -> dict:
+    try:
+        return json.loads((Path(path) / STATE).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise RunError(f"{path} is not a checkpoint of this project ({e}); resume from another or start anew") from None
+
+
+def load(path: Path, module: torch.nn.Module, opt, rank: int = 0) -> dict:
+    """Load this rank's model part and optimizer state (by name) from a checkpoint saved on any topology;
+    returns the JSON state (step, counters, scheduler, loader). Sets this rank's RNG state."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import HuggingFaceStorageReader
+
+    path = Path(path)
+    state = read_state(path)
+    reader = HuggingFaceStorageReader(str(path))
+    saved = reader.read_metadata().state_dict_metadata
+    model_sd = {f"model.{k}": v for k, v in module.state_dict().items()}
+    missing = [k for k in model_sd if k not in saved]
+    if missing:
+        raise RunError(f"{path} does not hold {len(missing)} weights of this model (e.g. {missing[0][6:]}): it was "
+                       "saved from another model; resume with the config it was saved with")
+    # optimizer: one template per state tensor of every parameter this rank holds, under a name it was saved by
+    names = _param_names(module)
+    groups = state["optimizer_groups"]
+    templates, where = {}, {}
+    for gi, group in enumerate(opt.param_groups):
+        for p in group["params"]:
+            for name in names[id(p)]:
+                keys = [k for k in saved if k.startswith(f"optim.{name}.")]
+                if keys:
+                    for k in keys:
+                        meta = saved[k]
+                        templates[k] = torch.empty(meta.size, dtype=meta.properties.dtype)
+                    where[id(p)] = (name, keys)
+                    break
+    dcp.load(model_sd | templates, storage_reader=HuggingFaceStorageReader(str(path)), no_dist=not dist.is_initialized())
+    params = {id(p): p for g in opt.param_groups for p in g["params"]}
+    opt.state.clear()
+    other = state.get("optimizer_other", {})
+    for p_id, (name, keys) in where.items():
+        p = params[p_id]
+        entry = {k[len(f"optim.{name}."):]: templates[k].to(p.device) for k in keys}
+        entry |= {k[len(name) + 1:]: v for k, v in other.items() if k.startswith(f"{name}.")}
+        opt.state[p] = entry
+    for group, saved_group in zip(opt.param_groups, groups):
+        group.update({k: tuple(v) if isinstance(v, list) else v for k, v in saved_group.items()})
+    rngs = state.get("rng") or []
+    if rngs:
+        torch.set_rng_state(_rng_from_text(rngs[rank] if rank < len(rngs) and len(rngs) == state.get("world", 1)
+                                           else rngs[0]))
+    return state
+
+
+def load_weights(path: Path) -> dict[str, torch.Tensor]:
+    """The model weights of a checkpoint as one state dict (full names), whatever topology saved it."""
+    from safetensors.torch import load_file
+
+    out = {}
+    for file in sorted(Path(path).glob("*.safetensors")):
+        out |= {k[6:]: v for k, v in load_file(str(file)).items() if k.startswith("model.")}
+    return out

@@ -1,0 +1,70 @@
+"""Start the processes a config needs, on this machine, when the user did not use torchrun.
+
+PopTorch drove a pipelined model from one host process; `python run_pretraining.py --config
+pretrain_large_512_packed` (4 pipeline stages) does the same here: started without torchrun, the entry point
+launches the processes itself with torch.distributed's elastic launch API (what torchrun uses), says so, and
+returns their exit code. Under torchrun (WORLD_SIZE set) nothing is launched, so several machines work as
+before. A machine that cannot hold the processes is one clear error.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+
+from .runtime import RunError
+
+
+def _available_memory() -> int | None:
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def check_capacity(processes: int, device: str, parameters: int | None = None) -> None:
+    """One clear error when this machine cannot hold `processes` training processes."""
+    import torch
+
+    wants_cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+    if wants_cuda and torch.cuda.device_count() < processes:
+        raise RunError(f"the config needs {processes} processes, one GPU each, but this machine has "
+                       f"{torch.cuda.device_count()} GPU(s); run torchrun on several machines or lower "
+                       "parallel.pipeline_stages")
+    if not wants_cuda and parameters:
+        # each process builds the whole model (4 bytes a parameter), then keeps its stage with gradients
+        # and two optimizer states (16 bytes a parameter of the stage)
+        need = processes * parameters * 4 + parameters * 16
+        have = _available_memory()
+        if have is not None and need > have:
+            raise RunError(f"{processes} processes of a {parameters / 1e6:.0f} M-parameter model need about "
+                           f"{need / 2**30:.1f} GiB but {have / 2**30:.1f} GiB are free; run torchrun on several "
+                           "machines or lower parallel.pipeline_stages")
+
+
+def launched() -> bool:
+    """True inside a process that torchrun (or this module) started."""
+    return "WORLD_SIZE" in os.environ
+
+
+def launch(processes: int, script: str, argv: list[str]) -> int:
+    """Run `python script argv...` in `processes` processes on this machine (elastic launch, as torchrun
+    --standalone); returns 0, or the exit code of the first process that failed (it printed its error)."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    print(f"[run] starting {processes} processes on this machine (as torchrun --nproc-per-node {processes}); "
+          "use torchrun yourself for several machines", flush=True)
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=processes, run_id=str(uuid.uuid4()),
+                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1)
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // processes)))
+    try:
+        elastic_launch(config, entrypoint=sys.executable)(script, *argv)
+    except ChildFailedError as e:
+        codes = [f.exitcode for f in e.failures.values()]
+        return next((c for c in codes if c), 1)
+    return 0

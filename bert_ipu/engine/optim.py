@@ -1,0 +1,72 @@
+"""Optimizer, schedule and the size of an update: what pretraining and fine-tuning share.
+
+    P = packs_per_update(train, packing_factor, replicas)          # packs of one update, all replicas
+    opt, sched = build_optimizer(model.named_parameters(), train, total_steps, warmup_steps, betas)
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .runtime import RunError
+
+
+def param_groups(named_parameters, weight_decay: float) -> list[dict]:
+    """No weight decay on biases and LayerNorm (BERT's recipe)."""
+    decay, no_decay = [], []
+    for name, p in named_parameters:
+        (no_decay if name.endswith("bias") or "LayerNorm" in name else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def build_optimizer(named_parameters, t, total_steps: int, warmup_steps: int, betas: tuple):
+    """LAMB (pytorch_optimizer) or AdamW without weight decay on biases and LayerNorm; linear warm-up over
+    `warmup_steps`, then polynomial decay (`t.decay_power`) to 0 at `total_steps`."""
+    groups = param_groups(named_parameters, t.weight_decay)
+    if t.optimizer == "lamb":
+        from pytorch_optimizer import Lamb
+
+        opt = Lamb(groups, lr=t.learning_rate, betas=betas, eps=t.eps, weight_decay=t.weight_decay)
+    else:
+        opt = torch.optim.AdamW(groups, lr=t.learning_rate, betas=betas, eps=t.eps)
+    power = t.decay_power
+
+    def schedule(step):  # step = updates done so far
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps)) ** power
+
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+
+
+make_optimizer = build_optimizer
+
+
+def packs_per_update(t, packing_factor: float, replicas: int) -> int:
+    """Packs of one update over all replicas: `global_batch_size` packs, or (batch_unit: sequences) about
+    that many sequences, i.e. 1/p as many packs rounded to whole micro-batches of every replica."""
+    per_step = t.micro_batch_size * replicas
+    if t.batch_unit == "packs":
+        packs = t.global_batch_size
+    else:
+        packs = max(per_step, round(t.global_batch_size / packing_factor / per_step) * per_step)
+    if packs % per_step:
+        raise RunError(f"the update holds {packs} packs, not a multiple of micro_batch_size x replicas = "
+                       f"{per_step}; change train.global_batch_size or train.micro_batch_size")
+    return packs
+
+
+def packing_betas(t, packed: bool, packing_factor: float) -> tuple:
+    """The paper's correction: with batch_unit packs an update holds p times more sequences, so beta ** p."""
+    if packed and t.batch_unit == "packs" and t.packing_beta_correction:
+        return tuple(b ** packing_factor for b in t.betas)
+    return tuple(t.betas)
+
+
+def schedule_length(t, updates_per_epoch: int) -> tuple[int, int]:
+    """(total updates, warm-up updates) from max_steps or num_train_epochs, warmup_steps or the proportion."""
+    total = t.max_steps if t.max_steps is not None else max(1, math.ceil(t.num_train_epochs * updates_per_epoch))
+    warmup = t.warmup_steps if t.warmup_steps is not None else int(total * t.warmup_proportion)
+    return total, warmup

@@ -1,0 +1,300 @@
+"""How one update's forward and backward run: on this process (and data parallel with DDP), or as a pipeline
+stage (torch.distributed.pipelining), possibly data parallel over pipeline replicas.
+
+Both take the same task: `task.loss(output, targets, normalizers) -> (loss, sums)` is the one loss function,
+called by the local step and by the pipeline schedule alike, and both return the update's named sums
+(`StepSums`), summed over the micro-batches and the data-parallel replicas.
+
+A pipeline stage is the task's model with the modules it does not own deleted (set to None, layers removed
+from their ModuleDict), following the task's `PipelinePlan`; the model's forward passes through what it
+lacks, and parameter names stay the full model's.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .runtime import Runtime, RunError
+
+StepSums = dict  # name -> float: the sums a task reports for a step (loss sums, counts, tokens, ...)
+
+
+@dataclass(frozen=True)
+class PipelinePlan:
+    """Where a model splits, by module path: `first` modules live on stage 0, `last` on the last stage,
+    `layers` is a ModuleDict keyed "0".."N-1" cut at layer boundaries; `tied` names a weight of the first
+    stage and its tied twin on the last (their gradients are summed, as in Megatron)."""
+    first: tuple[str, ...]
+    layers: str
+    last: tuple[str, ...]
+    tied: tuple[str, str] | None = None
+
+
+def split_layers(num_layers: int, stages: int, layers_per_stage: list[int] | None = None) -> list[list[int]]:
+    """Layer indices per stage: as given, or as even as possible (earlier stages take the remainder)."""
+    if layers_per_stage is None:
+        base, extra = divmod(num_layers, stages)
+        layers_per_stage = [base + (i < extra) for i in range(stages)]
+    if len(layers_per_stage) != stages or sum(layers_per_stage) != num_layers or min(layers_per_stage) < 0:
+        raise RunError(f"parallel.layers_per_stage {layers_per_stage} must give {stages} stages summing to "
+                       f"{num_layers} layers")
+    out, at = [], 0
+    for n in layers_per_stage:
+        out.append(list(range(at, at + n)))
+        at += n
+    return out
+
+
+def _set(model: nn.Module, path: str, value) -> None:
+    parent, _, name = path.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, name, value)
+
+
+def make_stage(model: nn.Module, plan: PipelinePlan, stage: int, stages: int, layers: list[int]) -> nn.Module:
+    """`model` with every module that stage `stage` does not own deleted (in place; returned)."""
+    if stage > 0:
+        for path in plan.first:
+            _set(model, path, None)
+    if stage < stages - 1:
+        for path in plan.last:
+            _set(model, path, None)
+    container = model.get_submodule(plan.layers)
+    for key in list(container.keys()):
+        if int(key) not in layers:
+            del container[key]
+    return model
+
+
+def stack_sums(sums: dict[str, torch.Tensor], names) -> torch.Tensor:
+    return torch.stack([torch.as_tensor(sums[n]).detach().double().cpu() for n in names])
+
+
+class LocalParallel:
+    """The whole model on this process; data parallel with DDP when there are several replicas."""
+
+    eval_group = 1  # micro-batches evaluated together
+
+    def __init__(self, model: nn.Module, task, rt: Runtime, precision: str = "fp32"):
+        self.model, self.task, self.rt, self.precision = model, task, rt, precision
+        self.ddp = nn.parallel.DistributedDataParallel(model) if rt.dp_world > 1 else model
+        self.writes_model = True
+
+    @property
+    def module(self) -> nn.Module:
+        """What this rank holds (for the optimizer and the checkpoint)."""
+        return self.model
+
+    def dp_sum(self, values: torch.Tensor) -> torch.Tensor:
+        return self.rt.all_sum(values) if self.rt.dp_world > 1 else values
+
+    def _forward(self, model, batch):
+        with self.rt.autocast(self.precision):
+            return model(*[batch[f] for f in self.task.input_fields])
+
+    def train_step(self, micro: list[dict], normalizers: dict) -> StepSums:
+        names = self.task.stat_names
+        total = torch.zeros(len(names), dtype=torch.float64)
+        for i, batch in enumerate(micro):
+            sync = self.ddp.no_sync() if self.rt.dp_world > 1 and i < len(micro) - 1 else nullcontext()
+            with sync:
+                out = self._forward(self.ddp, batch)
+                loss, sums = self.task.loss(out, {k: batch[k] for k in self.task.target_fields}, normalizers)
+                (loss * self.rt.dp_world).backward()  # DDP averages gradients over replicas; we want their sum
+            total += stack_sums(sums, names)
+        return dict(zip(names, self.dp_sum(total).tolist()))
+
+    @torch.no_grad()
+    def evaluate(self, batches: list[dict], normalizers: dict) -> StepSums:
+        names = self.task.stat_names
+        total = torch.zeros(len(names), dtype=torch.float64)
+        for batch in batches:
+            out = self._forward(self.model, batch)
+            total += stack_sums(self.task.loss(out, {k: batch[k] for k in self.task.target_fields}, normalizers)[1],
+                                names)
+        return dict(zip(names, self.dp_sum(total).tolist()))
+
+    def clip(self, max_norm: float) -> float:
+        return float(nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+
+    def full_model(self) -> nn.Module:
+        return self.model
+
+
+def _pack_targets(targets: dict[str, torch.Tensor]) -> tuple[torch.Tensor, list]:
+    """The last stage's labels as one tensor the schedule can split into micro-batches (it takes one):
+    every field flattened to (B, width) in float64 (exact for integer labels), and how to undo it."""
+    spec, parts = [], []
+    for name, t in targets.items():
+        spec.append((name, t.shape[1:], t.dtype))
+        parts.append(t.reshape(len(t), -1).double())
+    return torch.cat(parts, dim=1), spec
+
+
+def _unpack_targets(packed: torch.Tensor, spec) -> dict[str, torch.Tensor]:
+    out, at = {}, 0
+    for name, shape, dtype in spec:
+        width = int(torch.tensor(shape).prod()) if len(shape) else 1
+        out[name] = packed[:, at:at + width].reshape(len(packed), *shape).to(dtype)
+        at += width
+    return out
+
+
+class _PlainTuple(nn.Module):
+    """The stage's own forward, with its output as the plain tuple of tensors the schedule requires (a model
+    may return a tuple subclass with named fields)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, *args):
+        out = self.model(*args)
+        return tuple(out) if isinstance(out, tuple) else out
+
+
+class PipelineParallel:
+    """This process's pipeline stage, data parallel over replicas of the pipeline when there are more processes
+    than stages. The micro-batches of an update are the schedule's (1F1B or GPipe).
+
+    The processes form a (replicas x stages) grid (Runtime): activations move within a replica (its pipeline
+    group); the gradients of a stage are summed over the replicas (its data-parallel group), as DDP does."""
+
+    def __init__(self, model: nn.Module, task, rt: Runtime, micro_batches: int, schedule: str = "1f1b",
+                 layers_per_stage: list[int] | None = None):
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+        plan = getattr(task, "pipeline_plan", None)
+        if plan is None:
+            raise RunError(f"the {task.name} task has no pipeline plan; set parallel.pipeline_stages=1")
+        self.task, self.rt, self.plan = task, rt, plan
+        stages, replicas = rt.stages, rt.dp_world
+        self.replica, self.stage = rt.dp_rank, rt.stage
+        # every process takes part in creating every group
+        pipelines = [dist.new_group([r * stages + i for i in range(stages)]) for r in range(replicas)]
+        dps = [dist.new_group([r * stages + i for r in range(replicas)]) for i in range(stages)]
+        tied = [dist.new_group([r * stages, r * stages + stages - 1]) for r in range(replicas)]
+        self.pp_group, self.dp_group, self.tied_group = pipelines[self.replica], dps[self.stage], tied[self.replica]
+        self.last_rank = self.replica * stages + stages - 1  # global rank of this replica's last stage
+        self.first, self.last = self.stage == 0, self.stage == stages - 1
+        self.writes_model = True
+        num_layers = len(model.get_submodule(plan.layers))
+        layers = split_layers(num_layers, stages, layers_per_stage)
+        self.model = make_stage(model, plan, self.stage, stages, layers[self.stage])
+        self.micro_batches = micro_batches
+        self.eval_group = micro_batches  # the schedule always runs all of its micro-batches
+        self._sums: list[torch.Tensor] = []
+        self._normalizers: dict = {}
+        self._spec = None
+        stage = PipelineStage(_PlainTuple(self.model), self.stage, stages, rt.device, group=self.pp_group)
+        kind = {"1f1b": Schedule1F1B, "gpipe": ScheduleGPipe}[schedule]
+        # our loss is already a sum over global counts: the schedule must not divide by the micro-batches
+        self.schedule = kind(stage, n_microbatches=micro_batches, loss_fn=self._loss, scale_grads=False)
+
+    @property
+    def module(self) -> nn.Module:
+        return self.model
+
+    def _loss(self, output, target):
+        loss, sums = self.task.loss(output, _unpack_targets(target, self._spec), self._normalizers)
+        self._sums.append(stack_sums(sums, self.task.stat_names))
+        return loss
+
+    def dp_sum(self, values: torch.Tensor) -> torch.Tensor:
+        """Sum over the data-parallel replicas of this stage."""
+        return self.rt.all_sum(values, group=self.dp_group) if self.rt.dp_world > 1 else values
+
+    def _run(self, call, micro: list[dict]) -> None:
+        """The schedule's step or eval: inputs on the first stage, targets on the last."""
+        batch = {k: torch.cat([b[k] for b in micro]) for k in micro[0]}
+        if self.first:
+            call(*[batch[f] for f in self.task.input_fields])
+        elif self.last:
+            target, self._spec = _pack_targets({k: batch[k] for k in self.task.target_fields})
+            call(target=target, losses=[])
+        else:
+            call()
+
+    def _collect(self) -> StepSums:
+        """The named sums of the last step (last stage of every replica, summed), on every rank.
+
+        On its first step the schedule may run the stage on placeholder inputs, loss included, before the
+        real micro-batches; only the last `micro_batches` calls count."""
+        names = self.task.stat_names
+        sums = torch.zeros(len(names), dtype=torch.float64)
+        if self.last:
+            sums = torch.stack(self._sums[-self.micro_batches:]).sum(0)
+        self._sums.clear()
+        dist.broadcast(sums, src=self.last_rank, group=self.pp_group)
+        return dict(zip(names, self.dp_sum(sums).tolist()))
+
+    def train_step(self, micro: list[dict], normalizers: dict) -> StepSums:
+        self._normalizers = normalizers
+        self._run(self.schedule.step, micro)
+        self._sum_tied_gradients()
+        if self.rt.dp_world > 1:  # what DDP would do: sum each gradient over the replicas
+            for p in self.model.parameters():
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                dist.all_reduce(p.grad, group=self.dp_group)
+        return self._collect()
+
+    @torch.no_grad()
+    def evaluate(self, batches: list[dict], normalizers: dict) -> StepSums:
+        self._normalizers = normalizers
+        names = self.task.stat_names
+        total = dict.fromkeys(names, 0.0)
+        n = self.micro_batches
+        for lo in range(0, len(batches) - n + 1, n):
+            self._run(self.schedule.eval, batches[lo:lo + n])
+            total = {k: total[k] + v for k, v in self._collect().items()}
+        return total
+
+    def _tied(self) -> torch.nn.Parameter | None:
+        if self.plan.tied is None or not (self.first or self.last):
+            return None
+        name = self.plan.tied[0] if self.first else self.plan.tied[1]
+        return self.model.get_parameter(name)
+
+    def _sum_tied_gradients(self) -> None:
+        weight = self._tied()
+        if weight is not None and self.rt.stages > 1:
+            if weight.grad is None:
+                weight.grad = torch.zeros_like(weight)
+            dist.all_reduce(weight.grad, group=self.tied_group)
+
+    def clip(self, max_norm: float) -> float:
+        """Global gradient norm over all stages, the tied weight counted once (on the first stage)."""
+        squares = torch.zeros((), dtype=torch.float64)
+        twin = self._tied() if self.last and not self.first else None
+        for p in self.model.parameters():
+            if p.grad is not None and p is not twin:
+                squares += p.grad.double().pow(2).sum()
+        dist.all_reduce(squares, group=self.pp_group)  # gradients are equal across replicas by now
+        norm = squares.sqrt().item()
+        scale = max_norm / (norm + 1e-6)
+        if scale < 1:
+            for p in self.model.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(scale)
+        return norm
+
+    def full_model(self) -> nn.Module | None:
+        """Every stage's weights gathered into a whole model on rank 0 of each replica (a collective;
+        None elsewhere)."""
+        state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+        parts = [None] * self.rt.stages
+        first_rank = self.replica * self.rt.stages
+        dist.gather_object(state, parts if self.first else None, dst=first_rank, group=self.pp_group)
+        if not self.first:
+            return None
+        merged = {}
+        for part in parts:
+            merged |= part
+        model = self.task.build_model()
+        model.load_state_dict(merged, strict=True)
+        return model

@@ -1,0 +1,128 @@
+"""What every run needs before it trains: the device, the process grid, the precision, and the error type.
+
+    rt = Runtime.start("auto", pipeline_stages=1)   # joins torchrun's process group when there is one
+    rt.say("...")                                   # rank 0 speaks for the run
+    with rt.autocast("bf16"): ...
+
+Knows nothing about BERT or any task.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+class RunError(RuntimeError):
+    """The run cannot go on (bad data, a config that disagrees with its dataset, a non-finite loss, ...); the
+    message says why and what to do. Entry points print it as one line and exit with code 2.
+
+    Most checks run (or are broadcast) on every rank alike, and rank 0 reports them for the run; `local=True`
+    marks a failure of this rank alone, which the rank reports itself."""
+
+    def __init__(self, message: str, local: bool = False):
+        super().__init__(message)
+        self.local = local
+
+
+def pick_device(name: str) -> torch.device:
+    """auto (cuda when visible), cpu, cuda or cuda:N; this process's GPU under torchrun (LOCAL_RANK)."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise RunError(f"device {name} was asked for but no CUDA device is visible; use train.device=cpu")
+        if name == "cuda":
+            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    try:
+        return torch.device(name)
+    except RuntimeError:
+        raise RunError(f"device {name!r} is not a device torch knows; use auto, cpu or cuda") from None
+
+
+def autocast(device: torch.device, precision: str):
+    """The forward pass's precision: bf16 = torch.autocast to bfloat16 (matmuls and attention in bf16, softmax,
+    LayerNorm and the losses in float32, the weights and optimizer float32); fp32 = nothing."""
+    return torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16" else nullcontext()
+
+
+@dataclass
+class Runtime:
+    """This process's place in the run: device, global rank and world, and the (replicas x stages) grid.
+
+    Global rank = replica * stages + stage, so the stages of one pipeline replica are consecutive ranks and
+    read the same micro-batches; `dp_rank` / `dp_world` index the data-parallel replicas."""
+    device: torch.device
+    rank: int = 0
+    world: int = 1
+    stages: int = 1
+
+    @classmethod
+    def start(cls, device: str = "auto", pipeline_stages: int = 1) -> "Runtime":
+        dev = pick_device(device)
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if world > 1 and not dist.is_initialized():
+            dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
+        rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+        if world % pipeline_stages:
+            raise RunError(f"parallel.pipeline_stages={pipeline_stages} needs a multiple of {pipeline_stages} "
+                           f"processes (stages x data-parallel replicas); got {world}")
+        return cls(dev, rank, world, pipeline_stages)
+
+    @property
+    def main(self) -> bool:
+        """Rank 0 speaks for the run (progress, metrics, final line) and writes what is written once."""
+        return self.rank == 0
+
+    @property
+    def dp_rank(self) -> int:
+        return self.rank // self.stages
+
+    @property
+    def dp_world(self) -> int:
+        return self.world // self.stages
+
+    @property
+    def stage(self) -> int:
+        return self.rank % self.stages
+
+    def say(self, msg: str, tag: str = "run") -> None:
+        if self.main:
+            print(f"[{tag}] {msg}", flush=True)
+
+    def autocast(self, precision: str):
+        return autocast(self.device, precision)
+
+    def barrier(self) -> None:
+        if dist.is_initialized():
+            dist.barrier()
+
+    def all_sum(self, values: torch.Tensor, group=None) -> torch.Tensor:
+        """Sum over the ranks of `group` (default: all); a copy, on the CPU for gloo."""
+        if dist.is_initialized():
+            values = values.clone()
+            dist.all_reduce(values, group=group)
+        return values
+
+    def broadcast_error(self, error: str | None) -> str | None:
+        """A check that only one rank can make (a file rank 0 wrote): every rank learns its outcome."""
+        if not dist.is_initialized():
+            return error
+        box = [error]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+
+def report_error(exc: BaseException) -> None:
+    """One line on stderr for a RunError/ConfigError: from rank 0 for the run, from another rank only for a
+    failure of its own (RunError(local=True))."""
+    rank = int(os.environ.get("RANK", "0"))
+    if rank == 0:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+    elif getattr(exc, "local", False):
+        print(f"error (rank {rank}): {exc}", file=sys.stderr, flush=True)

@@ -1,0 +1,185 @@
+"""The one training loop every task runs: `train(task, cfg, rt) -> result`.
+
+Per update: read this replica's micro-batches of the update (UpdateLoader), count what the loss divides by
+(the task's counts, summed over replicas: masked tokens, sequences, features, ...), run forward and backward
+with the task's loss on the engine (LocalParallel / DDP, or PipelineParallel), stop on a non-finite loss,
+clip, step the optimizer and the schedule, then log, evaluate and checkpoint at their cadence. At the end the
+task exports the model. The loop knows nothing about BERT: the task says what the model, data, loss,
+evaluation and export are (bert_ipu/tasks/).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+from pathlib import Path
+
+import torch
+import yaml
+
+from ..data.loader import UpdateLoader
+from . import checkpoint
+from .metrics import MetricsLogger
+from .optim import build_optimizer, packing_betas, packs_per_update, schedule_length
+from .parallel import LocalParallel, PipelineParallel
+from .runtime import Runtime, RunError
+
+RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "tensorboard", "hf", "results.json",
+             "predictions.json")
+
+
+def prepare_run_dir(out: Path, resume: bool, overwrite: bool, rt: Runtime, config: dict) -> None:
+    """Never mix two runs in one folder: resuming needs a checkpoint; a folder that holds another run is an
+    error unless `overwrite` (which removes that run's files, and only those). Rank 0 decides, all ranks
+    raise the same error."""
+    error = None
+    if rt.main:
+        found = [name for name in RUN_FILES if (out / name).exists()]
+        if out.exists() and not out.is_dir():
+            error = f"output_dir {out} is a file; choose a folder"
+        elif resume and not checkpoint.checkpoints(out):
+            error = f"--resume: no checkpoint in {out / 'checkpoints'}; start without --resume"
+        elif not resume and found and not overwrite:
+            error = (f"output_dir {out} already holds a run ({', '.join(found)}); continue it with --resume, "
+                     "replace it with --overwrite, or choose another output_dir")
+        else:
+            try:
+                if not resume:
+                    for name in found:
+                        target = out / name
+                        shutil.rmtree(target) if target.is_dir() else target.unlink()
+                out.mkdir(parents=True, exist_ok=True)
+                tmp = out / "config.yaml.partial"
+                tmp.write_text(yaml.safe_dump(config, sort_keys=False))
+                os.replace(tmp, out / "config.yaml")
+            except OSError as e:
+                error = f"cannot write the run folder {out}: {e.strerror}; choose another output_dir"
+    error = rt.broadcast_error(error)
+    if error:
+        raise RunError(error)
+
+
+def write_json(path: Path, value) -> None:
+    tmp = path.with_name(path.name + ".partial")
+    tmp.write_text(json.dumps(value, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+def train(task, cfg, rt: Runtime, resume: bool = False, overwrite: bool = False, progress: bool = True) -> dict:
+    import dataclasses
+
+    t = cfg.train
+    out = Path(cfg.output_dir)
+    task.prepare(rt)  # data first: a config that disagrees with its dataset fails before anything is written
+    prepare_run_dir(out, resume, overwrite, rt, dataclasses.asdict(cfg) | {"data_layout": task.layout_record()})
+    p = task.packing_factor
+    P = packs_per_update(t, p, rt.dp_world)
+    try:
+        loader = UpdateLoader(task.train_source(), P, t.micro_batch_size, rt.dp_rank, rt.dp_world, t.seed,
+                              drop_last=task.drop_last)
+    except ValueError as e:
+        raise RunError(f"{e}; use more data or a smaller train.global_batch_size / train.micro_batch_size") from None
+    accumulation = loader.accumulation
+    total, warmup = schedule_length(t, loader.updates_per_epoch)
+    stages = rt.stages
+    if stages > 1 and cfg.parallel.schedule == "1f1b" and accumulation < stages:
+        raise RunError(f"1F1B over {stages} stages needs at least {stages} micro-batches per update, got "
+                       f"{accumulation}; raise train.global_batch_size or lower train.micro_batch_size")
+    torch.manual_seed(t.seed)
+    model = task.build_model().to(rt.device).train()
+    parameters = sum(q.numel() for q in model.parameters())
+    engine = (PipelineParallel(model, task, rt, accumulation, cfg.parallel.schedule, cfg.parallel.layers_per_stage)
+              if stages > 1 else LocalParallel(model, task, rt, t.precision))
+    betas = packing_betas(t, task.packed, p)
+    opt, sched = build_optimizer(engine.module.named_parameters(), t, total, warmup, betas)
+
+    step, seen = 0, 0.0
+    if resume:
+        last = checkpoint.checkpoints(out)[-1]
+        state = checkpoint.load(last, engine.module, opt, rt.rank)
+        sched.load_state_dict(state["scheduler"])
+        try:
+            loader.load_state_dict(state["loader"])
+        except ValueError as e:
+            raise RunError(str(e)) from None
+        step, seen = state["step"], state["sequences_seen"]
+        rt.say(f"resumed from {last} at step {step} (saved on {state['replicas']} replica(s) x {state['stages']} "
+               f"stage(s), now {rt.dp_world} x {stages})")
+    rt.say(f"{cfg.name}: {parameters / 1e6:.1f} M parameters, {task.describe()}, {P} packs/update = "
+           f"{t.micro_batch_size} x {rt.dp_world} replica(s) x {accumulation} accumulation"
+           + (f", {stages} pipeline stages ({cfg.parallel.schedule})" if stages > 1 else "")
+           + f", {total} updates, betas {tuple(round(b, 6) for b in betas)}, {rt.device}")
+
+    def save(at_step: int) -> Path:
+        state = {"step": at_step, "sequences_seen": seen, "scheduler": sched.state_dict(),
+                 "loader": loader.state_dict(), "world": rt.world, "replicas": rt.dp_world, "stages": stages,
+                 "config": cfg.name}
+        return checkpoint.save(out / "checkpoints" / f"step-{at_step:07d}", engine.module, opt, state,
+                               t.keep_checkpoints, rt.main)
+
+    def due(every, at):
+        return at == total or (every is not None and at % every == 0)
+
+    logger = MetricsLogger(out, rt.main, total, step, progress, desc=task.name)
+    last: dict = {}
+    window: dict = {}
+    window_start = time.perf_counter()
+    try:
+        while step < total:
+            micro = [{k: v.to(rt.device) for k, v in b.items()} for b in loader.next_update()]
+            counts = task.counts(micro)
+            names = list(counts)
+            counts = dict(zip(names, engine.dp_sum(torch.tensor([counts[n] for n in names],
+                                                                 dtype=torch.float64)).tolist()))
+            sums = engine.train_step(micro, task.normalizers(counts)) | counts
+            loss = task.summarize(sums)["loss"]
+            if not math.isfinite(loss):
+                found = checkpoint.checkpoints(out)
+                raise RunError(f"step {step + 1}: the loss is {loss}; stopping. The last good checkpoint is "
+                               f"{found[-1] if found else 'none (none was written yet)'}; lower "
+                               "train.learning_rate or check the data, then resume with --resume")
+            if t.clip_grad_norm:
+                engine.clip(t.clip_grad_norm)
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+            step += 1
+            seen += sums["sequences"]
+            window = {k: window.get(k, 0.0) + v for k, v in sums.items()}
+            row_due = False
+            if due(t.log_every, step):
+                seconds = time.perf_counter() - window_start
+                last = task.summarize(window) | {"sequences_seen": seen, "lr": sched.get_last_lr()[0],
+                                                 "sequences_per_second": window["sequences"] / seconds,
+                                                 "tokens_per_second": window["tokens"] / seconds}
+                window, window_start, row_due = {}, time.perf_counter(), True
+            if task.has_evaluation and due(t.validate_every, step):
+                model.eval()
+                last = last | task.evaluate(engine, rt, step) | {"sequences_seen": seen}
+                model.train()
+                row_due = True
+                evaluated = {k: v for k, v in last.items() if k in task.headline}
+                if evaluated:
+                    rt.say(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in evaluated.items()))
+            if row_due:
+                logger.log(step, last, {k: last[k] for k in task.progress_keys if k in last})
+            if due(t.checkpoint_every, step):
+                save(step)
+            logger.advance()
+    finally:
+        logger.close()
+    result = {"step": step, "output_dir": str(out), "metrics": last, "packs_per_update": P,
+              "accumulation": accumulation, "packing_factor": p, "sequences_seen": seen} | task.result_extra()
+    full = engine.full_model()  # a collective in pipeline mode
+    if rt.main:
+        export = out / "hf"
+        task.export(full, export, {"steps": step, "sequences_seen": seen, "metrics": last})
+        result["export"] = str(export)
+        write_json(out / "results.json", result)
+        found = checkpoint.checkpoints(out)
+        rt.say(f"done: {step} updates; checkpoint {found[-1] if found else 'none'}; Hugging Face export {export}")
+    rt.barrier()
+    return result

@@ -1,0 +1,254 @@
+"""BERT pretraining (MLM + NSP) on packed shards: the first task of the engine.
+
+    python run_pretraining.py --config pretrain_tiny_128_packed        # main(cfg) below
+
+The dataset manifest is the single source of truth for the packed layout (pack length S, MLM slots M, NSP
+slots K): a config whose data settings disagree with an existing dataset is an error naming both values, a
+missing dataset is created from `data.prepare_input` (never over an existing folder), and the run records
+the layout it trained on. Per update the loss is the summed MLM loss over the update's masked tokens plus the
+summed NSP loss over its sequences (counts summed over accumulation and replicas; or the expected counts,
+with `loss_balancing`), so packing, accumulation and parallelism never change the weight of a token or a
+sequence. With `batch_unit: packs` on packed data the betas become beta ** p (the paper's correction).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..data.loader import ShardSource
+from ..data.shards import DatasetError, PackedDataset
+from ..engine.parallel import PipelinePlan
+from ..engine.runtime import RunError, Runtime
+from ..modeling import IGNORE_INDEX, PackedBertForPreTraining, pretraining_loss_sums
+
+
+def _settings_of(manifest: dict) -> dict:
+    """What a dataset was made with, as the config names it."""
+    packed = manifest.get("kind") == "packed"
+    return {"max_seq_length": manifest["layout"]["pack_len"],
+            "algorithm": manifest.get("algorithm", "none") if packed else "none",
+            "max_sequences_per_pack": manifest.get("max_sequences_per_pack", 1) if packed else 1,
+            "depth_requested": manifest.get("depth_requested") if packed else 1}
+
+
+def check_dataset_matches(path: Path, manifest: dict, data) -> None:
+    """A config's data settings against an existing dataset: a one-line error naming both values."""
+    have = _settings_of(manifest)
+    problems = []
+    if data.max_seq_length != have["max_seq_length"]:
+        problems.append(f"data.max_seq_length={data.max_seq_length} but its packs are {have['max_seq_length']} long")
+    if data.algorithm != have["algorithm"]:
+        problems.append(f"data.algorithm={data.algorithm} but it was packed with {have['algorithm']}")
+    elif data.algorithm != "none" and data.max_sequences_per_pack not in (have["max_sequences_per_pack"],
+                                                                           have["depth_requested"]):
+        problems.append(f"data.max_sequences_per_pack={data.max_sequences_per_pack} but it was packed with depth "
+                        f"limit {have['max_sequences_per_pack']}")
+    if problems:
+        fix = ", ".join(f"data.{k}={have[k]}" for k in ("max_seq_length", "algorithm", "max_sequences_per_pack"))
+        raise RunError(f"dataset {path} does not match the config: {'; '.join(problems)}. Train on it with {fix}, "
+                       "or point data.dataset at a new folder to create a dataset with these settings")
+
+
+def ensure_dataset(cfg, rt: Runtime) -> Path:
+    """The configured dataset; created from `data.prepare_input` on rank 0 when its folder does not exist."""
+    from ..data.instances import InstanceConfig
+    from ..data.pipeline import create_pretraining_data, pack_pretraining_data
+    from ..data.text import DataInputError
+    from ..packing import PackingInputError
+
+    d = cfg.data
+    path = Path(d.dataset)
+    error = None
+    if rt.main and not (path / "manifest.json").is_file():
+        instances = path.with_name(path.name + "_instances")
+        try:
+            if path.exists():
+                raise RunError(f"data.dataset {path} exists but is not a dataset (no manifest.json); nothing was "
+                               "changed: point data.dataset at a dataset or at a folder that does not exist yet")
+            if d.prepare_input is None:
+                raise RunError(f"dataset {path} does not exist; create it with data/create_pretraining_data.py and "
+                               "data/pack_pretraining_data.py, or set data.prepare_input")
+            if instances.exists() and not (instances / "manifest.json").is_file():
+                raise RunError(f"{instances} exists but is not a dataset; nothing was changed: remove it or point "
+                               "data.dataset elsewhere")
+            if (instances / "manifest.json").is_file():
+                made = PackedDataset(instances).layout.pack_len
+                if made != d.max_seq_length:
+                    raise RunError(f"{instances} holds instances of {made} tokens, not data.max_seq_length="
+                                   f"{d.max_seq_length}; point data.dataset at a new folder")
+                rt.say(f"packing the instances in {instances}")
+            else:
+                rt.say(f"creating pretraining instances from {d.prepare_input} -> {instances}")
+                create_pretraining_data([d.prepare_input], instances, InstanceConfig(max_seq_length=d.max_seq_length),
+                                        validation_fraction=d.validation_fraction)
+            depth = None if d.max_sequences_per_pack == "max" else d.max_sequences_per_pack
+            rt.say(f"packing them ({d.algorithm}, depth limit {d.max_sequences_per_pack}) -> {path}")
+            pack_pretraining_data(instances, path, d.algorithm, depth)
+        except (RunError, DatasetError, DataInputError, PackingInputError) as e:
+            error = str(e)
+    error = rt.broadcast_error(error)
+    if error:
+        raise RunError(error)
+    return path
+
+
+class PretrainingTask:
+    name = "pretraining"
+    input_fields = ("input_ids", "position_ids", "token_type_ids", "sequence_ids")
+    target_fields = ("masked_lm_labels", "next_sentence_labels", "next_sentence_weights")
+    stat_names = ("mlm_loss_sum", "mlm_correct", "nsp_loss_sum", "nsp_correct")
+    pipeline_plan = PipelinePlan(first=("bert.embeddings",), layers="bert.encoder.layer",
+                                 last=("bert.pooler", "cls"),
+                                 tied=("bert.embeddings.word_embeddings.weight", "cls.predictions.decoder.weight"))
+    drop_last = True
+    has_evaluation = True
+    headline = ("loss", "val_mlm_accuracy", "val_nsp_accuracy")
+    progress_keys = ("loss", "mlm_accuracy", "nsp_accuracy", "sequences_per_second", "tokens_per_second")
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.expected = None
+
+    # --- data ----------------------------------------------------------------------------------------------
+    def prepare(self, rt: Runtime) -> None:
+        self.rt = rt
+        path = ensure_dataset(self.cfg, rt)
+        try:
+            self.data = PackedDataset(path)
+        except DatasetError as e:
+            raise RunError(str(e)) from None
+        self.path = path
+        check_dataset_matches(path, self.data.manifest, self.cfg.data)
+        data, world, t = self.data, rt.dp_world, self.cfg.train
+        if "validation" not in data.splits or data.packs("validation") < world:
+            raise RunError(f"{path} has no validation split (or fewer packs than replicas); recreate it with a "
+                           "larger --validation-fraction")
+        if data.packs("train") < t.micro_batch_size * world:
+            raise RunError(f"{path} holds {data.packs('train')} training packs: not one micro-batch of "
+                           f"{t.micro_batch_size} for each of {world} replica(s)")
+        self.layout = data.layout
+        manifest = data.manifest
+        self.packing_factor = manifest["packing"]["train"]["packing_factor"] if "packing" in manifest else 1.0
+        self.packed = self.layout.max_sequences_per_pack > 1
+        if t.loss_balancing:  # expected counts per pack, from the whole training split
+            from ..engine.optim import packs_per_update
+
+            masked = sum(int((s["masked_lm_labels"] != IGNORE_INDEX).sum()) for s in data.shards("train"))
+            P = packs_per_update(t, self.packing_factor, world)
+            self.expected = {"mlm": P * masked / data.packs("train"), "nsp": P * self.packing_factor}
+
+    def train_source(self):
+        return ShardSource(self.data, "train")
+
+    def layout_record(self) -> dict:
+        m = self.data.manifest
+        return {"dataset": str(self.path), "pack_len": self.layout.pack_len, "mlm_slots": self.layout.mlm_slots,
+                "max_sequences_per_pack": self.layout.max_sequences_per_pack,
+                "algorithm": _settings_of(m)["algorithm"], "depth_limit": _settings_of(m)["max_sequences_per_pack"],
+                "packing_factor": self.packing_factor}
+
+    def describe(self) -> str:
+        return (f"{'packed' if self.packed else 'unpacked'} data {self.path} (S={self.layout.pack_len}, "
+                f"K={self.layout.max_sequences_per_pack}, p={self.packing_factor:.3f})")
+
+    # --- model ---------------------------------------------------------------------------------------------
+    def build_model(self) -> PackedBertForPreTraining:
+        m, lay = self.cfg.model, self.layout
+        kwargs = dict(max_sequences_per_pack=lay.max_sequences_per_pack, attention_backend=m.attention_backend,
+                      mlm_slots=lay.mlm_slots)
+        if m.init_checkpoint:
+            if not (Path(m.init_checkpoint) / "config.json").is_file():
+                raise RunError(f"model.init_checkpoint {m.init_checkpoint} is not a Hugging Face model folder (no "
+                               "config.json); give the hf/ folder of a run, a transformers BERT folder, or null")
+            model = PackedBertForPreTraining.from_pretrained(m.init_checkpoint, **kwargs)
+            if model.config.max_position_embeddings < lay.pack_len:
+                raise RunError(f"model.init_checkpoint has {model.config.max_position_embeddings} positions, fewer "
+                               f"than the dataset's pack length {lay.pack_len}")
+            return model
+        config = m.bert_config(self.data.manifest["vocab"]["size"], lay.pack_len)
+        return PackedBertForPreTraining(config, **kwargs)
+
+    # --- loss ----------------------------------------------------------------------------------------------
+    def counts(self, micro: list[dict]) -> dict:
+        return {"mlm_count": float(sum(int((b["masked_lm_labels"] != IGNORE_INDEX).sum()) for b in micro)),
+                "sequences": float(sum(float(b["next_sentence_weights"].sum()) for b in micro)),
+                "tokens": float(sum(int((b["sequence_ids"] > 0).sum()) for b in micro))}
+
+    def normalizers(self, counts: dict) -> dict:
+        if self.expected is not None:
+            return self.expected
+        return {"mlm": max(counts["mlm_count"], 1.0), "nsp": max(counts["sequences"], 1.0)}
+
+    def loss(self, out, targets: dict, normalizers: dict):
+        mlm_logits, nsp_logits = out  # PackedPreTrainingOutput, or the plain tuple of a pipeline's last stage
+        labels = targets["masked_lm_labels"]
+        weights = targets["next_sentence_weights"]
+        mlm_sum, _, nsp_sum, _ = pretraining_loss_sums(mlm_logits, nsp_logits, labels,
+                                                      targets["next_sentence_labels"], weights)
+        with torch.no_grad():
+            mlm_correct = ((mlm_logits.argmax(-1) == labels) & (labels != IGNORE_INDEX)).sum()
+            nsp_correct = ((nsp_logits.argmax(-1) == targets["next_sentence_labels"]).float() * weights.float()).sum()
+        loss = mlm_sum / normalizers["mlm"] + nsp_sum / normalizers["nsp"]
+        return loss, {"mlm_loss_sum": mlm_sum, "mlm_correct": mlm_correct, "nsp_loss_sum": nsp_sum,
+                      "nsp_correct": nsp_correct}
+
+    @staticmethod
+    def summarize(s: dict) -> dict:
+        mlm_n, nsp_n = max(s.get("mlm_count", 0.0), 1.0), max(s.get("sequences", 0.0), 1.0)
+        return {"loss": s["mlm_loss_sum"] / mlm_n + s["nsp_loss_sum"] / nsp_n, "mlm_loss": s["mlm_loss_sum"] / mlm_n,
+                "nsp_loss": s["nsp_loss_sum"] / nsp_n, "mlm_accuracy": s["mlm_correct"] / mlm_n,
+                "nsp_accuracy": s["nsp_correct"] / nsp_n, "sequences": s.get("sequences", 0.0),
+                "tokens": s.get("tokens", 0.0)}
+
+    # --- evaluation and export -----------------------------------------------------------------------------
+    def evaluate(self, engine, rt: Runtime, step: int) -> dict:
+        """MLM and NSP loss and accuracy on (up to `validation_batches` micro-batches of) the held-out split,
+        split over the data-parallel replicas."""
+        from ..data.dataset import PackedLoader
+
+        group = engine.eval_group
+        t = self.cfg.train
+        # a small held-out split still validates: the micro-batch shrinks to what every rank can fill
+        micro = max(1, min(t.micro_batch_size, self.data.packs("validation") // (rt.dp_world * group)))
+        loader = PackedLoader(self.data, "validation", micro, shuffle=False, rank=rt.dp_rank, world_size=rt.dp_world)
+        batches = []
+        for batch in loader:
+            if len(batches) >= max(t.validation_batches, group):
+                break
+            batches.append({k: v.to(rt.device) for k, v in batch.items()})
+        counts = self.counts(batches)
+        names = list(counts)
+        counts = dict(zip(names, engine.dp_sum(torch.tensor([counts[n] for n in names], dtype=torch.float64)).tolist()))
+        sums = engine.evaluate(batches, self.normalizers(counts)) | counts
+        return {f"val_{k}": v for k, v in self.summarize(sums).items()}
+
+    def export(self, model, folder: Path, info: dict) -> None:
+        from ..export import export_model
+
+        m = self.data.manifest
+        metrics = {k: v for k, v in info["metrics"].items() if k in ("loss", "mlm_accuracy", "nsp_accuracy",
+                                                                      "val_loss", "val_mlm_accuracy",
+                                                                      "val_nsp_accuracy")}
+        card = {"task": "pretraining (masked language modelling + next sentence prediction)",
+                "pipeline_tag": "fill-mask", "base_model": self.cfg.model.init_checkpoint or "from scratch",
+                "data": f"{self.path} ({self.data.packs('train'):,} training packs of {self.layout.pack_len} tokens)",
+                "steps": info["steps"], "sequences_seen": int(info["sequences_seen"]),
+                "packing": {"algorithm": _settings_of(m)["algorithm"],
+                            "max_sequences_per_pack": self.layout.max_sequences_per_pack,
+                            "packing_factor": round(self.packing_factor, 4)},
+                "metrics": metrics, "command": f"python run_pretraining.py --config {self.cfg.name}"}
+        export_model(model, folder, self.path / "vocab.txt", card=card, lowercase=m.get("vocab", {}).get("lowercase"))
+
+    def result_extra(self) -> dict:
+        return {"dataset": str(self.path), "layout": self.layout_record()}
+
+
+def main(cfg, resume: bool = False, overwrite: bool = False, progress: bool = True) -> dict:
+    """Pretrain as `cfg` says; returns the result (final metrics, paths)."""
+    from ..engine.runtime import Runtime
+    from ..engine.trainer import train
+
+    rt = Runtime.start(cfg.train.device, cfg.parallel.pipeline_stages)
+    return train(PretrainingTask(cfg), cfg, rt, resume=resume, overwrite=overwrite, progress=progress)

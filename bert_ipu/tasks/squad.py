@@ -1,0 +1,271 @@
+"""SQuAD v1.1 fine-tuning and evaluation, packed or unpacked: the second task of the engine.
+
+    python run_squad.py --config squad_tiny_packed          # main(cfg) below
+
+1. Read the training and/or evaluation file, make the reference's windowed features
+   (bert_ipu/squad/features.py) and say what was left out and why.
+2. Pack each split's features (`data.algorithm`; `none` = unpacked, one feature per row) at one depth limit K
+   (`data.max_sequences_per_pack`: N, max, or auto = the smallest depth that packs the training features as
+   tightly as unlimited depth).
+3. Fine-tune PackedBertForQuestionAnswering from `model.init_checkpoint` on the engine (one process or data
+   parallel, checkpoints, exact resume, metrics, bf16): updates of about `train.global_batch_size` features
+   (packed data: 1/p as many packs); the loss of an update is its summed per-feature loss over the update's
+   count of features, so packed and unpacked updates weigh every feature the same. Every pack is seen once
+   an epoch (the last update is filled up with empty rows).
+4. Evaluate on rank 0: start/end logits per feature -> n-best spans -> predictions.json, and EM/F1 (official
+   v1.1 normalisation) over every question of the file.
+
+Writes OUTPUT/config.yaml, metrics.jsonl, checkpoints/, hf/ (a BertForQuestionAnswering folder with the
+tokenizer and a model card), predictions.json and results.json; files are written under a temporary name and
+renamed.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..data.instances import WordPiece, default_vocab
+from ..data.loader import ArraySource
+from ..data.text import DataInputError
+from ..engine.runtime import RunError, Runtime, autocast
+from ..modeling import IGNORE_INDEX, PackedBertForQuestionAnswering, span_loss_sums
+from ..packing import PackingInputError, pack
+from ..packing.histogram import histogram_of
+from ..squad import metrics, postprocess
+from ..squad.features import (SLOT_FIELDS, Features, PackedFeatures, SquadExample, SquadInputError, auto_depth,
+                              make_features, micro_batches, pack_features, read_squad)
+
+
+def resolve_vocab(cfg) -> Path:
+    if cfg.data.vocab:
+        return Path(cfg.data.vocab)
+    if cfg.model.init_checkpoint and (Path(cfg.model.init_checkpoint) / "vocab.txt").is_file():
+        return Path(cfg.model.init_checkpoint) / "vocab.txt"
+    return default_vocab()
+
+
+def build_model(cfg, vocab_size: int, depth: int) -> PackedBertForQuestionAnswering:
+    m = cfg.model
+    if m.init_checkpoint:
+        if not (Path(m.init_checkpoint) / "config.json").is_file():
+            raise RunError(f"model.init_checkpoint {m.init_checkpoint} is not a Hugging Face model folder "
+                           "(no config.json); give the hf/ folder of a pretraining run or a transformers BERT")
+        model = PackedBertForQuestionAnswering.from_pretrained(m.init_checkpoint, max_sequences_per_pack=depth,
+                                                               attention_backend=m.attention_backend)
+    else:
+        model = PackedBertForQuestionAnswering(m.bert_config(vocab_size), depth, m.attention_backend)
+    if model.config.vocab_size < vocab_size:
+        raise RunError(f"the vocab has {vocab_size} tokens but the model only {model.config.vocab_size}; give "
+                       "the vocab the model was trained with (data.vocab=PATH/vocab.txt)")
+    if model.config.max_position_embeddings < cfg.data.max_seq_length:
+        raise RunError(f"data.max_seq_length {cfg.data.max_seq_length} is longer than the model's "
+                       f"{model.config.max_position_embeddings} positions; lower data.max_seq_length")
+    return model
+
+
+def to_device(batch: dict, device) -> dict:
+    return {k: torch.from_numpy(v).to(device) for k, v in batch.items()}
+
+
+@torch.no_grad()
+def predict(model: PackedBertForQuestionAnswering, packed: PackedFeatures, micro_batch_size: int, device,
+            progress: bool = False, precision: str = "fp32") -> tuple[np.ndarray, np.ndarray]:
+    """Masked start and end logits of every pack, (P, K, S) float32 each."""
+    from tqdm import tqdm
+
+    was_training = model.training
+    model.eval()
+    start = np.empty((packed.packs, packed.max_sequences_per_pack, packed.rows["input_ids"].shape[1]), np.float32)
+    end = np.empty_like(start)
+    inputs = ("input_ids", "position_ids", "token_type_ids", "sequence_ids", "candidate_mask")
+    for idx, batch in tqdm(micro_batches(packed, micro_batch_size), total=math.ceil(packed.packs / micro_batch_size),
+                           desc="evaluating", unit="batch", disable=not progress or None, leave=False):
+        with autocast(device, precision):
+            out = model(**to_device({k: batch[k] for k in inputs}, device))
+        start[idx] = out.start_logits[:len(idx)].float().cpu().numpy()
+        end[idx] = out.end_logits[:len(idx)].float().cpu().numpy()
+    model.train(was_training)
+    return start, end
+
+
+def evaluate(model, examples: list[SquadExample], dropped: list[SquadExample], features: Features,
+             packed: PackedFeatures, cfg, device, progress: bool = False) -> tuple[dict, dict]:
+    """(predictions for every question of the file, EM/F1 when it has answers)."""
+    start, end = predict(model, packed, cfg.train.micro_batch_size, device, progress, cfg.train.precision)
+    logits = postprocess.feature_logits(features, packed, start, end)
+    preds = postprocess.predictions(examples, features, logits, cfg.data.n_best_size, cfg.data.max_answer_length)
+    preds |= {e.qid: "" for e in dropped}  # left-out questions are answered with nothing: they score 0
+    answers = {e.qid: e.answers for e in [*examples, *dropped] if e.answers}
+    scores = metrics.evaluate(answers, preds) if answers else {}
+    return preds, scores
+
+
+class SquadTask:
+    name = "squad"
+    input_fields = ("input_ids", "position_ids", "token_type_ids", "sequence_ids", "candidate_mask")
+    target_fields = ("start_positions", "end_positions")
+    stat_names = ("loss_sum",)
+    pipeline_plan = None
+    drop_last = False
+    headline = ("exact_match", "f1")
+    progress_keys = ("loss", "sequences_per_second")
+
+    def __init__(self, cfg, progress: bool = True):
+        self.cfg, self.progress = cfg, progress
+
+    # --- data ----------------------------------------------------------------------------------------------
+    def _split(self, path, training: bool, say):
+        examples, dropped, report = read_squad(path, training)
+        d = self.cfg.data
+        features = make_features(examples, self.wp, d.max_seq_length, d.doc_stride, d.max_query_length, training,
+                                 report, self.progress)
+        say(f"{'training' if training else 'evaluation'} data {path}: {report.summary()}")
+        return examples, dropped, features
+
+    def prepare(self, rt: Runtime) -> None:
+        self.rt = rt
+        d = self.cfg.data
+        say = lambda msg: rt.say(msg, "squad")  # noqa: E731
+        try:
+            self.wp = WordPiece(resolve_vocab(self.cfg))
+            self.train_split = self._split(d.train_file, True, say) if d.train_file else None
+            self.eval_split = self._split(d.predict_file, False, say) if d.predict_file else None
+            lengths = (self.train_split or self.eval_split)[2].lengths
+            if d.algorithm == "none":
+                depth = 1
+            elif d.max_sequences_per_pack == "auto":
+                depth = auto_depth(lengths, d.max_seq_length, d.algorithm)
+            elif d.max_sequences_per_pack == "max":  # unlimited: as many slots as the deepest pack needs
+                depth = pack(histogram_of(lengths, d.max_seq_length), d.algorithm, None).mixture.depth
+            else:
+                depth = d.max_sequences_per_pack
+            self.depth = depth
+            self.packed_splits = {name: pack_features(split[2], d.max_seq_length, d.algorithm, depth,
+                                                      seed=self.cfg.train.seed)
+                                  for name, split in (("train", self.train_split), ("eval", self.eval_split)) if split}
+        except (SquadInputError, DataInputError, PackingInputError) as e:
+            raise RunError(str(e)) from None
+        for name, pf in self.packed_splits.items():
+            say(f"{name}: {d.algorithm} packs {len(pf.row)} features into {pf.packs} rows of {d.max_seq_length} "
+                f"(at most {pf.max_sequences_per_pack} a row): packing factor {pf.packing_factor:.3f}, "
+                f"efficiency {pf.efficiency:.1%}")
+        main = self.packed_splits.get("train") or self.packed_splits["eval"]
+        self.packing_factor = main.packing_factor
+        self.packed = depth > 1
+
+    def train_source(self):
+        return ArraySource(self.packed_splits["train"].rows, label_fields=SLOT_FIELDS)
+
+    def layout_record(self) -> dict:
+        return {"pack_len": self.cfg.data.max_seq_length, "max_sequences_per_pack": self.depth,
+                "algorithm": self.cfg.data.algorithm, "packing_factor": self.packing_factor}
+
+    def describe(self) -> str:
+        pf = self.packed_splits["train"]
+        return (f"{pf.packs} packs of {len(pf.row)} features (S={self.cfg.data.max_seq_length}, K={self.depth}, "
+                f"p={pf.packing_factor:.3f})")
+
+    # --- model and loss ------------------------------------------------------------------------------------
+    def build_model(self) -> PackedBertForQuestionAnswering:
+        return build_model(self.cfg, len(self.wp), self.depth)
+
+    def counts(self, micro: list[dict]) -> dict:
+        return {"sequences": float(sum(int((b["start_positions"] != IGNORE_INDEX).sum()) for b in micro)),
+                "tokens": float(sum(int((b["sequence_ids"] > 0).sum()) for b in micro))}
+
+    def normalizers(self, counts: dict) -> dict:
+        return {"features": max(counts["sequences"], 1.0)}
+
+    def loss(self, out, targets: dict, normalizers: dict):
+        loss_sum, _ = span_loss_sums(out.start_logits, out.end_logits, targets["start_positions"],
+                                     targets["end_positions"])
+        return loss_sum / normalizers["features"], {"loss_sum": loss_sum}
+
+    @staticmethod
+    def summarize(s: dict) -> dict:
+        return {"loss": s["loss_sum"] / max(s.get("sequences", 0.0), 1.0), "sequences": s.get("sequences", 0.0),
+                "tokens": s.get("tokens", 0.0)}
+
+    # --- evaluation and export -----------------------------------------------------------------------------
+    @property
+    def has_evaluation(self) -> bool:
+        return self.eval_split is not None
+
+    def evaluate(self, engine, rt: Runtime, step: int) -> dict:
+        """EM/F1 on the evaluation file, on rank 0 (the others wait); writes predictions.json."""
+        if not rt.main:
+            return {}
+        return self._evaluate(engine.full_model() if rt.stages == 1 else None)
+
+    def _evaluate(self, model) -> dict:
+        from ..engine.trainer import write_json
+
+        examples, dropped, features = self.eval_split
+        start = time.perf_counter()
+        preds, scores = evaluate(model, examples, dropped, features, self.packed_splits["eval"], self.cfg,
+                                 self.rt.device, self.progress)
+        out = Path(self.cfg.output_dir)
+        write_json(out / "predictions.json", preds)
+        self.eval_result = {"eval_seconds": time.perf_counter() - start, "report_eval": vars(features.report),
+                            "predictions": str(out / "predictions.json")} | scores
+        if scores:
+            self.rt.say(f"evaluation: exact match {scores['exact_match']:.2f}, F1 {scores['f1']:.2f} over "
+                        f"{scores['questions']} questions ({self.eval_result['eval_seconds']:.1f} s); "
+                        f"{out / 'predictions.json'}", "squad")
+        return scores
+
+    def export(self, model, folder: Path, info: dict) -> None:
+        from ..export import export_model
+
+        d = self.cfg.data
+        metrics = {k: v for k, v in info["metrics"].items() if k in ("loss", "exact_match", "f1")}
+        card = {"task": "SQuAD v1.1 question answering (span extraction)", "pipeline_tag": "question-answering",
+                "base_model": self.cfg.model.init_checkpoint or "from scratch",
+                "data": f"{d.train_file} ({len(self.packed_splits['train'].row):,} features)",
+                "steps": info["steps"], "sequences_seen": int(info["sequences_seen"]),
+                "packing": {"algorithm": d.algorithm, "max_sequences_per_pack": self.depth,
+                            "packing_factor": round(self.packing_factor, 4)},
+                "metrics": metrics, "command": f"python run_squad.py --config {self.cfg.name}"}
+        export_model(model, folder, self.wp.path, card=card, lowercase=self.wp.lowercase)
+
+    def result_extra(self) -> dict:
+        out = {"algorithm": self.cfg.data.algorithm, "max_sequences_per_pack": self.depth,
+               "packing": {name: {"packs": pf.packs, "features": len(pf.row), "packing_factor": pf.packing_factor,
+                                  "efficiency": pf.efficiency} for name, pf in self.packed_splits.items()}}
+        if self.train_split:
+            out["report_train"] = vars(self.train_split[2].report)
+        return out | getattr(self, "eval_result", {})
+
+
+def main(cfg, resume: bool = False, overwrite: bool = False, progress: bool = True) -> dict:
+    """Fine-tune (when data.train_file is set) and evaluate (when data.predict_file is set); returns the result
+    (EM/F1, packing, paths) and writes it to OUTPUT/results.json."""
+    import dataclasses
+
+    from ..engine.trainer import prepare_run_dir, train, write_json
+
+    rt = Runtime.start(cfg.train.device, cfg.parallel.pipeline_stages)
+    task = SquadTask(cfg, progress)
+    if cfg.data.train_file:
+        result = train(task, cfg, rt, resume=resume, overwrite=overwrite, progress=progress)
+        result |= {k: v for k, v in result["metrics"].items() if k in ("exact_match", "f1", "questions")}
+        if rt.main:
+            write_json(Path(cfg.output_dir) / "results.json", result)
+        return result
+    # evaluation only: no training, no checkpoints
+    task.prepare(rt)
+    prepare_run_dir(Path(cfg.output_dir), False, overwrite, rt, dataclasses.asdict(cfg) | {"data_layout": task.layout_record()})
+    torch.manual_seed(cfg.train.seed)
+    model = task.build_model().to(rt.device)
+    result = {"output_dir": cfg.output_dir} | task.result_extra()
+    if rt.main:
+        scores = task._evaluate(model)
+        result |= task.result_extra() | scores
+        write_json(Path(cfg.output_dir) / "results.json", result)
+    rt.barrier()
+    return result
