@@ -92,10 +92,11 @@ def main() -> None:
 
     curves = {}
     packed_steps = max(1, round(args.steps / p))
-    for name, steps in (("unpacked", args.steps), ("packed", packed_steps)):
+    for name, steps, algorithm, depth in (("unpacked", args.steps, "none", 1), ("packed", packed_steps, "cghp", 3)):
         every = max(1, steps // 8)
         cfg = load_config("pretrain_tiny_128_packed", [
             f"data.dataset={out / name}", "data.prepare_input=null", f"output_dir={out / ('run_' + name)}",
+            f"data.max_seq_length={S}", f"data.algorithm={algorithm}", f"data.max_sequences_per_pack={depth}",
             f"model.max_position_embeddings={S}", f"train.max_steps={steps}", f"train.validate_every={every}",
             f"train.warmup_steps={max(1, steps // 10)}", "train.log_every=10", f"train.checkpoint_every={steps}",
             "train.validation_batches=1000", "train.micro_batch_size=8", "train.global_batch_size=32"])

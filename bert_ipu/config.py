@@ -162,9 +162,6 @@ class TrainConfig:
             raise ConfigError("train.seed must be >= 0")
 
 
-OptimizerConfig = TrainConfig  # the name the optimizer builder documents
-
-
 @dataclass
 class ParallelConfig:
     pipeline_stages: int = 1

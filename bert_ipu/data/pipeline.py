@@ -233,3 +233,68 @@ def pack_pretraining_data(input_dir: str | Path, output: str | Path, algorithm: 
         }
         writer.finish(info)
     return PackedDataset(output).manifest
+
+
+# --- a dataset for a run's config -------------------------------------------------------------------------
+
+def dataset_settings(manifest: dict) -> dict:
+    """What a dataset was made with, as the config names it."""
+    packed = manifest.get("kind") == "packed"
+    return {"max_seq_length": manifest["layout"]["pack_len"],
+            "algorithm": manifest.get("algorithm", "none") if packed else "none",
+            "max_sequences_per_pack": manifest.get("max_sequences_per_pack", 1) if packed else 1,
+            "depth_requested": manifest.get("depth_requested") if packed else 1}
+
+
+def check_dataset_matches(path: Path, manifest: dict, data) -> None:
+    """A config's data settings against an existing dataset: a one-line error naming both values."""
+    have = dataset_settings(manifest)
+    problems = []
+    if data.max_seq_length != have["max_seq_length"]:
+        problems.append(f"data.max_seq_length={data.max_seq_length} but its packs are {have['max_seq_length']} long")
+    if data.algorithm != have["algorithm"]:
+        problems.append(f"data.algorithm={data.algorithm} but it was packed with {have['algorithm']}")
+    elif data.algorithm != "none" and data.max_sequences_per_pack not in (have["max_sequences_per_pack"],
+                                                                           have["depth_requested"]):
+        problems.append(f"data.max_sequences_per_pack={data.max_sequences_per_pack} but it was packed with depth "
+                        f"limit {have['max_sequences_per_pack']}")
+    if problems:
+        fix = ", ".join(f"data.{k}={have[k]}" for k in ("max_seq_length", "algorithm", "max_sequences_per_pack"))
+        raise DatasetError(f"dataset {path} does not match the config: {'; '.join(problems)}. Train on it with {fix}, "
+                           "or point data.dataset at a new folder to create a dataset with these settings")
+
+
+def prepare_dataset(data, say=print) -> Path:
+    """The dataset a run's `data` config section names: created from `data.prepare_input` (text -> instances
+    in DATASET_instances -> packed DATASET) when its folder does not exist. A folder that exists but holds no
+    dataset is never touched (an error), nor is an instances folder of another length. Run it on one process."""
+    from .instances import InstanceConfig
+
+    d = data
+    path = Path(d.dataset)
+    if (path / "manifest.json").is_file():
+        return path
+    instances = path.with_name(path.name + "_instances")
+    if path.exists():
+        raise DatasetError(f"data.dataset {path} exists but is not a dataset (no manifest.json); nothing was changed: "
+                           "point data.dataset at a dataset or at a folder that does not exist yet")
+    if d.prepare_input is None:
+        raise DatasetError(f"dataset {path} does not exist; create it with data/create_pretraining_data.py and "
+                           "data/pack_pretraining_data.py, or set data.prepare_input")
+    if instances.exists() and not (instances / "manifest.json").is_file():
+        raise DatasetError(f"{instances} exists but is not a dataset; nothing was changed: remove it or point "
+                           "data.dataset elsewhere")
+    if (instances / "manifest.json").is_file():
+        made = PackedDataset(instances).layout.pack_len
+        if made != d.max_seq_length:
+            raise DatasetError(f"{instances} holds instances of {made} tokens, not data.max_seq_length="
+                               f"{d.max_seq_length}; point data.dataset at a new folder")
+        say(f"packing the instances in {instances}")
+    else:
+        say(f"creating pretraining instances from {d.prepare_input} -> {instances}")
+        create_pretraining_data([d.prepare_input], instances, InstanceConfig(max_seq_length=d.max_seq_length),
+                                validation_fraction=d.validation_fraction)
+    depth = None if d.max_sequences_per_pack == "max" else d.max_sequences_per_pack
+    say(f"packing them ({d.algorithm}, depth limit {d.max_sequences_per_pack}) -> {path}")
+    pack_pretraining_data(instances, path, d.algorithm, depth)
+    return path

@@ -41,9 +41,6 @@ def build_optimizer(named_parameters, t, total_steps: int, warmup_steps: int, be
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, schedule)
 
 
-make_optimizer = build_optimizer
-
-
 def packs_per_update(t, packing_factor: float, replicas: int) -> int:
     """Packs of one update over all replicas: `global_batch_size` packs, or (batch_unit: sequences) about
     that many sequences, i.e. 1/p as many packs rounded to whole micro-batches of every replica."""

@@ -18,80 +18,13 @@ from pathlib import Path
 import torch
 
 from ..data.loader import ShardSource
+from ..data.pipeline import check_dataset_matches, dataset_settings, prepare_dataset
 from ..data.shards import DatasetError, PackedDataset
+from ..data.text import DataInputError
+from ..packing import PackingInputError
 from ..engine.parallel import PipelinePlan
 from ..engine.runtime import RunError, Runtime
 from ..modeling import IGNORE_INDEX, PackedBertForPreTraining, pretraining_loss_sums
-
-
-def _settings_of(manifest: dict) -> dict:
-    """What a dataset was made with, as the config names it."""
-    packed = manifest.get("kind") == "packed"
-    return {"max_seq_length": manifest["layout"]["pack_len"],
-            "algorithm": manifest.get("algorithm", "none") if packed else "none",
-            "max_sequences_per_pack": manifest.get("max_sequences_per_pack", 1) if packed else 1,
-            "depth_requested": manifest.get("depth_requested") if packed else 1}
-
-
-def check_dataset_matches(path: Path, manifest: dict, data) -> None:
-    """A config's data settings against an existing dataset: a one-line error naming both values."""
-    have = _settings_of(manifest)
-    problems = []
-    if data.max_seq_length != have["max_seq_length"]:
-        problems.append(f"data.max_seq_length={data.max_seq_length} but its packs are {have['max_seq_length']} long")
-    if data.algorithm != have["algorithm"]:
-        problems.append(f"data.algorithm={data.algorithm} but it was packed with {have['algorithm']}")
-    elif data.algorithm != "none" and data.max_sequences_per_pack not in (have["max_sequences_per_pack"],
-                                                                           have["depth_requested"]):
-        problems.append(f"data.max_sequences_per_pack={data.max_sequences_per_pack} but it was packed with depth "
-                        f"limit {have['max_sequences_per_pack']}")
-    if problems:
-        fix = ", ".join(f"data.{k}={have[k]}" for k in ("max_seq_length", "algorithm", "max_sequences_per_pack"))
-        raise RunError(f"dataset {path} does not match the config: {'; '.join(problems)}. Train on it with {fix}, "
-                       "or point data.dataset at a new folder to create a dataset with these settings")
-
-
-def ensure_dataset(cfg, rt: Runtime) -> Path:
-    """The configured dataset; created from `data.prepare_input` on rank 0 when its folder does not exist."""
-    from ..data.instances import InstanceConfig
-    from ..data.pipeline import create_pretraining_data, pack_pretraining_data
-    from ..data.text import DataInputError
-    from ..packing import PackingInputError
-
-    d = cfg.data
-    path = Path(d.dataset)
-    error = None
-    if rt.main and not (path / "manifest.json").is_file():
-        instances = path.with_name(path.name + "_instances")
-        try:
-            if path.exists():
-                raise RunError(f"data.dataset {path} exists but is not a dataset (no manifest.json); nothing was "
-                               "changed: point data.dataset at a dataset or at a folder that does not exist yet")
-            if d.prepare_input is None:
-                raise RunError(f"dataset {path} does not exist; create it with data/create_pretraining_data.py and "
-                               "data/pack_pretraining_data.py, or set data.prepare_input")
-            if instances.exists() and not (instances / "manifest.json").is_file():
-                raise RunError(f"{instances} exists but is not a dataset; nothing was changed: remove it or point "
-                               "data.dataset elsewhere")
-            if (instances / "manifest.json").is_file():
-                made = PackedDataset(instances).layout.pack_len
-                if made != d.max_seq_length:
-                    raise RunError(f"{instances} holds instances of {made} tokens, not data.max_seq_length="
-                                   f"{d.max_seq_length}; point data.dataset at a new folder")
-                rt.say(f"packing the instances in {instances}")
-            else:
-                rt.say(f"creating pretraining instances from {d.prepare_input} -> {instances}")
-                create_pretraining_data([d.prepare_input], instances, InstanceConfig(max_seq_length=d.max_seq_length),
-                                        validation_fraction=d.validation_fraction)
-            depth = None if d.max_sequences_per_pack == "max" else d.max_sequences_per_pack
-            rt.say(f"packing them ({d.algorithm}, depth limit {d.max_sequences_per_pack}) -> {path}")
-            pack_pretraining_data(instances, path, d.algorithm, depth)
-        except (RunError, DatasetError, DataInputError, PackingInputError) as e:
-            error = str(e)
-    error = rt.broadcast_error(error)
-    if error:
-        raise RunError(error)
-    return path
 
 
 class PretrainingTask:
@@ -114,13 +47,22 @@ class PretrainingTask:
     # --- data ----------------------------------------------------------------------------------------------
     def prepare(self, rt: Runtime) -> None:
         self.rt = rt
-        path = ensure_dataset(self.cfg, rt)
+        error = None
+        if rt.main:  # rank 0 creates a missing dataset; every rank learns the outcome
+            try:
+                prepare_dataset(self.cfg.data, say=rt.say)
+            except (DatasetError, DataInputError, PackingInputError) as e:
+                error = str(e)
+        error = rt.broadcast_error(error)
+        if error:
+            raise RunError(error)
+        path = Path(self.cfg.data.dataset)
         try:
             self.data = PackedDataset(path)
+            check_dataset_matches(path, self.data.manifest, self.cfg.data)
         except DatasetError as e:
             raise RunError(str(e)) from None
         self.path = path
-        check_dataset_matches(path, self.data.manifest, self.cfg.data)
         data, world, t = self.data, rt.dp_world, self.cfg.train
         if "validation" not in data.splits or data.packs("validation") < world:
             raise RunError(f"{path} has no validation split (or fewer packs than replicas); recreate it with a "
@@ -146,7 +88,7 @@ class PretrainingTask:
         m = self.data.manifest
         return {"dataset": str(self.path), "pack_len": self.layout.pack_len, "mlm_slots": self.layout.mlm_slots,
                 "max_sequences_per_pack": self.layout.max_sequences_per_pack,
-                "algorithm": _settings_of(m)["algorithm"], "depth_limit": _settings_of(m)["max_sequences_per_pack"],
+                "algorithm": dataset_settings(m)["algorithm"], "depth_limit": dataset_settings(m)["max_sequences_per_pack"],
                 "packing_factor": self.packing_factor}
 
     def describe(self) -> str:
@@ -235,7 +177,7 @@ class PretrainingTask:
                 "pipeline_tag": "fill-mask", "base_model": self.cfg.model.init_checkpoint or "from scratch",
                 "data": f"{self.path} ({self.data.packs('train'):,} training packs of {self.layout.pack_len} tokens)",
                 "steps": info["steps"], "sequences_seen": int(info["sequences_seen"]),
-                "packing": {"algorithm": _settings_of(m)["algorithm"],
+                "packing": {"algorithm": dataset_settings(m)["algorithm"],
                             "max_sequences_per_pack": self.layout.max_sequences_per_pack,
                             "packing_factor": round(self.packing_factor, 4)},
                 "metrics": metrics, "command": f"python run_pretraining.py --config {self.cfg.name}"}
