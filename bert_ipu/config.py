@@ -343,6 +343,60 @@ class SquadRunConfig:
                               "set parallel.pipeline_stages=1")
 
 
+GLUE_TASKS = ("cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte", "wnli")
+
+
+@dataclass
+class GlueDataConfig:
+    task: str
+    """cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte or wnli"""
+    data_dir: str
+    """the task's folder of official GLUE TSV files, or a `datasets` dataset saved to disk (glue/<task> layout)"""
+    train_split: str | None = "train"
+    """null: evaluate model.init_checkpoint only"""
+    eval_splits: list | None = None
+    """splits to score (default dev; mnli: dev_matched and dev_mismatched)"""
+    predict_split: str | None = None
+    """a split to predict without scoring (e.g. test)"""
+    vocab: str | None = None
+    """WordPiece vocab.txt; None = the init checkpoint's vocab.txt if it has one, else bert-base-uncased's"""
+    max_seq_length: int = 128
+    algorithm: str = "cghp"
+    """packing algorithm over the examples' lengths; none = unpacked (one example per row)"""
+    max_sequences_per_pack: int | str = "auto"
+    """depth limit: N, max, or auto: the smallest depth that packs the examples as tightly as unlimited depth"""
+
+    def __post_init__(self):
+        from .packing import ALGORITHMS
+
+        if self.task not in GLUE_TASKS:
+            raise ConfigError(f"data.task {self.task!r}: choose one of {', '.join(GLUE_TASKS)}")
+        if self.max_seq_length < 8:
+            raise ConfigError("data.max_seq_length must be >= 8")
+        if self.algorithm not in ALGORITHMS or self.algorithm == "sort":
+            raise ConfigError(f"data.algorithm {self.algorithm!r}: choose one of "
+                              f"{', '.join(a for a in ALGORITHMS if a != 'sort')}")
+        self.max_sequences_per_pack = depth_value(self.max_sequences_per_pack, "data.max_sequences_per_pack")
+
+
+@dataclass
+class GlueRunConfig:
+    """A GLUE fine-tuning run (kind: glue; run_glue.py)."""
+    data: GlueDataConfig
+    kind: str = "glue"
+    name: str = "unnamed"
+    output_dir: str | None = None
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: FinetuneConfig = field(default_factory=FinetuneConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+
+    def __post_init__(self):
+        _common_checks(self)
+        if self.parallel.pipeline_stages != 1:
+            raise ConfigError("GLUE fine-tuning runs on one process or data parallel (torchrun); "
+                              "set parallel.pipeline_stages=1")
+
+
 def depth_value(value, key: str):
     """A depth limit as the config holds it: an int >= 1, "max" or "auto" (one type everywhere)."""
     from .packing import PackingInputError, parse_depth
@@ -422,14 +476,15 @@ def _read(name: str, seen=()) -> dict:
 
 
 def _kinds() -> dict:
-    return {"pretraining": RunConfig, "squad": SquadRunConfig, "profile": ProfilingRunConfig}
+    return {"pretraining": RunConfig, "squad": SquadRunConfig, "glue": GlueRunConfig, "profile": ProfilingRunConfig}
 
 
 def load_config(name: str, overrides: list[str] = (), root=None):
     """The config NAME (a file in configs/ without .yaml, or a path) with `section.key=value` overrides. Its
-    `kind:` (inherited like any key) picks the root dataclass: pretraining (RunConfig), squad (SquadRunConfig)
-    or profile (ProfilingRunConfig); `root`, when given, is what the caller can run (a mismatch is an error
-    that names the right entry point). `name` defaults to the file's name, `output_dir` to runs/NAME."""
+    `kind:` (inherited like any key) picks the root dataclass: pretraining (RunConfig), squad (SquadRunConfig),
+    glue (GlueRunConfig) or profile (ProfilingRunConfig); `root`, when given, is what the caller can run (a
+    mismatch is an error that names the right entry point). `name` defaults to the file's name, `output_dir`
+    to runs/NAME."""
     raw = _read(name)
     raw.setdefault("name", _resolve(name).stem)
     for item in overrides:
@@ -454,7 +509,8 @@ def load_config(name: str, overrides: list[str] = (), root=None):
     if kind not in kinds:
         raise ConfigError(f"kind {kind!r}: choose one of {', '.join(kinds)}")
     if root is not None and kinds[kind] is not root:
-        entry = {"pretraining": "run_pretraining.py", "squad": "run_squad.py", "profile": "run_profiling.py"}[kind]
+        entry = {"pretraining": "run_pretraining.py", "squad": "run_squad.py", "glue": "run_glue.py",
+                 "profile": "run_profiling.py"}[kind]
         raise ConfigError(f"config {name!r} is of kind {kind}: run it with {entry}")
     root = kinds[kind]
     top = {f.name for f in dataclasses.fields(root)}

@@ -468,3 +468,98 @@ class PackedBertForQuestionAnswering(nn.Module):
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+
+# --- sequence classification (GLUE) ------------------------------------------------------------------------
+
+@dataclass
+class PackedSequenceClassifierOutput:
+    logits: torch.Tensor                # (B, K, num_labels): slot k's example
+    loss: torch.Tensor | None = None    # loss_sum / count (or / normalizer)
+    loss_sum: torch.Tensor | None = None  # summed over labelled slots: cross-entropy, or squared error (regression)
+    count: torch.Tensor | None = None     # labelled slots
+
+
+def classification_loss_sums(logits, labels):
+    """The sequence-classification loss as a sum and a count (one definition for the model and every engine),
+    as Hugging Face's BertForSequenceClassification defines it per example: cross-entropy for classes (labels
+    int, -100 = no example), squared error for regression (one output; labels float, NaN = no example)."""
+    dtype = torch.promote_types(logits.dtype, torch.float32)
+    if logits.shape[-1] == 1:
+        present = ~torch.isnan(labels)
+        error = (logits[..., 0].to(dtype) - torch.nan_to_num(labels.to(dtype))) ** 2
+        return (error * present).sum(), present.sum()
+    loss_sum = F.cross_entropy(logits.flatten(0, 1).to(dtype), labels.flatten(), ignore_index=IGNORE_INDEX,
+                               reduction="sum")
+    return loss_sum, (labels != IGNORE_INDEX).sum()
+
+
+class PackedBertForSequenceClassification(nn.Module):
+    """BERT with a sequence-classification head on packed inputs; HF `BertForSequenceClassification` names
+    (`bert` with its pooler, `dropout`, `classifier`) and state dict.
+
+    Inputs, per micro-batch of B packs of length S holding up to K = `max_sequences_per_pack` examples, each
+    contiguous ([CLS] a [SEP] (b [SEP])), positions restarting at 0, sequence ids 1..k in slot order:
+
+        input_ids, position_ids, token_type_ids, sequence_ids: (B, S) int
+        cls_positions: (B, K) int, where slot k's [CLS] token is in the pack (0 for an empty slot)
+        labels: (B, K) int class (-100 = no example), or float score for regression (NaN = no example)
+
+    The pooler and classifier run on the K [CLS] tokens (a gather at fixed slots: static shapes), so slot k's
+    logits are exactly what HF computes for that example alone: no logit of one example depends on another.
+    """
+
+    def __init__(self, config: BertConfig, max_sequences_per_pack: int = 3, attention_backend: str = "mask"):
+        super().__init__()
+        self.config = config
+        self.num_labels = config.num_labels
+        self.max_sequences_per_pack = max_sequences_per_pack
+        self.bert = PackedBertModel(config, attention_backend)
+        dropout = getattr(config, "classifier_dropout", None)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob if dropout is None else dropout)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.apply(lambda module: init_weights(module, config.initializer_range))
+
+    def forward(self, input_ids, position_ids, token_type_ids, sequence_ids, cls_positions, labels=None,
+                normalizer=None) -> PackedSequenceClassifierOutput:
+        hidden = self.bert(input_ids, position_ids, token_type_ids, sequence_ids)   # (B, S, H)
+        index = cls_positions[..., None].expand(-1, -1, hidden.shape[-1])            # (B, K, H)
+        pooled = self.bert.pooler(hidden.gather(1, index))                          # (B, K, H)
+        out = PackedSequenceClassifierOutput(self.classifier(self.dropout(pooled)))   # (B, K, num_labels)
+        if labels is None:
+            return out
+        out.loss_sum, out.count = classification_loss_sums(out.logits, labels)
+        out.loss = out.loss_sum / (out.count.clamp_min(1) if normalizer is None else normalizer)
+        return out
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, num_labels: int = 2, id2label: dict | None = None,
+                        **kwargs) -> "PackedBertForSequenceClassification":
+        """Any Hugging Face BERT folder: a fine-tuned `BertForSequenceClassification` (its head too, when it has
+        `num_labels` outputs), or a pretrained BERT (ours or transformers'; the classifier starts fresh, drawn
+        from torch's generator, so seed it)."""
+        from transformers import BertForSequenceClassification
+        from transformers.utils import logging
+
+        labels = {} if id2label is None else {"id2label": id2label, "label2id": {v: k for k, v in id2label.items()}}
+        verbosity = logging.get_verbosity()
+        logging.set_verbosity_error()  # "some weights were newly initialised": expected for a new head
+        try:
+            hf = BertForSequenceClassification.from_pretrained(str(path), num_labels=num_labels,
+                                                               ignore_mismatched_sizes=True, **labels)
+        finally:
+            logging.set_verbosity(verbosity)
+        model = cls(hf.config, **kwargs)
+        model.load_state_dict(hf.state_dict(), strict=True)
+        return model
+
+    def save_pretrained(self, path: str | Path) -> None:
+        """Write a folder that `transformers.BertForSequenceClassification.from_pretrained` loads."""
+        from transformers import BertForSequenceClassification
+
+        hf = BertForSequenceClassification(self.config)
+        hf.load_state_dict(self.state_dict(), strict=True)
+        hf.save_pretrained(str(path))
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())

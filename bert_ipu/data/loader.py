@@ -34,9 +34,13 @@ class PackSource(Protocol):
 
 
 def empty_rows(template: dict[str, np.ndarray], n: int, label_fields=()) -> dict[str, np.ndarray]:
-    """n all-padding rows shaped like `template`'s: zeros, IGNORE_INDEX in the label fields."""
-    return {k: np.full((n, *v.shape[1:]), IGNORE_INDEX if k in label_fields else 0, dtype=v.dtype)
-            for k, v in template.items()}
+    """n all-padding rows shaped like `template`'s: zeros; "no label" in the label fields (IGNORE_INDEX for
+    integer labels, NaN for float labels such as regression scores)."""
+    def fill(k, v):
+        if k not in label_fields:
+            return 0
+        return np.nan if np.issubdtype(v.dtype, np.floating) else IGNORE_INDEX
+    return {k: np.full((n, *v.shape[1:]), fill(k, v), dtype=v.dtype) for k, v in template.items()}
 
 
 def with_empty_rows(rows: np.ndarray, fetch, label_fields) -> dict[str, np.ndarray]:

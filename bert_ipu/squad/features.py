@@ -34,7 +34,8 @@ import numpy as np
 
 from ..data.instances import WordPiece
 from ..modeling import IGNORE_INDEX
-from ..packing import PackingInputError, PackingResult, assign, pack
+from ..data.contiguous import pack_sequences
+from ..packing import PackingInputError, PackingResult
 from ..packing.histogram import histogram_of
 
 
@@ -330,45 +331,20 @@ def auto_depth(lengths: np.ndarray, max_len: int, algorithm: str = "cghp") -> in
 
 def pack_features(features: Features, max_len: int, algorithm: str = "cghp", max_sequences_per_pack: int = 3,
                   seed: int = 0) -> PackedFeatures:
-    """Pack the features with any algorithm of bert_ipu.packing ("none": one per row). Every row has
-    `max_sequences_per_pack` label slots (with "none" only the first is used), so one model takes both
-    layouts. Vectorised: no Python loop over features or tokens."""
-    if algorithm == "sort":
-        raise PackingInputError("sort makes batches of changing width; SQuAD rows have a fixed length: use none "
-                                "(unpacked) or a packing algorithm")
-    lengths = features.lengths
-    result = pack(histogram_of(lengths, max_len), algorithm, max_sequences_per_pack, seed=seed)
-    groups = assign(lengths, result.mixture, max_len, seed=seed)           # (P, D <= K) feature indices, -1 = empty
-    K = max_sequences_per_pack  # the model's slot count: the limit, not the depth this split happens to use
-    groups = np.pad(groups, ((0, 0), (0, K - groups.shape[1])), constant_values=-1)
-    P = len(groups)
-    present = groups >= 0
-    slot_len = np.where(present, lengths[np.maximum(groups, 0)], 0)
-    slot_offset = np.cumsum(slot_len, axis=1) - slot_len                    # where each slot starts in its row
-    f_idx = groups[present]
-    row = np.empty(len(lengths), dtype=np.int64)
-    slot = np.empty(len(lengths), dtype=np.int64)
-    offset = np.empty(len(lengths), dtype=np.int64)
-    r_idx, s_idx = np.nonzero(present)
-    row[f_idx], slot[f_idx], offset[f_idx] = r_idx, s_idx, slot_offset[present]
-
-    # token t of feature f goes to flat position row[f] * S + offset[f] + (t - start of f)
-    owner = np.repeat(np.arange(len(lengths)), lengths)
-    within = np.arange(len(owner)) - np.repeat(features.starts, lengths)
-    dest = row[owner] * max_len + offset[owner] + within
-    rows = {}
-    for name, src, dtype in (("input_ids", features.input_ids, np.int64), ("position_ids", within, np.int64),
-                             ("token_type_ids", features.token_type_ids, np.int64),
-                             ("sequence_ids", slot[owner] + 1, np.int64), ("candidate_mask", features.candidate, bool)):
-        flat = np.zeros(P * max_len, dtype=dtype)
-        flat[dest] = src
-        rows[name] = flat.reshape(P, max_len)
+    """Pack the features with any algorithm of bert_ipu.packing ("none": one per row), back to back
+    (bert_ipu.data.contiguous). Every row has `max_sequences_per_pack` label slots (with "none" only the first
+    is used), so one model takes both layouts. Vectorised: no Python loop over features or tokens."""
+    packed = pack_sequences(features.lengths, {"input_ids": features.input_ids,
+                                               "token_type_ids": features.token_type_ids,
+                                               "candidate_mask": features.candidate}, max_len, algorithm,
+                            max_sequences_per_pack, seed)
+    rows = packed.rows
+    rows = {k: rows[k] for k in ROW_FIELDS}
     for name, labels in (("start_positions", features.start_position), ("end_positions", features.end_position)):
-        out = np.full((P, K), IGNORE_INDEX, dtype=np.int64)
-        labelled = labels != IGNORE_INDEX
-        out[row[labelled], slot[labelled]] = offset[labelled] + labels[labelled]
-        rows[name] = out
-    return PackedFeatures(rows, row, slot, offset, result, K)
+        # a label is a position in the row: the feature's offset + its position in the feature
+        rows[name] = packed.slot_values(np.where(labels != IGNORE_INDEX, packed.offset + labels, IGNORE_INDEX),
+                                        IGNORE_INDEX)
+    return PackedFeatures(rows, packed.row, packed.slot, packed.offset, packed.result, packed.max_sequences_per_pack)
 
 
 def micro_batches(packed: PackedFeatures, micro_batch_size: int, order: np.ndarray | None = None):

@@ -27,4 +27,8 @@ def task_for(cfg):
         from .squad import SquadTask
 
         return SquadTask(cfg)
+    if cfg.kind == "glue":
+        from .glue import GlueTask
+
+        return GlueTask(cfg)
     raise ValueError(f"no task of kind {cfg.kind!r}")
