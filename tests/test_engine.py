@@ -278,3 +278,62 @@ def test_squad_two_ddp_ranks_equal_one_process(tmp_path):
     one, two = (json.loads((tmp_path / r / "results.json").read_text()) for r in ("one", "two"))
     assert one["packs_per_update"] == two["packs_per_update"] == 8
     assert abs(one["f1"] - two["f1"]) < 1e-6
+
+
+# --- run safety (from the bad-input issue, where the engine owns it) ------------------------------------------------
+
+def test_an_update_that_makes_the_weights_non_finite_writes_no_checkpoint(dataset, tmp_path, monkeypatch):
+    """A finite loss whose update makes a weight NaN stops the run before its checkpoint: the checkpoint it
+    names is the last good one, and no checkpoint of NaN weights exists."""
+    from bert_ipu.engine import trainer
+
+    real = trainer.build_optimizer
+    calls = {"n": 0}
+
+    def poisoned(*args, **kwargs):
+        opt, sched = real(*args, **kwargs)
+        step = opt.step
+
+        def step_then_poison(*a, **k):
+            result = step(*a, **k)
+            calls["n"] += 1
+            if calls["n"] == 6:  # the update of step 6, which is a checkpoint step
+                opt.param_groups[0]["params"][0].data.fill_(float("nan"))
+            return result
+        opt.step = step_then_poison
+        return opt, sched
+    monkeypatch.setattr(trainer, "build_optimizer", poisoned)
+    out = tmp_path / "run"
+    with pytest.raises(RunError, match=r"step 6: the weights are not finite .*last good checkpoint is .*step-0000003"):
+        main(tiny(dataset, out, "train.max_steps=9"), progress=False)
+    assert [p.name for p in checkpoint.checkpoints(out)] == ["step-0000003"]
+    assert all(torch.isfinite(v).all() for v in final_weights(out).values())
+
+
+def test_resume_takes_a_new_learning_rate(dataset, tmp_path):
+    """Resumed with a lower train.learning_rate, the run continues the schedule from its step with the new peak
+    (the old code brought the saved learning rate back with the scheduler state)."""
+    out = tmp_path / "run"
+    args = ["train.max_steps=4", "train.checkpoint_every=2", "train.keep_checkpoints=3", "train.log_every=1"]
+    main(tiny(dataset, out, *args), progress=False)
+    lr = {json.loads(x)["step"]: json.loads(x)["lr"] for x in (out / "metrics.jsonl").read_text().splitlines()}
+    shutil.rmtree(out / "checkpoints" / "step-0000004")
+    main(tiny(dataset, out, *args, "train.learning_rate=0.01"), resume=True, progress=False)
+    again = {json.loads(x)["step"]: json.loads(x)["lr"] for x in (out / "metrics.jsonl").read_text().splitlines()}
+    assert again[2] == lr[2] and again[3] == pytest.approx(lr[3] * 0.01 / 0.02)
+
+
+def test_a_second_run_on_the_same_folder_is_refused(dataset, tmp_path):
+    """While a run holds its folder, another run on it is refused with a clear error and writes nothing."""
+    from bert_ipu.engine.trainer import RunLock
+
+    out = tmp_path / "run"
+    out.mkdir()
+    lock = RunLock(out)
+    try:
+        with pytest.raises(RunError, match="another run is writing"):
+            main(tiny(dataset, out, *FAST), progress=False)
+        assert not (out / "config.yaml").exists()
+    finally:
+        lock.release()
+    main(tiny(dataset, out, *FAST), progress=False)  # free again

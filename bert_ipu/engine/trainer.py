@@ -31,12 +31,36 @@ RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "tensorboard", "hf",
              "predictions.json")
 
 
-def prepare_run_dir(out: Path, resume: bool, overwrite: bool, rt: Runtime, config: dict) -> None:
-    """Never mix two runs in one folder: resuming needs a checkpoint; a folder that holds another run is an
-    error unless `overwrite` (which removes that run's files, and only those). Rank 0 decides, all ranks
-    raise the same error."""
-    error = None
-    if rt.main:
+class RunLock:
+    """An exclusive lock on a run folder (OUTPUT/.lock, flock) held while a run writes it: a second run on the
+    same folder is refused instead of mixing checkpoints. Released at exit, also when the process dies."""
+
+    def __init__(self, out: Path):
+        import fcntl
+
+        self.file = open(out / ".lock", "a+")
+        try:
+            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self.file.close()
+            raise RunError(f"another run is writing {out}; wait for it to finish or choose another output_dir") from None
+
+    def release(self) -> None:
+        if not self.file.closed:
+            self.file.close()
+
+
+def prepare_run_dir(out: Path, resume: bool, overwrite: bool, rt: Runtime, config: dict) -> RunLock | None:
+    """Never mix two runs in one folder: a second run while one writes it is refused (RunLock); resuming needs
+    a checkpoint; a folder that holds another run is an error unless `overwrite` (which removes that run's
+    files, and only those). Rank 0 decides, all ranks raise the same error. Returns rank 0's lock."""
+    error, lock = None, None
+    if rt.main and out.is_dir():
+        try:
+            lock = RunLock(out)
+        except RunError as e:
+            error = str(e)
+    if rt.main and error is None:
         found = [name for name in RUN_FILES if (out / name).exists()]
         if out.exists() and not out.is_dir():
             error = f"output_dir {out} is a file; choose a folder"
@@ -52,14 +76,20 @@ def prepare_run_dir(out: Path, resume: bool, overwrite: bool, rt: Runtime, confi
                         target = out / name
                         shutil.rmtree(target) if target.is_dir() else target.unlink()
                 out.mkdir(parents=True, exist_ok=True)
+                lock = lock or RunLock(out)
                 tmp = out / "config.yaml.partial"
                 tmp.write_text(yaml.safe_dump(config, sort_keys=False))
                 os.replace(tmp, out / "config.yaml")
             except OSError as e:
                 error = f"cannot write the run folder {out}: {e.strerror}; choose another output_dir"
+            except RunError as e:
+                error = str(e)
     error = rt.broadcast_error(error)
     if error:
+        if lock:
+            lock.release()
         raise RunError(error)
+    return lock
 
 
 def write_json(path: Path, value) -> None:
@@ -74,7 +104,16 @@ def train(task, cfg, rt: Runtime, resume: bool = False, overwrite: bool = False,
     t = cfg.train
     out = Path(cfg.output_dir)
     task.prepare(rt)  # data first: a config that disagrees with its dataset fails before anything is written
-    prepare_run_dir(out, resume, overwrite, rt, dataclasses.asdict(cfg) | {"data_layout": task.layout_record()})
+    lock = prepare_run_dir(out, resume, overwrite, rt, dataclasses.asdict(cfg) | {"data_layout": task.layout_record()})
+    try:
+        return _train(task, cfg, rt, out, resume, progress)
+    finally:
+        if lock:
+            lock.release()
+
+
+def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool) -> dict:
+    t = cfg.train
     p = task.packing_factor
     P = packs_per_update(t, p, rt.dp_world)
     try:
@@ -101,6 +140,13 @@ def train(task, cfg, rt: Runtime, resume: bool = False, overwrite: bool = False,
         last = checkpoint.checkpoints(out)[-1]
         state = checkpoint.load(last, engine.module, opt, rt.rank)
         sched.load_state_dict(state["scheduler"])
+        saved_lr = state.get("learning_rate", t.learning_rate)
+        if saved_lr != t.learning_rate:  # the user asks for a new peak learning rate: the schedule keeps its place
+            sched.base_lrs = [t.learning_rate] * len(opt.param_groups)
+            for group, factor in zip(opt.param_groups, [f(sched.last_epoch) for f in sched.lr_lambdas]):
+                group["lr"] = t.learning_rate * factor
+            sched._last_lr = [g["lr"] for g in opt.param_groups]
+            rt.say(f"train.learning_rate {saved_lr} -> {t.learning_rate} from step {state['step']} on")
         try:
             loader.load_state_dict(state["loader"])
         except ValueError as e:
@@ -113,10 +159,20 @@ def train(task, cfg, rt: Runtime, resume: bool = False, overwrite: bool = False,
            + (f", {stages} pipeline stages ({cfg.parallel.schedule})" if stages > 1 else "")
            + f", {total} updates, betas {tuple(round(b, 6) for b in betas)}, {rt.device}")
 
+    def stop_non_finite(what: str, at_step: int) -> None:
+        found = checkpoint.checkpoints(out)
+        raise RunError(f"step {at_step}: {what}; stopping. The last good checkpoint is "
+                       f"{found[-1] if found else 'none (none was written yet)'}; resume from it with --resume and a "
+                       "lower train.learning_rate (a resumed run takes the new one), or check the data")
+
     def save(at_step: int) -> Path:
+        # never write a checkpoint of weights an update made non-finite: the last good one must stay the newest
+        bad = float(not all(bool(torch.isfinite(q).all()) for q in engine.module.parameters()))
+        if rt.all_sum(torch.tensor([bad])).item() > 0:  # every rank (stage) checks its own part
+            stop_non_finite("the weights are not finite after the update", at_step)
         state = {"step": at_step, "sequences_seen": seen, "scheduler": sched.state_dict(),
                  "loader": loader.state_dict(), "world": rt.world, "replicas": rt.dp_world, "stages": stages,
-                 "config": cfg.name}
+                 "config": cfg.name, "learning_rate": t.learning_rate}
         return checkpoint.save(out / "checkpoints" / f"step-{at_step:07d}", engine.module, opt, state,
                                t.keep_checkpoints, rt.main)
 
@@ -137,12 +193,9 @@ def train(task, cfg, rt: Runtime, resume: bool = False, overwrite: bool = False,
             sums = engine.train_step(micro, task.normalizers(counts)) | counts
             loss = task.summarize(sums)["loss"]
             if not math.isfinite(loss):
-                found = checkpoint.checkpoints(out)
-                raise RunError(f"step {step + 1}: the loss is {loss}; stopping. The last good checkpoint is "
-                               f"{found[-1] if found else 'none (none was written yet)'}; lower "
-                               "train.learning_rate or check the data, then resume with --resume")
-            if t.clip_grad_norm:
-                engine.clip(t.clip_grad_norm)
+                stop_non_finite(f"the loss is {loss}", step + 1)
+            if t.clip_grad_norm and not math.isfinite(engine.clip(t.clip_grad_norm)):
+                stop_non_finite("the gradient norm is not finite", step + 1)
             opt.step()
             sched.step()
             opt.zero_grad(set_to_none=True)
