@@ -9,13 +9,14 @@ HIST    := benchmarks/histograms
 OPS_LIB := bert_ipu/bert_ipu_ops.so
 OPS_SRC := $(wildcard custom_ops/*.cpp custom_ops/*.cu custom_ops/*.h) custom_ops/build.py
 
-.PHONY: all help setup ops run report test bench clean
+.PHONY: all help setup ops run report test bench clean wikipedia
 all: ops
 
 help:
 	@echo "make        set up $(VENV) and build the custom op ($(OPS_LIB))"
 	@echo "make run    ... then the main job: pretrain a small packed BERT on the built-in corpus (CPU, minutes)"
 	@echo "make report ... the packing report on the shipped histograms and the built-in corpus"
+	@echo "make wikipedia DUMP=FILE  ... a Wikipedia dump -> packed shards -> BERT-large phase 1 and phase 2"
 	@echo "make test   ... then the tests"
 	@echo "make bench  packing and model benchmarks (print figures)"
 	@echo "make setup  only create/update $(VENV) from requirements.txt"
@@ -39,6 +40,28 @@ RUNS := runs
 # the main job: built-in corpus -> packed shards -> a small BERT pretrained on the CPU -> HF export
 run: ops
 	$(PY) run_pretraining.py --config pretrain_tiny_128_packed
+
+# the real-data chain: a Wikipedia dump -> text -> instances at 128 and 512 -> packed shards -> phase 1 at 128 ->
+# phase 2 at 512 from phase 1's export. make wikipedia DUMP=enwiki-...-pages-articles.xml.bz2 [WORKERS=8]
+# [STAGES=4|1] [ARGS="train.max_steps=..."]; every step skips what an earlier run completed.
+DUMP    ?=
+WORKERS ?= 2
+STAGES  ?= 4
+VALIDATION ?= 0.02
+WIKI    := $(RUNS)/data/wikipedia
+STAGE_ARGS := parallel.pipeline_stages=$(STAGES) $(if $(filter 4,$(STAGES)),,parallel.layers_per_stage=null)
+wikipedia: ops
+	@test -n "$(DUMP)" || { echo "usage: make wikipedia DUMP=enwiki-...-pages-articles.xml.bz2 [WORKERS=N] [STAGES=4|1]"; exit 2; }
+	$(PY) data/prepare_wikipedia.py --dump $(DUMP) --output $(WIKI)_text --workers $(WORKERS)
+	for S in 128 512; do \
+	  test -f $(WIKI)_$${S}_instances/manifest.json || $(PY) data/create_pretraining_data.py --input $(WIKI)_text \
+	    --output $(WIKI)_$${S}_instances --max-seq-length $$S --workers $(WORKERS) \
+	    --validation-fraction $(VALIDATION) || exit $$?; \
+	  test -f $(WIKI)_$${S}_packed/manifest.json || $(PY) data/pack_pretraining_data.py \
+	    --input $(WIKI)_$${S}_instances --output $(WIKI)_$${S}_packed || exit $$?; \
+	done
+	$(PY) run_pretraining.py --config pretrain_large_128_packed $(STAGE_ARGS) $(ARGS)
+	$(PY) run_pretraining.py --config pretrain_large_512_packed $(STAGE_ARGS) $(ARGS)
 
 # the packing report on the paper's histograms, and one decoded pack of the built-in corpus
 report: ops

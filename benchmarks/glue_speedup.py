@@ -1,8 +1,8 @@
 """Packed GLUE-style sequence classification: packing per length distribution, and the realized fine-tuning
 speed-up of packed over unpacked rows, measured in one run on the real classifier.
 
-    .venv/bin/python benchmarks/glue_speedup.py [--size minilm|base] [--micro-batch 8] [--steps 2]
-        [--rounds 4] [--examples 4000] [--seed 0] [--json OUT]
+    .venv/bin/python benchmarks/glue_speedup.py [--size minilm|base] [--micro-batch 8] [--steps 3]
+        [--rounds 6] [--time-limit 330] [--examples 4000] [--seed 0] [--json OUT]
 
 Length distributions (max length 128), made from the built-in corpus (bert_ipu.data.text.builtin_documents)
 with the default WordPiece vocab and GLUE's own featurize (bert_ipu.glue.data: [CLS] a [SEP] (b [SEP]),
@@ -20,11 +20,14 @@ packing result's speedup_upper_bound: what packing gains if step time is proport
 Table 2 (realized speed-up): one PackedBertForSequenceClassification (random weights: speed does not depend
 on their values; dropout on, as in training) trains (forward, backward, AdamW step) on micro-batches of
 `--micro-batch` rows of 128 tokens: packed rows of CGHP (several examples per row, [CLS] positions and labels
-per slot) and unpacked rows (NONE, depth 1: one example per row, padded to 128) of the same examples. The
-packed rows timed are a systematic sample over the packing's rows ordered by example count (so their mean
-count represents p), every step a different micro-batch; the unpacked rows hold examples of those packed
-rows. Each round runs, per distribution, `--steps` packed and `--steps` unpacked steps (which goes first
-alternates, step by step); the first round is warm-up and dropped. Reported from the median step times:
+per slot) and unpacked rows (NONE, depth 1: one example per row, padded to 128) of the same examples. Each
+round's packed rows are a systematic sample over the packing's rows ordered by example count (so their mean
+count represents p), every measured step a different micro-batch (the warm-up round runs the first
+measured round's); the unpacked rows hold examples of those packed rows. Each round runs, per distribution,
+`--steps` packed and `--steps` unpacked steps (which goes first alternates, step by step); the first round is
+warm-up and dropped; no round starts that would likely end past `--time-limit` (on this 2-core machine a
+round takes about 20 s when it is idle, and several times that when other jobs share it: then fewer rounds
+are measured and the script says so). Reported from the median step times:
 
     ex/step    the real example count of a step's rows (unpacked: B), averaged over the timed steps
     realized   (examples/s packed) / (examples/s unpacked)
@@ -124,58 +127,66 @@ def rows_batch(ps: PackedSequences, rows: np.ndarray, labels: np.ndarray) -> dic
     return {k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.int64)) for k, v in batch.items()}
 
 
-def timing_batches(features, layouts: dict, B: int, n_steps: int, rng) -> tuple[dict, dict]:
-    """n_steps micro-batches of B rows per layout, and the real example count of each."""
+def timing_batches(features, layouts: dict, B: int, steps: int, rounds: int, rng) -> tuple[dict, dict]:
+    """steps x rounds micro-batches of B rows per layout (round by round), and the real example count of each.
+    Every round's packed rows are a systematic sample over the packing's rows ordered by example count (ties
+    in random order), so that any whole number of rounds has a mean count that represents the packing's p, as
+    a small random sample would not; its unpacked rows hold examples of those packed rows, one per row."""
     cghp, none = layouts["cghp"], layouts["none"]
-    n_rows = B * n_steps
+    n_rows = B * steps
     counts = np.bincount(cghp.row, minlength=cghp.packs)
-    # a systematic sample over the rows ordered by example count (ties in random order): its mean count
-    # represents the whole packing's p, as a small random sample would not
     order = np.lexsort((rng.permutation(cghp.packs), counts))
-    picks = order[np.floor((np.arange(n_rows) + rng.random()) * cghp.packs / n_rows).astype(np.int64)]
-    picks = rng.permutation(picks)
-    # unpacked: one row per example, examples of the packed rows above (in the order they lie there)
-    members = np.concatenate([np.flatnonzero(cghp.row == r) for r in picks])
-    examples = np.resize(members, n_rows)  # p >= 1: these are enough (resize only guards p < 1 + rounding)
-    unpacked = none.row[examples]
     batches, ex = {"cghp": [], "none": []}, {"cghp": [], "none": []}
-    for s in range(n_steps):
-        rows = picks[s * B:(s + 1) * B]
-        batches["cghp"].append(rows_batch(cghp, rows, features.labels))
-        ex["cghp"].append(int(counts[rows].sum()))
-        batches["none"].append(rows_batch(none, unpacked[s * B:(s + 1) * B], features.labels))
-        ex["none"].append(B)
+    for _ in range(rounds):
+        picks = order[np.floor((np.arange(n_rows) + rng.random()) * cghp.packs / n_rows).astype(np.int64)]
+        picks = rng.permutation(picks)
+        members = np.concatenate([np.flatnonzero(cghp.row == r) for r in picks])  # in the order they lie there
+        unpacked = none.row[np.resize(members, n_rows)]  # p >= 1: enough (resize only guards a corner case)
+        for s in range(steps):
+            rows = picks[s * B:(s + 1) * B]
+            batches["cghp"].append(rows_batch(cghp, rows, features.labels))
+            ex["cghp"].append(int(counts[rows].sum()))
+            batches["none"].append(rows_batch(none, unpacked[s * B:(s + 1) * B], features.labels))
+            ex["none"].append(B)
     return batches, ex
 
 
 # --- measurement ---------------------------------------------------------------------------------------------
 
-def measure(model, batches: dict, rounds: int, steps: int, device) -> dict:
-    """Interleaved step times: {(distribution, layout): [seconds of the measured steps]}. Within a round every
-    packed step sits next to an unpacked one, their order alternating (P U, U P, ...), so that a change of the
-    shared machine's load hits both layouts alike."""
+def measure(model, batches: dict, rounds: int, steps: int, device, time_limit: float) -> tuple[dict, int]:
+    """Interleaved step times: {(distribution, layout): [seconds of the measured steps]}, and the measured
+    rounds. Within a round every packed step sits next to an unpacked one, their order alternating (P U, U P,
+    ...), so that a change of the shared machine's load hits both layouts alike. The warm-up round runs the
+    first measured round's batches. After a round, no further round starts if it would likely end past
+    `time_limit` seconds (at least one measured round always runs)."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
     for per_layout in batches.values():
         for bs in per_layout.values():
             bs[:] = [{k: v.to(device) for k, v in b.items()} for b in bs]
     times = {(d, lay): [] for d in batches for lay in ("cghp", "none")}
+    began = time.perf_counter()
     for r in range(rounds):
         start = time.perf_counter()
         for d, per_layout in batches.items():
             for s in range(steps):
                 for lay in (("cghp", "none") if (r + s) % 2 == 0 else ("none", "cghp")):
-                    seconds = timed_step(model, opt, per_layout[lay][r * steps + s], device)
+                    seconds = timed_step(model, opt, per_layout[lay][max(r - 1, 0) * steps + s], device)
                     if r:  # round 0 is warm-up
                         times[(d, lay)].append(seconds)
-        say(f"round {r + 1}/{rounds} done in {time.perf_counter() - start:.0f} s{' (warm-up)' if r == 0 else ''}")
-    return times
+        now = time.perf_counter()
+        say(f"round {r + 1}/{rounds} done in {now - start:.0f} s{' (warm-up)' if r == 0 else ''}")
+        if r >= 1 and r + 1 < rounds and now - began + (now - start) > time_limit:
+            say(f"stopping after {r} measured rounds: another would end past --time-limit {time_limit:.0f} s "
+                f"(other jobs on this machine make steps several times slower)")
+            return times, r
+    return times, rounds - 1
 
 
-def realized_rows(table1: dict, times: dict, ex: dict, rounds: int, steps: int) -> list[dict]:
+def realized_rows(table1: dict, times: dict, ex: dict) -> list[dict]:
     rows = []
     for d, t1 in table1.items():
-        measured = slice(steps, rounds * steps)  # the warm-up round's batches are not counted
-        per_step = {lay: statistics.mean(ex[d][lay][measured]) for lay in ("cghp", "none")}
+        # the real example counts of the batches measured (the first len(times) of each layout)
+        per_step = {lay: statistics.mean(ex[d][lay][:len(times[(d, lay)])]) for lay in ("cghp", "none")}
         median = {lay: statistics.median(times[(d, lay)]) for lay in ("cghp", "none")}
         rate = {lay: per_step[lay] / median[lay] for lay in ("cghp", "none")}
         realized = rate["cghp"] / rate["none"]
@@ -229,8 +240,11 @@ def main() -> None:
     ap.add_argument("--size", choices=sorted(SIZES), default="minilm",
                     help="minilm: hidden 384, 6 layers, 12 heads, intermediate 1536 (default); base: BERT-base")
     ap.add_argument("--micro-batch", type=int, default=8, help="B: rows of 128 per step, packed and unpacked alike")
-    ap.add_argument("--steps", type=int, default=2, help="steps per layout per distribution per round")
-    ap.add_argument("--rounds", type=int, default=4, help="interleaved rounds; the first is warm-up")
+    ap.add_argument("--steps", type=int, default=3, help="steps per layout per distribution per round")
+    ap.add_argument("--rounds", type=int, default=6, help="interleaved rounds at most; the first is warm-up")
+    ap.add_argument("--time-limit", type=float, default=330, metavar="SECONDS",
+                    help="start no round that would likely end past this many seconds of timing (the machine "
+                         "is shared: a busy one makes steps several times slower); 0 = warm-up + 1 round")
     ap.add_argument("--examples", type=int, default=4000, help="examples drawn per distribution")
     ap.add_argument("--seed", type=int, default=0, help="sampling, labels, packing and the model's weights")
     ap.add_argument("--backend", default="mask", choices=["mask", "reference", "flex"], help="attention backend")
@@ -257,7 +271,7 @@ def main() -> None:
     batches, ex = {}, {}
     for name, t1 in table1.items():
         batches[name], ex[name] = timing_batches(features[name], t1["layouts"], args.micro_batch,
-                                                 args.rounds * args.steps, rng)
+                                                 args.steps, args.rounds - 1, rng)
     torch.manual_seed(args.seed)
     config = BertConfig(vocab_size=VOCAB, max_position_embeddings=512, hidden_dropout_prob=0.1,
                         attention_probs_dropout_prob=0.1, num_labels=2, **SIZES[args.size])
@@ -268,17 +282,18 @@ def main() -> None:
     say(f"{args.size}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters, micro-batch "
         f"{args.micro_batch} rows of {MAX_LEN}, {args.steps} steps per layout per distribution x {args.rounds} "
         f"rounds (first dropped), {device}, {torch.get_num_threads()} threads")
-    times = measure(WithPrecision(model, device, args.precision), batches, args.rounds, args.steps, device)
-    rows = realized_rows(table1, times, ex, args.rounds, args.steps)
+    times, measured = measure(WithPrecision(model, device, args.precision), batches, args.rounds, args.steps,
+                              device, args.time_limit)
+    rows = realized_rows(table1, times, ex)
 
     print(f"\nTable 2: realized fine-tuning speed-up, packed (P, CGHP) over unpacked (U, NONE), one run, "
           f"{args.size}, B = {args.micro_batch} rows of {MAX_LEN}, forward + backward + AdamW, medians of "
-          f"{(args.rounds - 1) * args.steps} steps each")
+          f"{measured * args.steps} steps each ({measured} measured rounds)")
     print(speedup_table(rows))
     for r in rows:
         verdict = "meets" if r["of_bound"] >= 0.9 else "misses"
-        note = ("  ABOVE the bound: noise of the shared machine (step times spread a few percent), not a real "
-                "gain beyond it" if r["realized_speedup"] > r["bound"] else "")
+        note = ("  ABOVE the bound: noise of the shared machine (its step times spread), not a real gain "
+                "beyond it" if r["realized_speedup"] > r["bound"] else "")
         print(f"  {r['distribution']:<7} realized {r['realized_speedup']:.3f}x of bound {r['bound']:.3f}x = "
               f"{r['of_bound']:.1%} ({verdict} the 90% aim), OH {r['overhead']:+.1%}{note}")
     say(f"done in {time.perf_counter() - began:.0f} s")

@@ -22,7 +22,8 @@ sections ("See also", "References", "External links", ...). Kept: the text of li
 text, [[target]] -> target), of labelled external links, of formatting tags, bold and italic (without their
 markup). Headings end a paragraph and are not kept; every list item is a paragraph of its own.
 
-Sentences: `pysbd` (rule-based; "Dr. Smith", "e.g.", "U.S.", "3.14" do not end a sentence), per paragraph.
+Sentences: `sentencex` (Wikimedia's rule-based segmenter, compiled; "Dr. Smith", "e.g.", "U.S.", "3.14" do
+not end a sentence), per paragraph.
 
 Output: OUTPUT/wiki-00000.txt, wiki-00001.txt, ... with `docs_per_shard` articles each (the last one
 fewer; an article that is empty after cleaning takes its place in the count but writes nothing), in the
@@ -56,9 +57,13 @@ import sys
 import time
 import xml.etree.ElementTree as ET
 from collections import deque
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
+
+import mwparserfromhell
+from mwparserfromhell import nodes as _nodes
 
 from .text import DataInputError, is_hf_dataset
 
@@ -118,6 +123,19 @@ def _open_dump(path: Path):
     return raw, stream, compression
 
 
+class _EofReader:
+    """A stream that remembers whether it was read to the end (a parse error there is a truncated file)."""
+
+    def __init__(self, stream):
+        self.stream, self.eof = stream, False
+
+    def read(self, size=-1):
+        data = self.stream.read(size)
+        if not data:
+            self.eof = True
+        return data
+
+
 def _local(tag: str) -> str:
     return tag.rsplit("}", 1)[-1]
 
@@ -136,7 +154,8 @@ def iter_pages(path: str | Path, on_progress: Callable[[int], None] | None = Non
     raw, stream, compression = _open_dump(path)
     pages = 0
     try:
-        events = iter(ET.iterparse(stream, events=("start", "end")))
+        reader = _EofReader(stream)
+        events = iter(ET.iterparse(reader, events=("start", "end")))
         try:
             _, root = next(events)
             if _local(root.tag) != "mediawiki":
@@ -160,7 +179,7 @@ def iter_pages(path: str | Path, on_progress: Callable[[int], None] | None = Non
                         if item.text and item.get("key", "").lstrip("-").isdigit():
                             namespaces[item.text.strip().lower()] = int(item.get("key"))
         except ET.ParseError as e:
-            what = "ends early (truncated?)" if "no element found" in str(e) else "is not well-formed XML"
+            what = "ends early (truncated?)" if reader.eof and pages else "is not well-formed XML"
             raise WikipediaError(f"{path}: {what} ({e}); give a complete MediaWiki XML dump") from None
         except EOFError:
             raise WikipediaError(f"{path}: the {compression} stream ends early: the file is truncated "
@@ -199,7 +218,7 @@ def _page(elem, ns: str, namespaces: dict[str, int]) -> Page:
 
 # The {{disambiguation}} family on the English Wikipedia: the template, its redirects, and its variants
 # (every "... disambiguation" template such as {{hospital disambiguation}}, and the short-named ones).
-DISAMBIGUATION = ("disambiguation", "disambig", "disamb", "dab", "dis", "hndis", "geodis", "numberdis",
+DISAMBIGUATION = ("disambiguation", "disambig", "disamb", "dab", "hndis", "geodis", "numberdis",
                   "mil-unit-dis", "letter-numbercombdisambig", "letter-number combination disambiguation")
 _DISAMBIGUATION_RE = re.compile(
     r"\{\{\s*(?:template\s*:\s*)?(?:" + "|".join(re.escape(n).replace(r"\ ", "[ _]") for n in DISAMBIGUATION)
@@ -243,13 +262,24 @@ _INTERLANGUAGE = re.compile(r"^[a-z]{2,3}(?:-[a-z0-9]+)*\s*:")
 _SKIP_SECTIONS = {"see also", "references", "external links", "further reading", "notes", "notes and references",
                   "references and notes", "bibliography", "sources", "citations", "footnotes", "gallery",
                   "works cited", "external link", "reference", "other websites"}
-# Inline templates whose text belongs to the sentence: name -> function of the positional arguments.
+# Inline templates whose text belongs to the sentence: name -> the positional arguments (0-based) shown,
+# as a function of the arguments' plain text.
+_RANGE_WORDS = ("-", "–", "to", "and", "or", "by", "x", "and(-)", "to(-)")
+
+
+def _first(a):
+    return [0][:len(a)]
+
+
+def _convert_args(a):
+    return [0, 1, 2, 3][:len(a)] if len(a) > 3 and a[1] in _RANGE_WORDS else [0, 1][:len(a)]
+
+
 _KEEP_TEMPLATES = {
-    "nowrap": lambda a: a[:1], "nobr": lambda a: a[:1], "nobold": lambda a: a[:1], "noitalic": lambda a: a[:1],
-    "small": lambda a: a[:1], "smaller": lambda a: a[:1], "big": lambda a: a[:1], "sic": lambda a: a[-1:],
-    "lang": lambda a: a[1:2], "transl": lambda a: a[-1:], "langx": lambda a: a[1:2],
-    "convert": lambda a: a[:4] if len(a) > 3 and a[1] in ("-", "–", "to", "and", "or", "by", "x") else a[:2],
-    "cvt": lambda a: a[:4] if len(a) > 3 and a[1] in ("-", "–", "to", "and", "or", "by", "x") else a[:2],
+    "nowrap": _first, "nobr": _first, "nobold": _first, "noitalic": _first, "small": _first, "smaller": _first,
+    "big": _first, "sic": lambda a: [len(a) - 1] if a else [], "lang": lambda a: [1][:len(a) - 1],
+    "langx": lambda a: [1][:len(a) - 1], "transl": lambda a: [len(a) - 1] if a else [],
+    "convert": _convert_args, "cvt": _convert_args,
 }
 
 _SPACE = re.compile(r"\s+")
@@ -260,6 +290,14 @@ _EMPTY_PARENS = re.compile(r"\(\s*[,;:.]?\s*\)|\[\s*\]")
 _OPEN_PAREN_JUNK = re.compile(r"\(\s*[,;:]\s*")
 _SPACE_BEFORE = re.compile(r"\s+([,.;:!?)\]])")
 _SPACE_AFTER_OPEN = re.compile(r"([(\[])\s+")
+
+
+# where something invisible was: a line holding nothing else is no line (as in MediaWiki). A noncharacter
+# (removed from the input first); not NUL, at which the parser's tokenizer stops.
+_DROPPED = "\ufdd0"
+_DROPPED_LINE = re.compile(r"\n[ \t]*\ufdd0[\ufdd0 \t]*(?=\n)")
+_COMMENT = re.compile(r"<!--.*?-->", re.DOTALL)
+_REF = re.compile(r"<ref(?:\s[^<>]*)?/>|<ref(?:\s[^<>]*)?>.*?</ref\s*>", re.DOTALL | re.IGNORECASE)
 
 
 class _Renderer:
@@ -282,11 +320,9 @@ class _Renderer:
         self.out.append("\n\n")
 
     def top(self, nodes) -> None:
-        from mwparserfromhell.nodes import Heading
-
         skip_level = None
         for node in nodes:
-            if isinstance(node, Heading):
+            if isinstance(node, _nodes.Heading):
                 self.paragraph_break()
                 title = _SPACE.sub(" ", node.title.strip_code()).strip().lower()
                 if skip_level is not None and node.level <= skip_level:
@@ -301,8 +337,7 @@ class _Renderer:
             self.node(node)
 
     def node(self, node) -> None:
-        from mwparserfromhell import nodes as n
-
+        n = _nodes
         if isinstance(node, n.Text):
             self.text(node.value)
         elif isinstance(node, n.Wikilink):
@@ -317,11 +352,16 @@ class _Renderer:
             except (ValueError, OverflowError):
                 pass
         elif isinstance(node, n.ExternalLink):
-            if node.title is not None:
+            # [http://x label] shows its label; a bare URL, [http://x] and a numbered [http://x 1] are
+            # not prose
+            if node.title is not None and not str(node.title).strip().isdigit():
                 self.nodes(node.title.nodes)
+            else:
+                self.out.append(_DROPPED)
         elif isinstance(node, n.Heading):
             self.paragraph_break()
-        # Comment, Argument ({{{1}}}) and anything else: nothing visible
+        else:  # Comment, Argument ({{{1}}}) and anything else: nothing visible
+            self.out.append(_DROPPED)
 
     def wikilink(self, node) -> None:
         title = str(node.title).strip()
@@ -330,9 +370,11 @@ class _Renderer:
         elif ":" in title:
             prefix = title.split(":", 1)[0].strip().lower()
             if prefix in _DROP_LINK_NAMESPACES:
+                self.out.append(_DROPPED)
                 return
             if node.text is None and _INTERLANGUAGE.match(title):
-                return  # [[de:Zürich]]: an interlanguage link, not shown in the text
+                self.out.append(_DROPPED)  # [[de:Zürich]]: an interlanguage link, not shown in the text
+                return
         if node.text is not None and str(node.text).strip():
             self.nodes(node.text.nodes)
         else:
@@ -343,6 +385,8 @@ class _Renderer:
         if tag in _DROP_TAGS:
             if tag == "table":
                 self.paragraph_break()
+            else:
+                self.out.append(_DROPPED)
             return
         if tag in _LINE_ITEMS:
             self.paragraph_break()
@@ -371,17 +415,13 @@ class _Renderer:
         if keep is None and name.startswith("lang-"):
             keep = _KEEP_TEMPLATES["nowrap"]
         if keep is None:
+            self.out.append(_DROPPED)
             return
         positional = [p.value for p in node.params if not p.showkey]
-        texts = keep(positional) if all(isinstance(v, object) for v in positional) else []
-        # convert's arguments are plain strings when tested against range words: compare their text
-        if name in ("convert", "cvt"):
-            plain = [str(v).strip() for v in positional]
-            texts = [positional[i] for i in range(len(keep(plain)))]
-        for i, value in enumerate(texts):
+        for i, k in enumerate(keep([str(v).strip() for v in positional])):
             if i:
                 self.out.append(" ")
-            self.nodes(value.nodes)
+            self.nodes(positional[k].nodes)
 
 
 def _clean_paragraph(p: str) -> str:
@@ -403,15 +443,17 @@ def _clean_paragraph(p: str) -> str:
 
 def wikitext_to_paragraphs(text: str) -> list[str]:
     """Wikitext -> the article's prose, one paragraph per item (whitespace collapsed; see the module doc)."""
-    import mwparserfromhell
-
+    # references and comments go before parsing (a third of a typical article's bytes: citation templates)
+    text = _COMMENT.sub(_DROPPED, text.replace(_DROPPED, "").replace("\x00", ""))  # NUL would end the parse
+    text = _REF.sub(_DROPPED, text)
     try:
         code = mwparserfromhell.parse(text, skip_style_tags=False)
     except Exception:  # the parser gives up on a few pathological pages: no prose from them
         return []
     renderer = _Renderer()
     renderer.top(code.nodes)
-    paragraphs = (_clean_paragraph(p) for p in _PARAGRAPH_BREAK.split("".join(renderer.out)))
+    text = _DROPPED_LINE.sub("", "".join(renderer.out)).replace(_DROPPED, "")
+    paragraphs = (_clean_paragraph(p) for p in _PARAGRAPH_BREAK.split(text))
     return [p for p in paragraphs if p]
 
 
@@ -432,34 +474,33 @@ def text_to_paragraphs(text: str) -> list[str]:
     return out
 
 
-_SEGMENTER = None
-_MAYBE_SPLIT = re.compile(r"[.!?][\"'”’)\]]*\s")
-
-
-def _segmenter():
-    global _SEGMENTER
-    if _SEGMENTER is None:
-        import pysbd
-
-        _SEGMENTER = pysbd.Segmenter(language="en", clean=False)
-    return _SEGMENTER
+_CJK_END = ("。", "！", "？")
+# sentencex reads a single letter and a full stop as an initial ("J. R. R. Tolkien"); after a number it is a
+# unit that ends the sentence ("a depth of 310 m. The Rhône ..."), which units of two letters already do
+_UNIT_END = re.compile(r"(?<=\d [a-z]\.) (?=[\"'“(\[]?[A-Z])")
 
 
 def split_into_sentences(paragraphs: list[str]) -> list[str]:
-    """Paragraphs -> sentences with pysbd; a paragraph always ends a sentence. Whitespace is collapsed, so
-    no sentence holds a newline."""
+    """Paragraphs -> sentences with sentencex (Wikimedia's rule-based segmenter: abbreviations such as
+    "Dr.", "e.g.", "U.S." and decimals such as 3.14 do not end a sentence); a paragraph always ends a
+    sentence. A boundary without whitespace after it ("ASP.NET", "object.__dict__") is not one, except after
+    a CJK full stop; a one-letter unit after a number ("310 m.") before a capital is one. Whitespace is
+    collapsed, so no sentence holds a newline."""
+    import sentencex
+
     out = []
     for paragraph in paragraphs:
         paragraph = _SPACE.sub(" ", paragraph).strip()
         if not paragraph:
             continue
-        if not _MAYBE_SPLIT.search(paragraph):  # no full stop inside: one sentence, pysbd not needed
-            out.append(paragraph)
-            continue
-        for sentence in _segmenter().segment(paragraph):
-            sentence = _SPACE.sub(" ", sentence).strip()
-            if sentence:
-                out.append(sentence)
+        pending = ""
+        for piece in sentencex.segment("en", paragraph):
+            if pending and not pending[-1].isspace() and not pending.endswith(_CJK_END):
+                pending += piece  # no whitespace at the boundary: the same sentence
+                continue
+            out.extend(_UNIT_END.split(pending.strip()) if pending.strip() else [])
+            pending = piece
+        out.extend(_UNIT_END.split(pending.strip()) if pending.strip() else [])
     return out
 
 
@@ -508,6 +549,7 @@ class _ShardWriter:
     def __init__(self, output: Path, docs_per_shard: int, identity: dict, done: list[dict]):
         self.output, self.n, self.identity = output, docs_per_shard, identity
         self.shards = list(done)
+        self.base = sum(r["articles"] for r in done)  # articles in the complete shards
         self.file = None
         self.partial: Path | None = None
         self._new_record()
@@ -518,7 +560,7 @@ class _ShardWriter:
         self.hash = hashlib.sha256()
 
     def add(self, index: int, sentences: list[str]) -> None:
-        assert index == len(self.shards) * self.n + self.record["articles"], "articles out of order"
+        assert index == self.base + self.record["articles"], "articles out of order"
         if self.file is None:
             self.partial = self.output / (self.record["file"] + ".partial")
             self.file = open(self.partial, "wb")
@@ -546,6 +588,7 @@ class _ShardWriter:
         os.replace(self.partial, self.output / self.record["file"])
         self.partial = None
         self.shards.append(self.record)
+        self.base += self.record["articles"]
         _commit_shard(self.output, self.identity, self.shards)
         self._new_record()
 
@@ -558,9 +601,13 @@ class _ShardWriter:
             self.partial = None
 
 
+def _write_progress(output: Path, identity: dict, shards: list[dict]) -> None:
+    _write_json(output / PROGRESS, {"identity": identity, "shards": shards})
+
+
 def _commit_shard(output: Path, identity: dict, shards: list[dict]) -> None:
     """Record the complete shards (after each one): what a rerun skips."""
-    _write_json(output / PROGRESS, {"identity": identity, "shards": shards})
+    _write_progress(output, identity, shards)
 
 
 # ---------------------------------------------------------------------------------------------- prepare
@@ -615,6 +662,10 @@ def _check_output(output: Path, identity: dict, overwrite: bool) -> list[dict]:
     progress = _read_json(output / PROGRESS) or {}
     manifest = _read_json(output / MANIFEST) or {}
     recorded = progress.get("identity") or manifest.get("identity")
+    if recorded is None and not any(_SHARD_RE.match(p.name) and not p.name.endswith(".partial") for p in entries):
+        for p in entries:  # only half-written files of a run stopped before its first shard
+            p.unlink()
+        return []
     if recorded != identity:
         if recorded is None:
             raise WikipediaError(f"--output {output} holds shards without {PROGRESS}; pass --overwrite to "
@@ -627,7 +678,8 @@ def _check_output(output: Path, identity: dict, overwrite: bool) -> list[dict]:
     for i, record in enumerate(shards):
         path = output / SHARD.format(i)
         if (not isinstance(record, dict) or record.get("file") != path.name or not path.is_file()
-                or path.stat().st_size != record.get("bytes") or _sha256(path) != record.get("sha256")):
+                or path.stat().st_size != record.get("bytes") or _sha256(path) != record.get("sha256")
+                or (done and done[-1].get("articles") != identity["docs_per_shard"])):  # only the last is short
             break
         done.append(record)
     # everything after the verified prefix is redone: drop it, and any half-written shard
@@ -678,14 +730,15 @@ def _hf_rows(path: Path) -> int:
 
 
 def _ordered(pool, fn, tasks, in_flight):
-    """Like pool.imap, in order, with never more than `in_flight` tasks read ahead."""
+    """Like pool.map, in order, with never more than `in_flight` tasks read ahead (a worker that dies raises
+    BrokenProcessPool here instead of hanging)."""
     pending = deque()
     for task in tasks:
-        pending.append(pool.apply_async(fn, (task,)))
+        pending.append(pool.submit(fn, task))
         if len(pending) >= in_flight:
-            yield pending.popleft().get()
+            yield pending.popleft().result()
     while pending:
-        yield pending.popleft().get()
+        yield pending.popleft().result()
 
 
 class _Progress:
@@ -714,23 +767,25 @@ class _Progress:
 
     def _line(self, done: int, articles: int) -> None:
         seconds = time.perf_counter() - self.start
-        scale, name = (1e6, "MB") if self.unit == "B" else (1, self.unit)
-        print(f"{self.label}: {done / max(self.total, 1):.1%} ({done / scale:,.0f} of {self.total / scale:,.0f} "
-              f"{name}), {articles:,} articles, {seconds:.0f} s", file=sys.stderr, flush=True)
+        amount = (f"{done / 1e6:,.1f} of {self.total / 1e6:,.1f} MB" if self.unit == "B"
+                  else f"{done:,} of {self.total:,} {self.unit}")
+        print(f"{self.label}: {done / max(self.total, 1):.1%} ({amount}), {articles:,} articles, {seconds:.0f} s",
+              file=sys.stderr, flush=True)
 
-    def close(self, articles: int) -> None:
+    def close(self, articles: int, ok: bool) -> None:
+        """The last line on success; on an error nothing is left (the error is the one line)."""
         if self.bar is not None:
+            self.bar.leave = ok
             self.bar.close()
-        elif self.enabled:
+        elif self.enabled and ok:
             self._line(self.done, articles)
 
 
 def _versions() -> dict:
-    import mwparserfromhell
-    import pysbd
+    from importlib.metadata import version
 
-    return {"python": platform.python_version(), "mwparserfromhell": mwparserfromhell.__version__,
-            "pysbd": pysbd.__version__}
+    return {"python": platform.python_version(), "mwparserfromhell": version("mwparserfromhell"),
+            "sentencex": version("sentencex")}
 
 
 def prepare(dump_or_dataset: str | Path, output: str | Path, workers: int = 1,
@@ -756,10 +811,11 @@ def prepare(dump_or_dataset: str | Path, output: str | Path, workers: int = 1,
         return manifest  # complete already: every shard verified
     created = not output.exists()
     output.mkdir(parents=True, exist_ok=True)
+    _write_progress(output, identity, done)  # from the start, the folder says whose output it is
 
-    counts = {"pages": 0, "articles": 0, "redirects": 0, "disambiguation": 0, "other_namespaces": 0,
+    counts = {"pages": 0, "articles_kept": 0, "redirects": 0, "disambiguation": 0, "other_namespaces": 0,
               "empty_after_cleaning": 0, "sentences": 0, "bytes": 0}
-    skip = len(done) * docs_per_shard  # articles of the complete shards: read, not converted
+    skip = sum(r["articles"] for r in done)  # articles of the complete shards: read, not converted
     writer = _ShardWriter(output, docs_per_shard, identity, done)
     if kind == "dump":
         bar = _Progress(progress, size, "B", f"{source.name} -> text")
@@ -800,12 +856,13 @@ def prepare(dump_or_dataset: str | Path, output: str | Path, workers: int = 1,
             yield text_kind, batch
 
     pool = None
+    ok = False
     try:
         if workers == 1:
             results = map(_convert, tasks())
         else:
-            pool = mp.get_context("spawn").Pool(workers)
-            results = _ordered(pool, _convert, tasks(), in_flight=2 * workers)
+            pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"))
+            results = _ordered(pool, _convert, tasks(), in_flight=3 * workers)
         for result in results:
             for index, sentences in result:
                 writer.add(index, sentences)
@@ -815,11 +872,11 @@ def prepare(dump_or_dataset: str | Path, output: str | Path, workers: int = 1,
                                  "complete shards; pass --overwrite to start over")
         shards = writer.shards
         for record in shards:
-            counts["articles"] += record["documents"]
+            counts["articles_kept"] += record["documents"]
             counts["empty_after_cleaning"] += record["empty_after_cleaning"]
             counts["sentences"] += record["sentences"]
             counts["bytes"] += record["bytes"]
-        if counts["articles"] == 0:
+        if counts["articles_kept"] == 0:
             raise WikipediaError(f"{source}: no article with text ({counts['pages']:,} pages: "
                                  f"{counts['redirects']:,} redirects, {counts['disambiguation']:,} disambiguation, "
                                  f"{counts['other_namespaces']:,} in other namespaces, "
@@ -839,13 +896,14 @@ def prepare(dump_or_dataset: str | Path, output: str | Path, workers: int = 1,
             "versions": _versions(),
         }
         _write_json(output / MANIFEST, manifest)  # last
+        ok = True
     except WikipediaError:
         # bad input: nothing of this output is a conversion of it; leave nothing that looks complete
         writer.abort()
         for p in output.iterdir() if output.is_dir() else []:
             if _ours(p):
                 p.unlink()
-        if created or not any(output.iterdir()):
+        if created:
             output.rmdir()
         raise
     except BaseException:
@@ -853,7 +911,6 @@ def prepare(dump_or_dataset: str | Path, output: str | Path, workers: int = 1,
         raise
     finally:
         if pool is not None:
-            pool.terminate()
-            pool.join()
-        bar.close(articles)
+            pool.shutdown(wait=True, cancel_futures=True)
+        bar.close(articles, ok)
     return manifest
