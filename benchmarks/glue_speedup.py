@@ -1,8 +1,8 @@
 """Packed GLUE-style sequence classification: packing per length distribution, and the realized fine-tuning
 speed-up of packed over unpacked rows, measured in one run on the real classifier.
 
-    .venv/bin/python benchmarks/glue_speedup.py [--size minilm|base] [--micro-batch 8] [--steps 3]
-        [--rounds 6] [--time-limit 330] [--examples 4000] [--seed 0] [--json OUT]
+    .venv/bin/python benchmarks/glue_speedup.py [--size minilm|base] [--micro-batch 8] [--steps 4]
+        [--rounds 8] [--time-limit 330] [--examples 4000] [--seed 0] [--json OUT]
 
 Length distributions (max length 128), made from the built-in corpus (bert_ipu.data.text.builtin_documents)
 with the default WordPiece vocab and GLUE's own featurize (bert_ipu.glue.data: [CLS] a [SEP] (b [SEP]),
@@ -26,7 +26,7 @@ count represents p), every measured step a different micro-batch (the warm-up ro
 measured round's); the unpacked rows hold examples of those packed rows. Each round runs, per distribution,
 `--steps` packed and `--steps` unpacked steps (which goes first alternates, step by step); the first round is
 warm-up and dropped; no round starts that would likely end past `--time-limit` (on this 2-core machine a
-round takes about 20 s when it is idle, and several times that when other jobs share it: then fewer rounds
+round takes about 25 s when it is idle, and up to twice that when other jobs share it: then fewer rounds
 are measured and the script says so). Reported from the median step times:
 
     ex/step    the real example count of a step's rows (unpacked: B), averaged over the timed steps
@@ -36,6 +36,9 @@ are measured and the script says so). Reported from the median step times:
                what the packed model costs beyond the unpacked one (K [CLS] slots, the block-diagonal mask)
     OH pair    the same from the median of the ratios of adjacent packed and unpacked steps: a check that
                is less sensitive to the shared machine's load changing during the run
+
+OpenMP's threads wait passively (OMP_WAIT_POLICY=PASSIVE unless the environment sets it): on a shared
+machine spinning threads make a step up to 10x slower whenever another job runs, sleeping ones about 2x.
 
 A realized speed-up above the bound is noise of the shared machine (step times spread a few percent); the
 script says so where it happens.
@@ -49,6 +52,11 @@ import os
 import statistics
 import time
 from pathlib import Path
+
+# OpenMP threads that sleep instead of spinning while they wait: on this shared 2-core machine another job
+# makes spinning threads several times slower (a step of 0.8 s became 8 s) where sleeping ones lose about
+# 2x; idle, they cost ~10% on both layouts alike. Must be set before torch loads OpenMP; the environment wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import numpy as np
 import torch
@@ -240,8 +248,8 @@ def main() -> None:
     ap.add_argument("--size", choices=sorted(SIZES), default="minilm",
                     help="minilm: hidden 384, 6 layers, 12 heads, intermediate 1536 (default); base: BERT-base")
     ap.add_argument("--micro-batch", type=int, default=8, help="B: rows of 128 per step, packed and unpacked alike")
-    ap.add_argument("--steps", type=int, default=3, help="steps per layout per distribution per round")
-    ap.add_argument("--rounds", type=int, default=6, help="interleaved rounds at most; the first is warm-up")
+    ap.add_argument("--steps", type=int, default=4, help="steps per layout per distribution per round")
+    ap.add_argument("--rounds", type=int, default=8, help="interleaved rounds at most; the first is warm-up")
     ap.add_argument("--time-limit", type=float, default=330, metavar="SECONDS",
                     help="start no round that would likely end past this many seconds of timing (the machine "
                          "is shared: a busy one makes steps several times slower); 0 = warm-up + 1 round")
@@ -281,7 +289,8 @@ def main() -> None:
     model.to(device)
     say(f"{args.size}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters, micro-batch "
         f"{args.micro_batch} rows of {MAX_LEN}, {args.steps} steps per layout per distribution x {args.rounds} "
-        f"rounds (first dropped), {device}, {torch.get_num_threads()} threads")
+        f"rounds (first dropped), {device}, {torch.get_num_threads()} threads, "
+        f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}")
     times, measured = measure(WithPrecision(model, device, args.precision), batches, args.rounds, args.steps,
                               device, args.time_limit)
     rows = realized_rows(table1, times, ex)
