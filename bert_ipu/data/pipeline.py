@@ -91,6 +91,11 @@ def create_pretraining_data(inputs: list[str], output: str | Path, config: Insta
     if docs_per_shard < 1 or workers < 1 or not 0 <= validation_fraction < 1:
         raise DataInputError("docs_per_shard and workers must be >= 1 and validation_fraction in [0, 1)")
     output = Path(output)
+    for source in inputs:  # a dataset inside its own input would be read as input by the next run
+        if source != BUILTIN and Path(source).is_dir() and (output.resolve() == Path(source).resolve()
+                                                            or Path(source).resolve() in output.resolve().parents):
+            raise DataInputError(f"--output {output} is inside --input {source}: the next run would read its own "
+                                 "output; choose an output folder outside the input")
     layout = PackLayout(config.max_seq_length, config.max_predictions, 1)
     start = time.perf_counter()
     with DatasetWriter(output, layout, overwrite) as writer:
@@ -182,7 +187,7 @@ def pack_pretraining_data(input_dir: str | Path, output: str | Path, algorithm: 
     if algorithm not in packing.ALGORITHMS:
         raise packing.PackingInputError(f"unknown algorithm {algorithm!r}; choose from "
                                         f"{', '.join(packing.ALGORITHMS)}")
-    src = PackedDataset(input_dir)
+    src = PackedDataset(input_dir, verify=True)  # a corrupt source must not come out with fresh checksums
     if src.layout.max_sequences_per_pack != 1 or src.manifest.get("kind") != "instances":
         raise DatasetError(f"{input_dir} is already packed; give the output of data/create_pretraining_data.py")
     config = InstanceConfig(**{k: v for k, v in src.manifest["instance_config"].items()})

@@ -55,6 +55,9 @@ class DatasetWriter:
         self.layout = layout
         if self.out_dir.exists() and not overwrite:
             raise DatasetError(f"{self.out_dir} exists; choose another output or pass --overwrite")
+        if self.out_dir.exists() and not (self.out_dir / MANIFEST).is_file():
+            raise DatasetError(f"{self.out_dir} exists and is not a dataset of this project (no {MANIFEST}); "
+                               "--overwrite only replaces a dataset, nothing was deleted: choose another output")
         self.partial = self.out_dir.with_name(self.out_dir.name + ".partial")
         if self.partial.exists():
             shutil.rmtree(self.partial)  # left by an interrupted run
@@ -156,8 +159,12 @@ class PackedDataset:
         return {"masked_lm_labels": (M,), "next_sentence_labels": (K,), "next_sentence_weights": (K,)}.get(field, (S,))
 
     def _check_shards(self) -> None:
-        """Cheap consistency of manifest and files: every shard and field present with the right shape."""
+        """Cheap consistency of manifest and files: every shard and field present with the right shape, and
+        each split's total the sum of its shards."""
         for split, info in self.manifest["splits"].items():
+            if info.get("packs") != sum(shard["packs"] for shard in info["shards"]):
+                raise DatasetError(f"{self.path}: split {split} says {info.get('packs')} packs but its shards hold "
+                                   f"{sum(shard['packs'] for shard in info['shards'])}; recreate the dataset")
             for shard in info["shards"]:
                 for field in FIELDS:
                     path = self.path / shard["name"] / f"{field}.npy"

@@ -62,6 +62,15 @@ class PretrainingTask:
             check_dataset_matches(path, self.data.manifest, self.cfg.data)
         except DatasetError as e:
             raise RunError(str(e)) from None
+        error = None
+        if rt.main:  # the shards' sha256 against the manifest, once a run (about 1 s per GB): a flipped bit stops it
+            try:
+                self.data.verify_checksums()
+            except DatasetError as e:
+                error = str(e)
+        error = rt.broadcast_error(error)
+        if error:
+            raise RunError(error)
         self.path = path
         data, world, t = self.data, rt.dp_world, self.cfg.train
         if "validation" not in data.splits or data.packs("validation") < world:
