@@ -40,6 +40,13 @@ class ModelConfig:
     """start from a Hugging Face BERT folder (ours or transformers'); None = from scratch"""
 
     def __post_init__(self):
+        for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                    "max_position_embeddings"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"model.{key} = {getattr(self, key)}: must be >= 1")
+        for key in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+            if not 0 <= getattr(self, key) < 1:
+                raise ConfigError(f"model.{key} = {getattr(self, key)}: a probability in [0, 1)")
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(f"model.hidden_size {self.hidden_size} is not a multiple of "
                               f"model.num_attention_heads {self.num_attention_heads}")
@@ -460,9 +467,11 @@ def _read(name: str, seen=()) -> dict:
     if path in seen:
         raise ConfigError(f"{path}: inherit loop")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML ({e})") from None
+        raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a YAML text file (not UTF-8); give a config .yaml") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping of sections")
     parent = raw.pop("inherit", None)

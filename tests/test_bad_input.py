@@ -115,3 +115,38 @@ def test_manifest_totals_must_match_the_shards(dataset, tmp_path):
     (copy / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(DatasetError, match="says .* packs but its shards hold"):
         PackedDataset(copy)
+
+
+@pytest.mark.parametrize("override, named", [
+    ("model.num_hidden_layers=0", "model.num_hidden_layers = 0: must be >= 1"),
+    ("model.num_attention_heads=0", "model.num_attention_heads = 0: must be >= 1"),
+    ("model.hidden_size=-8", "model.hidden_size = -8: must be >= 1"),
+    ("model.hidden_dropout_prob=1.5", "model.hidden_dropout_prob = 1.5: a probability"),
+    ("train.clip_grad_norm=-1", "train.clip_grad_norm must be > 0"),
+    ("train.betas=fast", "train.betas 'fast': give two numbers"),
+    ("train.betas=[0.9]", "give two numbers"),
+    ("train.learning_rate=-0.1", "learning_rate and weight_decay must be >= 0"),
+    ("train.log_every=0", "log_every, keep_checkpoints and validation_batches must be >= 1"),
+    ("train.validation_batches=0", "validation_batches must be >= 1"),
+    ("train.checkpoint_every=0", "train.checkpoint_every must be >= 1"),
+    ("train.validate_every=0", "train.validate_every must be >= 1"),
+    ("train.seed=-1", "train.seed must be >= 0"),
+    ("output_dir=[1, 2]", "output_dir = \\[1, 2\\]: expected str"),
+    ("output_dir=3", "output_dir = 3: expected str"),
+    ("data.max_sequences_per_pack=0", "data.max_sequences_per_pack"),
+])
+def test_configs_that_cannot_be_meant_are_refused(override, named):
+    """Values no run can mean are a ConfigError naming the key, at load time (before any work)."""
+    from bert_ipu.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=named):
+        load_config("test_tiny", [override])
+
+
+def test_a_binary_file_as_config_is_a_clear_error(tmp_path):
+    from bert_ipu.config import ConfigError, load_config
+
+    bad = tmp_path / "model.yaml"
+    bad.write_bytes(bytes(range(256)) * 4)
+    with pytest.raises(ConfigError, match="not a YAML text file"):
+        load_config(str(bad))
