@@ -116,7 +116,8 @@ def save(path: Path, module: torch.nn.Module, opt, state: dict, keep: int, main:
     dcp.save(_unshared(tensors),
              storage_writer=HuggingFaceStorageWriter(str(partial), save_distributed=True),
              no_dist=not dist.is_initialized())
-    rng = _rng_to_text(torch.get_rng_state())
+    rng = {"cpu": _rng_to_text(torch.get_rng_state()),
+           "cuda": _rng_to_text(torch.cuda.get_rng_state()) if torch.cuda.is_available() else None}
     rngs = [None] * dist.get_world_size() if dist.is_initialized() else [rng]
     others = [None] * len(rngs)
     if dist.is_initialized():
@@ -129,6 +130,7 @@ def save(path: Path, module: torch.nn.Module, opt, state: dict, keep: int, main:
         for part in others:
             merged |= part
         groups = [{k: v for k, v in g.items() if k != "params"} for g in opt.state_dict()["param_groups"]]
+        rngs = [r if isinstance(r, dict) else {"cpu": r, "cuda": None} for r in rngs]
         doc = state | {"optimizer_groups": groups, "optimizer_other": merged, "rng": rngs}
         (partial / STATE).write_text(json.dumps(doc, indent=1))
         _fsync_tree(partial)
@@ -160,9 +162,18 @@ def load(path: Path, module: torch.nn.Module, opt, rank: int = 0) -> dict:
     saved = reader.read_metadata().state_dict_metadata
     model_sd = {f"model.{k}": v for k, v in module.state_dict().items()}
     missing = [k for k in model_sd if k not in saved]
-    if missing:
-        raise RunError(f"{path} does not hold {len(missing)} weights of this model (e.g. {missing[0][6:]}): it was "
-                       "saved from another model; resume with the config it was saved with")
+    wrong = [k for k in model_sd if k in saved and tuple(saved[k].size) != tuple(model_sd[k].shape)]
+    problem = None
+    if missing or wrong:
+        problem = (f"{path} does not fit this model ({len(missing)} weights missing, e.g. "
+                   f"{(missing or wrong)[0][6:]}{'' if missing else ' has another shape'}): it was saved from "
+                   "another model; resume with the config it was saved with")
+    if dist.is_initialized():  # a pipeline stage may find the mismatch alone: every rank stops with the same error
+        problems = [None] * dist.get_world_size()
+        dist.all_gather_object(problems, problem)
+        problem = next((p for p in problems if p), None)
+    if problem:
+        raise RunError(problem)
     # optimizer: one template per state tensor of every parameter this rank holds, under a name it was saved by
     names = _param_names(module)
     groups = state["optimizer_groups"]
@@ -177,7 +188,12 @@ def load(path: Path, module: torch.nn.Module, opt, rank: int = 0) -> dict:
                         templates[k] = torch.empty(meta.size, dtype=meta.properties.dtype)
                     where[id(p)] = (name, keys)
                     break
-    dcp.load(model_sd | templates, storage_reader=HuggingFaceStorageReader(str(path)), no_dist=not dist.is_initialized())
+    try:
+        dcp.load(model_sd | templates, storage_reader=HuggingFaceStorageReader(str(path)),
+                 no_dist=not dist.is_initialized())
+    except Exception as e:  # DCP reports every rank's failure with tracebacks: one line is what the user needs
+        raise RunError(f"{path} could not be loaded into this model ({str(e).strip().splitlines()[-1]}); resume "
+                       "with the config it was saved with") from None
     params = {id(p): p for g in opt.param_groups for p in g["params"]}
     opt.state.clear()
     other = state.get("optimizer_other", {})
@@ -187,11 +203,16 @@ def load(path: Path, module: torch.nn.Module, opt, rank: int = 0) -> dict:
         entry |= {k[len(name) + 1:]: v for k, v in other.items() if k.startswith(f"{name}.")}
         opt.state[p] = entry
     for group, saved_group in zip(opt.param_groups, groups):
-        group.update({k: tuple(v) if isinstance(v, list) else v for k, v in saved_group.items()})
+        # the optimizer's own progress comes back; its settings (betas, eps, weight decay) stay the config's
+        group.update({k: tuple(v) if isinstance(v, list) else v for k, v in saved_group.items()
+                      if k not in ("betas", "eps", "weight_decay")})
     rngs = state.get("rng") or []
     if rngs:
-        torch.set_rng_state(_rng_from_text(rngs[rank] if rank < len(rngs) and len(rngs) == state.get("world", 1)
-                                           else rngs[0]))
+        mine = rngs[rank] if rank < len(rngs) and len(rngs) == state.get("world", 1) else rngs[0]
+        mine = mine if isinstance(mine, dict) else {"cpu": mine, "cuda": None}
+        torch.set_rng_state(_rng_from_text(mine["cpu"]))
+        if mine.get("cuda") and torch.cuda.is_available():
+            torch.cuda.set_rng_state(_rng_from_text(mine["cuda"]))
     return state
 
 

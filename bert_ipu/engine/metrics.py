@@ -28,8 +28,13 @@ class MetricsLogger:
             return
         path = Path(out) / "metrics.jsonl"
         if start_step and path.is_file():  # a resumed run: forget what happened after the checkpoint
-            keep = [line for line in path.read_text().splitlines() if line.strip()
-                    and json.loads(line).get("step", 0) <= start_step]
+            keep = []
+            for line in path.read_text().splitlines():
+                try:
+                    if json.loads(line).get("step", 0) <= start_step:
+                        keep.append(line)
+                except (json.JSONDecodeError, AttributeError):  # a line cut short when the run died
+                    continue
             tmp = path.with_name(path.name + ".partial")
             tmp.write_text("".join(line + "\n" for line in keep))
             os.replace(tmp, path)

@@ -1,7 +1,7 @@
 """Optimizer, schedule and the size of an update: what pretraining and fine-tuning share.
 
     P = packs_per_update(train, packing_factor, replicas)          # packs of one update, all replicas
-    opt, sched = build_optimizer(model.named_parameters(), train, total_steps, warmup_steps, betas)
+    opt, sched = build_optimizer(model, train, total_steps, warmup_steps, betas)
 """
 
 from __future__ import annotations
@@ -13,18 +13,24 @@ import torch
 from .runtime import RunError
 
 
-def param_groups(named_parameters, weight_decay: float) -> list[dict]:
-    """No weight decay on biases and LayerNorm (BERT's recipe)."""
+NORMS = tuple(c for c in (torch.nn.LayerNorm, torch.nn.GroupNorm, getattr(torch.nn, "RMSNorm", None),
+                           torch.nn.modules.batchnorm._NormBase) if c is not None)
+
+
+def param_groups(module: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """No weight decay on biases and normalisation weights (BERT's recipe), chosen by module type, so any
+    model's norms (LayerNorm, RMSNorm, ...) qualify whatever their names."""
+    norm_params = {id(p) for m in module.modules() if isinstance(m, NORMS) for p in m.parameters(recurse=False)}
     decay, no_decay = [], []
-    for name, p in named_parameters:
-        (no_decay if name.endswith("bias") or "LayerNorm" in name else decay).append(p)
+    for name, p in module.named_parameters():
+        (no_decay if name.endswith("bias") or id(p) in norm_params else decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def build_optimizer(named_parameters, t, total_steps: int, warmup_steps: int, betas: tuple):
+def build_optimizer(module: torch.nn.Module, t, total_steps: int, warmup_steps: int, betas: tuple):
     """LAMB (pytorch_optimizer) or AdamW without weight decay on biases and LayerNorm; linear warm-up over
     `warmup_steps`, then polynomial decay (`t.decay_power`) to 0 at `total_steps`."""
-    groups = param_groups(named_parameters, t.weight_decay)
+    groups = param_groups(module, t.weight_decay)
     if t.optimizer == "lamb":
         from pytorch_optimizer import Lamb
 

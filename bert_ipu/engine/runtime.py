@@ -67,7 +67,11 @@ class Runtime:
         dev = pick_device(device)
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if world > 1 and not dist.is_initialized():
-            dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
+            if dev.type == "cuda":  # NCCL for GPU tensors, gloo for the small CPU sums and objects
+                torch.cuda.set_device(dev)
+                dist.init_process_group("cpu:gloo,cuda:nccl", device_id=dev)
+            else:
+                dist.init_process_group("gloo")
         rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
         if world % pipeline_stages:
             raise RunError(f"parallel.pipeline_stages={pipeline_stages} needs a multiple of {pipeline_stages} "

@@ -28,7 +28,7 @@ from .parallel import LocalParallel, PipelineParallel
 from .runtime import Runtime, RunError
 
 RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "tensorboard", "hf", "results.json",
-             "predictions.json")
+             "predictions*.json")
 
 
 class RunLock:
@@ -60,8 +60,10 @@ def prepare_run_dir(out: Path, resume: bool, overwrite: bool, rt: Runtime, confi
             lock = RunLock(out)
         except RunError as e:
             error = str(e)
+        except OSError as e:
+            error = f"cannot lock the run folder {out} ({e.strerror}); choose another output_dir"
     if rt.main and error is None:
-        found = [name for name in RUN_FILES if (out / name).exists()]
+        found = sorted({p.name for pattern in RUN_FILES for p in out.glob(pattern)}) if out.is_dir() else []
         if out.exists() and not out.is_dir():
             error = f"output_dir {out} is a file; choose a folder"
         elif resume and not checkpoint.checkpoints(out):
@@ -103,17 +105,9 @@ def train(task, cfg, rt: Runtime, resume: bool = False, overwrite: bool = False,
 
     t = cfg.train
     out = Path(cfg.output_dir)
-    task.prepare(rt)  # data first: a config that disagrees with its dataset fails before anything is written
-    lock = prepare_run_dir(out, resume, overwrite, rt, dataclasses.asdict(cfg) | {"data_layout": task.layout_record()})
-    try:
-        return _train(task, cfg, rt, out, resume, progress)
-    finally:
-        if lock:
-            lock.release()
-
-
-def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool) -> dict:
-    t = cfg.train
+    # everything that can refuse the config comes first (data, update size, schedule, model): a refused run
+    # writes nothing, and --overwrite deletes nothing, not even an init checkpoint inside the old run
+    task.prepare(rt)
     p = task.packing_factor
     P = packs_per_update(t, p, rt.dp_world)
     try:
@@ -129,16 +123,27 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool) -> d
                        f"{accumulation}; raise train.global_batch_size or lower train.micro_batch_size")
     torch.manual_seed(t.seed)
     model = task.build_model().to(rt.device).train()
+    lock = prepare_run_dir(out, resume, overwrite, rt, dataclasses.asdict(cfg) | {"data_layout": task.layout_record()})
+    try:
+        return _train(task, cfg, rt, out, resume, progress, loader, model, P, total, warmup)
+    finally:
+        if lock:
+            lock.release()
+
+
+def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, loader: UpdateLoader, model, P: int,
+           total: int, warmup: int) -> dict:
+    t, p, stages, accumulation = cfg.train, task.packing_factor, rt.stages, loader.accumulation
     parameters = sum(q.numel() for q in model.parameters())
     engine = (PipelineParallel(model, task, rt, accumulation, cfg.parallel.schedule, cfg.parallel.layers_per_stage)
               if stages > 1 else LocalParallel(model, task, rt, t.precision))
     betas = packing_betas(t, task.packed, p)
-    opt, sched = build_optimizer(engine.module.named_parameters(), t, total, warmup, betas)
+    opt, sched = build_optimizer(engine.module, t, total, warmup, betas)
 
-    step, seen = 0, 0.0
+    step, seen, last = 0, 0.0, {}
     if resume:
-        last = checkpoint.checkpoints(out)[-1]
-        state = checkpoint.load(last, engine.module, opt, rt.rank)
+        newest = checkpoint.checkpoints(out)[-1]
+        state = checkpoint.load(newest, engine.module, opt, rt.rank)
         sched.load_state_dict(state["scheduler"])
         saved_lr = state.get("learning_rate", t.learning_rate)
         if saved_lr != t.learning_rate:  # the user asks for a new peak learning rate: the schedule keeps its place
@@ -152,7 +157,8 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool) -> d
         except ValueError as e:
             raise RunError(str(e)) from None
         step, seen = state["step"], state["sequences_seen"]
-        rt.say(f"resumed from {last} at step {step} (saved on {state['replicas']} replica(s) x {state['stages']} "
+        last = state.get("metrics", {})  # what a finished run reported, if it is resumed at its end
+        rt.say(f"resumed from {newest} at step {step} (saved on {state['replicas']} replica(s) x {state['stages']} "
                f"stage(s), now {rt.dp_world} x {stages})")
     rt.say(f"{cfg.name}: {parameters / 1e6:.1f} M parameters, {task.describe()}, {P} packs/update = "
            f"{t.micro_batch_size} x {rt.dp_world} replica(s) x {accumulation} accumulation"
@@ -172,7 +178,7 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool) -> d
             stop_non_finite("the weights are not finite after the update", at_step)
         state = {"step": at_step, "sequences_seen": seen, "scheduler": sched.state_dict(),
                  "loader": loader.state_dict(), "world": rt.world, "replicas": rt.dp_world, "stages": stages,
-                 "config": cfg.name, "learning_rate": t.learning_rate}
+                 "config": cfg.name, "learning_rate": t.learning_rate, "metrics": last}
         return checkpoint.save(out / "checkpoints" / f"step-{at_step:07d}", engine.module, opt, state,
                                t.keep_checkpoints, rt.main)
 
@@ -180,7 +186,6 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool) -> d
         return at == total or (every is not None and at % every == 0)
 
     logger = MetricsLogger(out, rt.main, total, step, progress, desc=task.name)
-    last: dict = {}
     window: dict = {}
     window_start = time.perf_counter()
     try:

@@ -275,14 +275,18 @@ def main(cfg, resume: bool = False, overwrite: bool = False, progress: bool = Tr
             write_json(Path(cfg.output_dir) / "results.json", result)
         return result
     task.prepare(rt)  # evaluation only
-    prepare_run_dir(Path(cfg.output_dir), False, overwrite, rt,
-                    dataclasses.asdict(cfg) | {"data_layout": task.layout_record()})
     torch.manual_seed(cfg.train.seed)
     model = task.build_model().to(rt.device)
-    result = {"output_dir": cfg.output_dir}
-    if rt.main:
-        task._evaluate(model)
-        result |= task.result_extra()
-        write_json(Path(cfg.output_dir) / "results.json", result)
+    lock = prepare_run_dir(Path(cfg.output_dir), False, overwrite, rt,
+                           dataclasses.asdict(cfg) | {"data_layout": task.layout_record()})
+    try:
+        result = {"output_dir": cfg.output_dir}
+        if rt.main:
+            task._evaluate(model)
+            result |= task.result_extra()
+            write_json(Path(cfg.output_dir) / "results.json", result)
+    finally:
+        if lock:
+            lock.release()
     rt.barrier()
     return result

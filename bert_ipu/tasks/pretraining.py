@@ -169,6 +169,11 @@ class PretrainingTask:
             if len(batches) >= max(t.validation_batches, group):
                 break
             batches.append({k: v.to(rt.device) for k, v in batch.items()})
+        batches = batches[: len(batches) // group * group]  # a pipeline evaluates whole schedules only
+        if not batches:
+            raise RunError(f"{self.path}: the validation split holds too few packs for one pipeline schedule of "
+                           f"{group} micro-batches on {rt.dp_world} replica(s); recreate the dataset with a larger "
+                           "--validation-fraction")
         counts = self.counts(batches)
         names = list(counts)
         counts = dict(zip(names, engine.dp_sum(torch.tensor([counts[n] for n in names], dtype=torch.float64)).tolist()))
