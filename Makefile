@@ -39,7 +39,7 @@ $(OPS_LIB): $(OPS_SRC) $(VENV)/.installed
 RUNS := runs
 # the main job: built-in corpus -> packed shards -> a small BERT pretrained on the CPU -> HF export
 run: ops
-	$(PY) run_pretraining.py --config pretrain_tiny_128_packed
+	$(PY) run_pretraining.py --config pretrain_tiny_128_packed --overwrite  # the demo replaces its previous run
 
 # the real-data chain: a Wikipedia dump -> text -> instances at 128 and 512 -> packed shards -> phase 1 at 128 ->
 # phase 2 at 512 from phase 1's export. make wikipedia DUMP=enwiki-...-pages-articles.xml.bz2 [WORKERS=8]
