@@ -150,3 +150,35 @@ def test_a_binary_file_as_config_is_a_clear_error(tmp_path):
     bad.write_bytes(bytes(range(256)) * 4)
     with pytest.raises(ConfigError, match="not a YAML text file"):
         load_config(str(bad))
+
+
+PACKING_CASES = {
+    "count 1e20": ("h.json", "[1e20]", [], "counts must be below"),
+    "count 1e300": ("h.json", "[1e300]", [], "counts must be below"),
+    "tokens overflow int64": ("h.json", "[0, 0, 0, 2305843009213693952]", ["--algorithm", "lpfhp"],
+                              "more than 64-bit integers hold"),
+    "1e18 sequences for greedy": ("h.json", "[1e18, 5]", ["--algorithm", "greedy"], "do not fit in memory"),
+    "binary histogram": ("h.json", bytes(range(256)), [], "not a JSON text file"),
+    "binary lengths": ("l.txt", bytes(range(256)), [], "not a text file of lengths"),
+    "huge lengths": ("l.txt", "1e300\n5\n", [], "far above any pack length"),
+    "negative seed": ("h.json", "[1, 2, 3]", ["--seed", "-1"], "--seed is -1"),
+    "plot is a folder": ("h.json", "[1, 2, 3]", ["--plot", "."], "is a folder"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PACKING_CASES))
+def test_packing_cli_bad_input_is_one_line(case, tmp_path, capsys, monkeypatch):
+    """Every case is exit code 2 and one `error:` line naming the problem (they were tracebacks, or printed
+    negative packs with exit 0), and no plot is written."""
+    from bert_ipu.packing.__main__ import main as packing_cli
+
+    name, content, extra, named = PACKING_CASES[case]
+    path = tmp_path / name
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    monkeypatch.chdir(tmp_path)
+    flag = "--histogram" if name.endswith(".json") else "--lengths"
+    rc = packing_cli([flag, str(path), *extra])
+    err = capsys.readouterr().err
+    errors = [x for x in err.splitlines() if x.startswith("error")]  # progress lines may come before it
+    assert rc == 2 and len(errors) == 1 and named in errors[0] and "Traceback" not in err, err
+    assert not list(tmp_path.glob("*.png"))

@@ -138,12 +138,21 @@ def main(argv=None) -> int:
             raise PackingInputError(f"--batch-size is {args.batch_size}; it must be >= 1")
         if args.plot and not os.path.isdir(os.path.dirname(os.path.abspath(args.plot))):
             raise PackingInputError(f"--plot: the folder of {args.plot!r} does not exist")
+        if args.plot and os.path.isdir(args.plot):
+            raise PackingInputError(f"--plot {args.plot!r} is a folder; give a file name such as {args.plot}/packing.png")
+        if args.seed < 0:
+            raise PackingInputError(f"--seed is {args.seed}; it must be >= 0")
         rows = plan(args.algorithm, args.max_sequences_per_pack)
         results = []
         for name, depth in rows:
             if not args.json:
                 print(f"running {name} (depth {depth_label(depth)}) ...", file=sys.stderr)
-            result = pack(histogram, name, depth, seed=args.seed, batch_size=args.batch_size)
+            try:
+                result = pack(histogram, name, depth, seed=args.seed, batch_size=args.batch_size)
+            except MemoryError:
+                raise PackingInputError(f"{name} handles every one of the {int(histogram.sum()):,} sequences and "
+                                        "they do not fit in memory; use a histogram packer (spfhp, lpfhp, nnlshp, "
+                                        "cghp) or fewer sequences") from None
             results.append(result)
             if args.json:
                 print(json.dumps(result.to_json()), flush=True)

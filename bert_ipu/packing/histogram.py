@@ -18,6 +18,9 @@ class PackingInputError(ValueError):
     """Bad user input to the packing library (a histogram, lengths, or an option)."""
 
 
+MAX_COUNT = 2 ** 62
+
+
 def validate_histogram(values, source: str = "histogram") -> np.ndarray:
     """Check a list of counts and return it as an int64 array.
 
@@ -39,7 +42,14 @@ def validate_histogram(values, source: str = "histogram") -> np.ndarray:
             raise PackingInputError(f"{where} is {v!r}; counts must be whole numbers")
         if v < 0:
             raise PackingInputError(f"{where} is {v}; counts must be >= 0")
+        if v >= MAX_COUNT:
+            raise PackingInputError(f"{where} is {v:.3g}; counts must be below {MAX_COUNT:.3g} (2^62)")
         out[i] = int(v)
+    # in Python's exact integers: the totals the algorithms compute must fit in 64-bit integers
+    tokens = sum((i + 1) * int(v) for i, v in enumerate(out.tolist()))
+    if tokens >= MAX_COUNT:
+        raise PackingInputError(f"{source}: the histogram holds {tokens:.3g} tokens, more than 64-bit integers "
+                                "hold; scale the counts down (the packing of a histogram depends on its shape)")
     if out.sum() == 0:
         raise PackingInputError(f"{source}: all counts are zero; there is nothing to pack")
     return out
@@ -49,9 +59,12 @@ def load_histogram(path: str | Path) -> np.ndarray:
     """Read a histogram JSON file (a list of counts, as in shared/benchmarks/histograms/)."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise PackingInputError(f"cannot read histogram file {str(path)!r}: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise PackingInputError(f"{path}: not a JSON text file (not UTF-8); expected a list of counts such as "
+                                "[0, 3, 5]") from None
     try:
         values = json.loads(text)
     except json.JSONDecodeError as e:
@@ -71,7 +84,11 @@ def load_lengths(path: str | Path, max_len: int | None = None) -> np.ndarray:
                                         f"got shape {raw.shape} dtype {raw.dtype}")
             lengths = raw
         else:
-            lines = [ln.strip() for ln in path.read_text().splitlines()]
+            try:
+                lines = [ln.strip() for ln in path.read_text(encoding="utf-8").splitlines()]
+            except UnicodeDecodeError:
+                raise PackingInputError(f"{path}: not a text file of lengths (not UTF-8); give one whole number "
+                                        "per line, or a .npy array") from None
             lines = [ln for ln in lines if ln]
             try:
                 lengths = np.array([float(ln) for ln in lines], dtype=np.float64)
@@ -96,6 +113,10 @@ def validate_lengths(lengths, max_len: int | None = None, source: str = "lengths
     if np.issubdtype(arr.dtype, np.floating):
         if not np.isfinite(arr).all() or (arr != np.round(arr)).any():
             raise PackingInputError(f"{source}: lengths must be whole numbers")
+        if (np.abs(arr) >= MAX_COUNT).any():
+            i = int(np.argmax(np.abs(arr)))
+            raise PackingInputError(f"{source}: sequence {i} has length {arr[i]:.3g}, far above any pack length; "
+                                    "lengths must be whole numbers in 1..max_len")
     elif not np.issubdtype(arr.dtype, np.integer):
         raise PackingInputError(f"{source}: lengths must be numbers, got dtype {arr.dtype}")
     arr = arr.astype(np.int64)
