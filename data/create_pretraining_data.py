@@ -14,7 +14,7 @@ import sys
 from bert_ipu.data.instances import InstanceConfig
 from bert_ipu.data.pipeline import create_pretraining_data
 from bert_ipu.data.shards import DatasetError
-from bert_ipu.data.text import BUILTIN, DataInputError
+from bert_ipu.data.text import BUILTIN, DataInputError, at_least
 
 
 def main(argv=None) -> int:
@@ -25,16 +25,16 @@ def main(argv=None) -> int:
     p.add_argument("--raw", action="store_true", help=".txt files are raw documents (one per file), split into "
                    "sentences here, instead of one sentence per line")
     p.add_argument("--vocab", help="WordPiece vocab.txt (default: bert-base-uncased, shipped offline)")
-    p.add_argument("--train-vocab", type=int, metavar="SIZE", help="train a WordPiece vocab of SIZE on the input")
-    p.add_argument("--max-seq-length", type=int, default=128)
-    p.add_argument("--max-predictions-per-seq", type=int, help="default: 20 at 128, 56 at 384, 76 at 512")
+    p.add_argument("--train-vocab", type=at_least(6), metavar="SIZE", help="train a WordPiece vocab of SIZE on the input")
+    p.add_argument("--max-seq-length", type=at_least(8), default=128)
+    p.add_argument("--max-predictions-per-seq", type=at_least(1), help="default: 20 at 128, 56 at 384, 76 at 512")
     p.add_argument("--masked-lm-prob", type=float, default=0.15)
     p.add_argument("--short-seq-prob", type=float, default=0.1)
     p.add_argument("--whole-word-masking", action="store_true")
-    p.add_argument("--dupe-factor", type=int, default=1, help="passes over the input with different masks")
-    p.add_argument("--seed", type=int, default=12345)
-    p.add_argument("--workers", type=int, default=1, help="worker processes (output does not depend on it)")
-    p.add_argument("--docs-per-shard", type=int, default=2000, help="documents per chunk (= per shard)")
+    p.add_argument("--dupe-factor", type=at_least(1), default=1, help="passes over the input with different masks")
+    p.add_argument("--seed", type=at_least(0), default=12345)
+    p.add_argument("--workers", type=at_least(1), default=1, help="worker processes (output does not depend on it)")
+    p.add_argument("--docs-per-shard", type=at_least(1), default=2000, help="documents per chunk (= per shard)")
     p.add_argument("--validation-fraction", type=float, default=0.02, help="documents held out for validation")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
     args = p.parse_args(argv)

@@ -13,7 +13,7 @@ import sys
 
 from bert_ipu.data.pipeline import pack_pretraining_data
 from bert_ipu.data.shards import DatasetError
-from bert_ipu.data.text import DataInputError
+from bert_ipu.data.text import DataInputError, at_least
 from bert_ipu.packing import ALGORITHMS, PackingInputError, parse_depth
 
 
@@ -34,8 +34,8 @@ def main(argv=None) -> int:
     p.add_argument("--max-sequences-per-pack", type=depth_arg, default=3, metavar="N|max|auto",
                    help="depth limit: most sequences in a pack; max = unlimited, auto = the smallest limit at "
                         "which CGHP needs no more packs than unlimited (on the train split) (default: 3)")
-    p.add_argument("--seed", type=int, default=0, help="assignment shuffle (and GREEDY's)")
-    p.add_argument("--packs-per-shard", type=int, default=4096)
+    p.add_argument("--seed", type=at_least(0), default=0, help="assignment shuffle (and GREEDY's)")
+    p.add_argument("--packs-per-shard", type=at_least(1), default=4096)
     p.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
     args = p.parse_args(argv)
     try:

@@ -182,3 +182,46 @@ def test_packing_cli_bad_input_is_one_line(case, tmp_path, capsys, monkeypatch):
     errors = [x for x in err.splitlines() if x.startswith("error")]  # progress lines may come before it
     assert rc == 2 and len(errors) == 1 and named in errors[0] and "Traceback" not in err, err
     assert not list(tmp_path.glob("*.png"))
+
+
+@pytest.mark.parametrize("script, args, named", [
+    ("create_pretraining_data", ["--train-vocab", "-5"], "--train-vocab: -5 is below"),
+    ("create_pretraining_data", ["--docs-per-shard", "0"], "--docs-per-shard: 0 is below 1"),
+    ("create_pretraining_data", ["--seed", "-1"], "--seed: -1 is below 0"),
+    ("create_pretraining_data", ["--output", "/proc/no/such/folder"], "cannot create /proc/no/such/folder"),
+    ("pack_pretraining_data", ["--packs-per-shard", "0"], "--packs-per-shard: 0 is below 1"),
+    ("pack_pretraining_data", ["--packs-per-shard", "-5"], "--packs-per-shard: -5 is below 1"),
+])
+def test_data_cli_bad_arguments_are_one_line(corpus, tmp_path, capsys, script, args, named):
+    """Bad numbers and unwritable outputs of the data commands: exit code 2 and one line (they were tracebacks,
+    or a dataset with no shards), and nothing written."""
+    import importlib
+
+    cli = importlib.import_module(script)
+    base = (["--input", str(corpus / "corpus.txt"), "--output", str(tmp_path / "out")] if script.startswith("create")
+            else ["--input", str(tmp_path / "in"), "--output", str(tmp_path / "out")])
+    if script.startswith("pack"):
+        create_pretraining_data([str(corpus)], tmp_path / "in", InstanceConfig(max_seq_length=64), progress=False)
+    with pytest.raises(SystemExit) if "below" in named else _no_exit():
+        rc = cli.main([*base, *args])
+        assert rc == 2
+    err = capsys.readouterr().err
+    assert named in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+class _no_exit:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_a_small_masked_lm_prob_packs(corpus, tmp_path):
+    """masked_lm_prob 0.01 (every instance still masks one token) sizes the MLM slots for it: packing works
+    (it failed with 'more masked tokens than its 2 MLM slots')."""
+    create_pretraining_data([str(corpus)], tmp_path / "in", InstanceConfig(max_seq_length=64, masked_lm_prob=0.01),
+                            progress=False)
+    manifest = pack_pretraining_data(tmp_path / "in", tmp_path / "out", "cghp", 3, progress=False)
+    assert manifest["layout"]["mlm_slots"] >= manifest["layout"]["max_sequences_per_pack"]

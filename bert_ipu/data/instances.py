@@ -71,16 +71,18 @@ class InstanceConfig:
 def mlm_slots_for(config: InstanceConfig, pack_len: int, max_sequences_per_pack: int) -> int:
     """MLM slots that no pack can overflow, so no masked token is ever dropped.
 
-    An instance of n >= 5 tokens masks round(p n) <= p n + 1/2 tokens (p = masked_lm_prob; p n >= 0.75,
-    so the max(1, .) of the rule never binds), and at most max_predictions. The instances of a pack hold at
-    most pack_len tokens, so a pack of k <= K instances masks at most p * pack_len + K/2 tokens, and at most
-    K * max_predictions. The bound is computed in exact fractions (0.15 * 512 is not exact in binary).
-    A pack of one sequence uses max_predictions itself.
+    An instance of n >= 5 tokens masks max(1, round(p n)) tokens (p = masked_lm_prob), and at most
+    max_predictions. When p >= 0.15, p n >= 0.75, so the max(1, .) never binds and round(p n) <= p n + 1/2;
+    the instances of a pack hold at most pack_len tokens, so a pack of k <= K instances masks at most
+    p * pack_len + K/2 tokens. A smaller p (where the max(1, .) can bind) uses max(1, round(p n)) <= p n + 1,
+    so p * pack_len + K. Either way at most K * max_predictions. The bound is computed in exact fractions
+    (0.15 * 512 is not exact in binary). A pack of one sequence uses max_predictions itself.
     """
     if max_sequences_per_pack == 1:
         return config.max_predictions
     p = Fraction(str(config.masked_lm_prob))
-    bound = p * pack_len + Fraction(max_sequences_per_pack, 2)
+    per_instance = Fraction(1, 2) if p * 5 >= Fraction(3, 4) else Fraction(1)
+    bound = p * pack_len + per_instance * max_sequences_per_pack
     return min(max_sequences_per_pack * config.max_predictions, int(bound))  # int() floors a positive Fraction
 
 

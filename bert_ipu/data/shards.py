@@ -61,7 +61,10 @@ class DatasetWriter:
         self.partial = self.out_dir.with_name(self.out_dir.name + ".partial")
         if self.partial.exists():
             shutil.rmtree(self.partial)  # left by an interrupted run
-        self.partial.mkdir(parents=True)
+        try:
+            self.partial.mkdir(parents=True)
+        except OSError as e:
+            raise DatasetError(f"cannot create {self.out_dir} ({e.strerror}); choose a folder that can be written") from None
         self.splits: dict[str, list[dict]] = {}
 
     def write_shard(self, split: str, arrays: dict[str, np.ndarray]) -> dict:

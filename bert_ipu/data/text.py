@@ -34,6 +34,21 @@ BUILTIN_LICENSE = "Python Software Foundation License Version 2 (pydoc_data topi
 Document = list  # of sentences (str)
 
 
+def at_least(minimum: int):
+    """An argparse type: an int >= minimum (a bad value is argparse's one-line usage error, exit 2)."""
+    import argparse
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is below {minimum}")
+        return value
+    return parse
+
+
 class DataInputError(ValueError):
     """Bad user input to the data pipeline; the message names the problem and the fix."""
 
