@@ -26,7 +26,7 @@ def main(argv=None) -> int:
                    "sentences here, instead of one sentence per line")
     p.add_argument("--vocab", help="WordPiece vocab.txt (default: bert-base-uncased, shipped offline)")
     p.add_argument("--train-vocab", type=at_least(6), metavar="SIZE", help="train a WordPiece vocab of SIZE on the input")
-    p.add_argument("--max-seq-length", type=at_least(8), default=128)
+    p.add_argument("--max-seq-length", type=int, default=128)
     p.add_argument("--max-predictions-per-seq", type=at_least(1), help="default: 20 at 128, 56 at 384, 76 at 512")
     p.add_argument("--masked-lm-prob", type=float, default=0.15)
     p.add_argument("--short-seq-prob", type=float, default=0.1)
