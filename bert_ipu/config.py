@@ -81,13 +81,9 @@ class DataConfig:
     """documents held out for validation when the dataset is created"""
 
     def __post_init__(self):
-        from .packing import ALGORITHMS
-
         if self.max_seq_length < 8 or not 0 < self.validation_fraction < 1:
             raise ConfigError("data.max_seq_length must be >= 8 and data.validation_fraction in (0, 1)")
-        if self.algorithm not in ALGORITHMS or self.algorithm == "sort":
-            raise ConfigError(f"data.algorithm {self.algorithm!r}: choose one of "
-                              f"{', '.join(a for a in ALGORITHMS if a != 'sort')}")
+        check_algorithm(self.algorithm)
         self.max_sequences_per_pack = depth_value(self.max_sequences_per_pack, "data.max_sequences_per_pack")
 
 
@@ -374,15 +370,11 @@ class GlueDataConfig:
     """depth limit: N, max, or auto: the smallest depth that packs the examples as tightly as unlimited depth"""
 
     def __post_init__(self):
-        from .packing import ALGORITHMS
-
         if self.task not in GLUE_TASKS:
             raise ConfigError(f"data.task {self.task!r}: choose one of {', '.join(GLUE_TASKS)}")
         if self.max_seq_length < 8:
             raise ConfigError("data.max_seq_length must be >= 8")
-        if self.algorithm not in ALGORITHMS or self.algorithm == "sort":
-            raise ConfigError(f"data.algorithm {self.algorithm!r}: choose one of "
-                              f"{', '.join(a for a in ALGORITHMS if a != 'sort')}")
+        check_algorithm(self.algorithm)
         self.max_sequences_per_pack = depth_value(self.max_sequences_per_pack, "data.max_sequences_per_pack")
 
 
@@ -402,6 +394,14 @@ class GlueRunConfig:
         if self.parallel.pipeline_stages != 1:
             raise ConfigError("GLUE fine-tuning runs on one process or data parallel (torchrun); "
                               "set parallel.pipeline_stages=1")
+
+
+def check_algorithm(name: str) -> None:
+    """data.algorithm: any packing algorithm that gives rows of one length (not sort)."""
+    from .packing import ALGORITHMS
+
+    if name not in ALGORITHMS or name == "sort":
+        raise ConfigError(f"data.algorithm {name!r}: choose one of {', '.join(a for a in ALGORITHMS if a != 'sort')}")
 
 
 def depth_value(value, key: str):

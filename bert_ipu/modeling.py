@@ -359,13 +359,34 @@ class PackedBertForPreTraining(nn.Module):
         """Write a folder that `transformers.BertForPreTraining.from_pretrained` loads."""
         from transformers import BertForPreTraining
 
-        hf = BertForPreTraining(self.config)
-        hf.load_state_dict(self.state_dict(), strict=True)
-        hf.save_pretrained(str(path))
+        _save_as_hf(self, BertForPreTraining, path)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
+
+
+def _from_hf(cls, hf_class, path, hf_kwargs: dict, kwargs: dict):
+    """Our model `cls` from a Hugging Face folder read by `hf_class` (a head it lacks starts fresh, silently:
+    "some weights were newly initialised" is expected), its state dict loaded with strict=True."""
+    from transformers.utils import logging
+
+    verbosity = logging.get_verbosity()
+    logging.set_verbosity_error()
+    try:
+        hf = hf_class.from_pretrained(str(path), **hf_kwargs)
+    finally:
+        logging.set_verbosity(verbosity)
+    model = cls(hf.config, **kwargs)
+    model.load_state_dict(hf.state_dict(), strict=True)
+    return model
+
+
+def _save_as_hf(model: nn.Module, hf_class, path) -> None:
+    """Write `model` as a folder that `hf_class.from_pretrained` loads (same names, strict)."""
+    hf = hf_class(model.config)
+    hf.load_state_dict(model.state_dict(), strict=True)
+    hf.save_pretrained(str(path))
 
 
 # --- question answering (SQuAD) ----------------------------------------------------------------------------
@@ -446,25 +467,14 @@ class PackedBertForQuestionAnswering(nn.Module):
         pretrained `BertForPreTraining` / `BertModel` (ours or transformers'; the span head starts fresh, drawn
         from torch's generator, so seed it)."""
         from transformers import BertForQuestionAnswering
-        from transformers.utils import logging
 
-        verbosity = logging.get_verbosity()
-        logging.set_verbosity_error()  # "some weights were newly initialised": expected for a new span head
-        try:
-            hf = BertForQuestionAnswering.from_pretrained(str(path))
-        finally:
-            logging.set_verbosity(verbosity)
-        model = cls(hf.config, **kwargs)
-        model.load_state_dict(hf.state_dict(), strict=True)
-        return model
+        return _from_hf(cls, BertForQuestionAnswering, path, {}, kwargs)
 
     def save_pretrained(self, path: str | Path) -> None:
         """Write a folder that `transformers.BertForQuestionAnswering.from_pretrained` loads."""
         from transformers import BertForQuestionAnswering
 
-        hf = BertForQuestionAnswering(self.config)
-        hf.load_state_dict(self.state_dict(), strict=True)
-        hf.save_pretrained(str(path))
+        _save_as_hf(self, BertForQuestionAnswering, path)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
@@ -539,27 +549,16 @@ class PackedBertForSequenceClassification(nn.Module):
         `num_labels` outputs), or a pretrained BERT (ours or transformers'; the classifier starts fresh, drawn
         from torch's generator, so seed it)."""
         from transformers import BertForSequenceClassification
-        from transformers.utils import logging
 
         labels = {} if id2label is None else {"id2label": id2label, "label2id": {v: k for k, v in id2label.items()}}
-        verbosity = logging.get_verbosity()
-        logging.set_verbosity_error()  # "some weights were newly initialised": expected for a new head
-        try:
-            hf = BertForSequenceClassification.from_pretrained(str(path), num_labels=num_labels,
-                                                               ignore_mismatched_sizes=True, **labels)
-        finally:
-            logging.set_verbosity(verbosity)
-        model = cls(hf.config, **kwargs)
-        model.load_state_dict(hf.state_dict(), strict=True)
-        return model
+        return _from_hf(cls, BertForSequenceClassification, path,
+                        {"num_labels": num_labels, "ignore_mismatched_sizes": True, **labels}, kwargs)
 
     def save_pretrained(self, path: str | Path) -> None:
         """Write a folder that `transformers.BertForSequenceClassification.from_pretrained` loads."""
         from transformers import BertForSequenceClassification
 
-        hf = BertForSequenceClassification(self.config)
-        hf.load_state_dict(self.state_dict(), strict=True)
-        hf.save_pretrained(str(path))
+        _save_as_hf(self, BertForSequenceClassification, path)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -6,7 +6,6 @@
 import argparse
 import sys
 
-import numpy as np
 
 from bert_ipu.data.layout import IGNORE_INDEX, unpack
 from bert_ipu.data.shards import DatasetError, PackedDataset

@@ -70,8 +70,19 @@ def make_stage(model: nn.Module, plan: PipelinePlan, stage: int, stages: int, la
     return model
 
 
+def global_counts(task, engine, micro: list[dict]) -> StepSums:
+    """The task's data counts of these micro-batches (what its loss divides by), summed over the data-parallel
+    replicas: one stacked tensor, one copy to the host, one all-reduce."""
+    counts = task.counts(micro)
+    names = list(counts)
+    return dict(zip(names, engine.dp_sum(stack_sums(counts, names)).tolist()))
+
+
 def stack_sums(sums: dict[str, torch.Tensor], names) -> torch.Tensor:
-    return torch.stack([torch.as_tensor(sums[n]).detach().double().cpu() for n in names])
+    """Named sums as one float64 CPU vector in `names` order: stacked where they live, copied once."""
+    values = [torch.as_tensor(sums[n]).detach() for n in names]
+    device = next((v.device for v in values if v.device.type != "cpu"), torch.device("cpu"))
+    return torch.stack([v.to(device, torch.float64) for v in values]).cpu()
 
 
 class LocalParallel:

@@ -24,7 +24,7 @@ from ..data.loader import UpdateLoader
 from . import checkpoint
 from .metrics import MetricsLogger
 from .optim import build_optimizer, packing_betas, packs_per_update, schedule_length
-from .parallel import LocalParallel, PipelineParallel
+from .parallel import LocalParallel, PipelineParallel, global_counts
 from .runtime import Runtime, RunError
 
 RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "tensorboard", "hf", "results.json",
@@ -191,10 +191,7 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, load
     try:
         while step < total:
             micro = [{k: v.to(rt.device) for k, v in b.items()} for b in loader.next_update()]
-            counts = task.counts(micro)
-            names = list(counts)
-            counts = dict(zip(names, engine.dp_sum(torch.tensor([counts[n] for n in names],
-                                                                 dtype=torch.float64)).tolist()))
+            counts = global_counts(task, engine, micro)
             sums = engine.train_step(micro, task.normalizers(counts)) | counts
             loss = task.summarize(sums)["loss"]
             if not math.isfinite(loss):

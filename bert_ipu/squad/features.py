@@ -34,8 +34,8 @@ import numpy as np
 
 from ..data.instances import WordPiece
 from ..modeling import IGNORE_INDEX
-from ..data.contiguous import pack_sequences
-from ..packing import PackingInputError, PackingResult
+from ..data.contiguous import PackedSequences, pack_sequences
+from ..packing import PackingInputError  # noqa: F401 - raised by pack_features, part of its API
 from ..packing.histogram import histogram_of
 
 
@@ -297,28 +297,10 @@ ROW_FIELDS = ("input_ids", "position_ids", "token_type_ids", "sequence_ids", "ca
 SLOT_FIELDS = ("start_positions", "end_positions")
 
 
-@dataclass
-class PackedFeatures:
-    """Features packed into rows of `pack_len`; feature f sits in row `row[f]`, slot `slot[f]` (sequence id
-    slot + 1), tokens [offset[f], offset[f] + length[f]) of that row."""
-    rows: dict[str, np.ndarray]    # ROW_FIELDS: (P, S); SLOT_FIELDS: (P, K) positions in the row, -100 = none
-    row: np.ndarray                # (F,)
-    slot: np.ndarray               # (F,)
-    offset: np.ndarray             # (F,)
-    result: PackingResult          # the packing of the features' length histogram
-    max_sequences_per_pack: int    # K: label slots per row (the depth limit; 1 unpacked)
-
-    @property
-    def packing_factor(self) -> float:  # features per row
-        return self.result.packing_factor
-
-    @property
-    def efficiency(self) -> float:      # real tokens / row tokens
-        return self.result.efficiency
-
-    @property
-    def packs(self) -> int:
-        return len(self.rows["input_ids"])
+# Features packed into rows: feature f sits in row `row[f]`, slot `slot[f]` (sequence id slot + 1), tokens
+# [offset[f], offset[f] + length[f]) of that row; rows holds ROW_FIELDS (P, S) and SLOT_FIELDS (P, K), positions
+# in the row, -100 = none. The one type of contiguous packing (bert_ipu/data/contiguous.py).
+PackedFeatures = PackedSequences
 
 
 def auto_depth(lengths: np.ndarray, max_len: int, algorithm: str = "cghp") -> int:
@@ -338,13 +320,13 @@ def pack_features(features: Features, max_len: int, algorithm: str = "cghp", max
                                                "token_type_ids": features.token_type_ids,
                                                "candidate_mask": features.candidate}, max_len, algorithm,
                             max_sequences_per_pack, seed)
-    rows = packed.rows
-    rows = {k: rows[k] for k in ROW_FIELDS}
+    rows = {k: packed.rows[k] for k in ROW_FIELDS}
     for name, labels in (("start_positions", features.start_position), ("end_positions", features.end_position)):
         # a label is a position in the row: the feature's offset + its position in the feature
         rows[name] = packed.slot_values(np.where(labels != IGNORE_INDEX, packed.offset + labels, IGNORE_INDEX),
                                         IGNORE_INDEX)
-    return PackedFeatures(rows, packed.row, packed.slot, packed.offset, packed.result, packed.max_sequences_per_pack)
+    packed.rows = rows
+    return packed
 
 
 def micro_batches(packed: PackedFeatures, micro_batch_size: int, order: np.ndarray | None = None):

@@ -19,7 +19,6 @@
 
 from __future__ import annotations
 
-import math
 import time
 from pathlib import Path
 
@@ -27,12 +26,12 @@ import numpy as np
 import torch
 
 from ..data.contiguous import pack_sequences
-from ..data.instances import WordPiece, default_vocab
+from ..data.instances import WordPiece
 from ..data.loader import ArraySource
 from ..engine.runtime import RunError, Runtime, autocast
 from ..modeling import IGNORE_INDEX, PackedBertForSequenceClassification, classification_loss_sums
-from ..packing import PackingInputError, auto_depth, pack
-from ..packing.histogram import histogram_of
+from ..packing import PackingInputError
+from .finetune import card, check_model_fits, pack_depth, require_checkpoint_folder, resolve_vocab
 
 INPUTS = ("input_ids", "position_ids", "token_type_ids", "sequence_ids", "cls_positions")
 
@@ -59,7 +58,7 @@ class GlueTask:
     # --- data ----------------------------------------------------------------------------------------------
     def prepare(self, rt: Runtime) -> None:
         from ..data.text import DataInputError
-        from ..glue.data import TASKS, GlueInputError, InputReport, featurize, read_split
+        from ..glue.data import TASKS, GlueInputError, featurize, read_split
 
         self.rt = rt
         d = self.cfg.data
@@ -70,7 +69,7 @@ class GlueTask:
         splits = ([d.train_split] if d.train_split else []) + eval_splits(self.cfg) + \
             ([d.predict_split] if d.predict_split else [])
         try:
-            self.wp = WordPiece(Path(d.vocab) if d.vocab else self._checkpoint_vocab() or default_vocab())
+            self.wp = WordPiece(resolve_vocab(self.cfg))
             self.features, self.reports = {}, {}
             for split in dict.fromkeys(splits):
                 examples, report = read_split(d.task, d.data_dir, split)
@@ -84,15 +83,7 @@ class GlueTask:
                 raise GlueInputError(f"{d.data_dir}: the training split {d.train_split} has no labels; train on a "
                                      "labelled split (a test split only gets predictions: data.predict_split)")
             lengths = self.features[d.train_split or splits[0]].lengths
-            if d.algorithm == "none":
-                depth = 1
-            elif d.max_sequences_per_pack == "auto":
-                depth = auto_depth(histogram_of(lengths, d.max_seq_length), d.algorithm)
-            elif d.max_sequences_per_pack == "max":
-                depth = pack(histogram_of(lengths, d.max_seq_length), d.algorithm, None).mixture.depth
-            else:
-                depth = d.max_sequences_per_pack
-            self.depth = depth
+            self.depth = depth = pack_depth(lengths, d.max_seq_length, d.algorithm, d.max_sequences_per_pack)
             self.by_split = {split: self._pack(f) for split, f in self.features.items()}
         except (GlueInputError, DataInputError, PackingInputError, OSError) as e:
             raise RunError(str(e)) from None
@@ -103,10 +94,6 @@ class GlueTask:
         main = self.by_split[d.train_split or splits[0]]
         self.packing_factor = main.packing_factor
         self.packed = depth > 1  # the engine's: packed data (betas ** p with batch_unit packs)
-
-    def _checkpoint_vocab(self) -> Path | None:
-        init = self.cfg.model.init_checkpoint
-        return Path(init) / "vocab.txt" if init and (Path(init) / "vocab.txt").is_file() else None
 
     def _labels(self, features) -> np.ndarray:
         """1 where an example has a label."""
@@ -138,9 +125,7 @@ class GlueTask:
         m, d = self.cfg.model, self.cfg.data
         id2label = None if self.regression else dict(enumerate(self.spec.labels))
         if m.init_checkpoint:
-            if not (Path(m.init_checkpoint) / "config.json").is_file():
-                raise RunError(f"model.init_checkpoint {m.init_checkpoint} is not a Hugging Face model folder "
-                               "(no config.json); give the hf/ folder of a run or a transformers BERT folder")
+            require_checkpoint_folder(m.init_checkpoint)
             model = PackedBertForSequenceClassification.from_pretrained(
                 m.init_checkpoint, num_labels=self.num_labels, id2label=id2label,
                 max_sequences_per_pack=self.depth, attention_backend=m.attention_backend)
@@ -149,12 +134,7 @@ class GlueTask:
                                                   "label2id": {v: k for k, v in id2label.items()}}
             config = m.bert_config(len(self.wp), d.max_seq_length, num_labels=self.num_labels, **labels)
             model = PackedBertForSequenceClassification(config, self.depth, m.attention_backend)
-        if model.config.vocab_size < len(self.wp):
-            raise RunError(f"the vocab has {len(self.wp)} tokens but the model only {model.config.vocab_size}; give "
-                           "the vocab the model was trained with (data.vocab=PATH/vocab.txt)")
-        if model.config.max_position_embeddings < d.max_seq_length:
-            raise RunError(f"data.max_seq_length {d.max_seq_length} is longer than the model's "
-                           f"{model.config.max_position_embeddings} positions; lower data.max_seq_length")
+        check_model_fits(model, len(self.wp), d.max_seq_length)
         model.config.problem_type = "regression" if self.regression else "single_label_classification"
         return model
 
@@ -162,8 +142,8 @@ class GlueTask:
         return ~torch.isnan(labels) if self.regression else labels != IGNORE_INDEX
 
     def counts(self, micro: list[dict]) -> dict:
-        return {"sequences": float(sum(int(self._present(b["labels"]).sum()) for b in micro)),
-                "tokens": float(sum(int((b["sequence_ids"] > 0).sum()) for b in micro))}
+        return {"sequences": sum(self._present(b["labels"]).sum() for b in micro),
+                "tokens": sum((b["sequence_ids"] > 0).sum() for b in micro)}
 
     def normalizers(self, counts: dict) -> dict:
         return {"examples": max(counts["sequences"], 1.0)}
@@ -242,15 +222,11 @@ class GlueTask:
         from ..export import export_model
 
         d = self.cfg.data
-        metrics = {k: v for k, v in info["metrics"].items() if k in ("loss", "accuracy", *self.headline)}
-        card = {"task": f"GLUE {d.task} sequence {'regression' if self.regression else 'classification'}",
-                "pipeline_tag": "text-classification", "base_model": self.cfg.model.init_checkpoint or "from scratch",
-                "data": f"{d.data_dir} ({len(self.features[d.train_split]):,} training examples)",
-                "steps": info["steps"], "sequences_seen": int(info["sequences_seen"]),
-                "packing": {"algorithm": d.algorithm, "max_sequences_per_pack": self.depth,
-                            "packing_factor": round(self.packing_factor, 4)},
-                "metrics": metrics, "command": f"python run_glue.py --config {self.cfg.name}"}
-        export_model(model, folder, self.wp.path, card=card, lowercase=self.wp.lowercase)
+        task = f"GLUE {d.task} sequence {'regression' if self.regression else 'classification'}"
+        data = f"{d.data_dir} ({len(self.features[d.train_split]):,} training examples)"
+        about = card(self.cfg, task, "text-classification", data, self.depth, self.packing_factor, info,
+                     ("loss", "accuracy", *self.headline), "run_glue.py")
+        export_model(model, folder, self.wp.path, card=about, lowercase=self.wp.lowercase)
 
     def result_extra(self) -> dict:
         return {"task": self.cfg.data.task, "algorithm": self.cfg.data.algorithm, "max_sequences_per_pack": self.depth,

@@ -22,8 +22,9 @@ from ..data.pipeline import check_dataset_matches, dataset_settings, prepare_dat
 from ..data.shards import DatasetError, PackedDataset
 from ..data.text import DataInputError
 from ..packing import PackingInputError
-from ..engine.parallel import PipelinePlan
+from ..engine.parallel import PipelinePlan, global_counts
 from ..engine.runtime import RunError, Runtime
+from .finetune import require_checkpoint_folder
 from ..modeling import IGNORE_INDEX, PackedBertForPreTraining, pretraining_loss_sums
 
 
@@ -110,9 +111,7 @@ class PretrainingTask:
         kwargs = dict(max_sequences_per_pack=lay.max_sequences_per_pack, attention_backend=m.attention_backend,
                       mlm_slots=lay.mlm_slots)
         if m.init_checkpoint:
-            if not (Path(m.init_checkpoint) / "config.json").is_file():
-                raise RunError(f"model.init_checkpoint {m.init_checkpoint} is not a Hugging Face model folder (no "
-                               "config.json); give the hf/ folder of a run, a transformers BERT folder, or null")
+            require_checkpoint_folder(m.init_checkpoint)
             model = PackedBertForPreTraining.from_pretrained(m.init_checkpoint, **kwargs)
             if model.config.max_position_embeddings < lay.pack_len:
                 raise RunError(f"model.init_checkpoint has {model.config.max_position_embeddings} positions, fewer "
@@ -123,9 +122,9 @@ class PretrainingTask:
 
     # --- loss ----------------------------------------------------------------------------------------------
     def counts(self, micro: list[dict]) -> dict:
-        return {"mlm_count": float(sum(int((b["masked_lm_labels"] != IGNORE_INDEX).sum()) for b in micro)),
-                "sequences": float(sum(float(b["next_sentence_weights"].sum()) for b in micro)),
-                "tokens": float(sum(int((b["sequence_ids"] > 0).sum()) for b in micro))}
+        return {"mlm_count": sum((b["masked_lm_labels"] != IGNORE_INDEX).sum() for b in micro),
+                "sequences": sum(b["next_sentence_weights"].sum() for b in micro),
+                "tokens": sum((b["sequence_ids"] > 0).sum() for b in micro)}
 
     def normalizers(self, counts: dict) -> dict:
         if self.expected is not None:
@@ -174,9 +173,7 @@ class PretrainingTask:
             raise RunError(f"{self.path}: the validation split holds too few packs for one pipeline schedule of "
                            f"{group} micro-batches on {rt.dp_world} replica(s); recreate the dataset with a larger "
                            "--validation-fraction")
-        counts = self.counts(batches)
-        names = list(counts)
-        counts = dict(zip(names, engine.dp_sum(torch.tensor([counts[n] for n in names], dtype=torch.float64)).tolist()))
+        counts = global_counts(self, engine, batches)
         sums = engine.evaluate(batches, self.normalizers(counts)) | counts
         return {f"val_{k}": v for k, v in self.summarize(sums).items()}
 

@@ -29,43 +29,27 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..data.instances import WordPiece, default_vocab
+from ..data.instances import WordPiece
 from ..data.loader import ArraySource
 from ..data.text import DataInputError
 from ..engine.runtime import RunError, Runtime, autocast
 from ..modeling import IGNORE_INDEX, PackedBertForQuestionAnswering, span_loss_sums
-from ..packing import PackingInputError, pack
-from ..packing.histogram import histogram_of
+from ..packing import PackingInputError
 from ..squad import metrics, postprocess
-from ..squad.features import (SLOT_FIELDS, Features, PackedFeatures, SquadExample, SquadInputError, auto_depth,
-                              make_features, micro_batches, pack_features, read_squad)
-
-
-def resolve_vocab(cfg) -> Path:
-    if cfg.data.vocab:
-        return Path(cfg.data.vocab)
-    if cfg.model.init_checkpoint and (Path(cfg.model.init_checkpoint) / "vocab.txt").is_file():
-        return Path(cfg.model.init_checkpoint) / "vocab.txt"
-    return default_vocab()
+from ..squad.features import (SLOT_FIELDS, Features, PackedFeatures, SquadExample, SquadInputError, make_features,
+                              micro_batches, pack_features, read_squad)
+from .finetune import card, check_model_fits, pack_depth, require_checkpoint_folder, resolve_vocab
 
 
 def build_model(cfg, vocab_size: int, depth: int) -> PackedBertForQuestionAnswering:
     m = cfg.model
     if m.init_checkpoint:
-        if not (Path(m.init_checkpoint) / "config.json").is_file():
-            raise RunError(f"model.init_checkpoint {m.init_checkpoint} is not a Hugging Face model folder "
-                           "(no config.json); give the hf/ folder of a pretraining run or a transformers BERT")
+        require_checkpoint_folder(m.init_checkpoint)
         model = PackedBertForQuestionAnswering.from_pretrained(m.init_checkpoint, max_sequences_per_pack=depth,
                                                                attention_backend=m.attention_backend)
     else:
         model = PackedBertForQuestionAnswering(m.bert_config(vocab_size), depth, m.attention_backend)
-    if model.config.vocab_size < vocab_size:
-        raise RunError(f"the vocab has {vocab_size} tokens but the model only {model.config.vocab_size}; give "
-                       "the vocab the model was trained with (data.vocab=PATH/vocab.txt)")
-    if model.config.max_position_embeddings < cfg.data.max_seq_length:
-        raise RunError(f"data.max_seq_length {cfg.data.max_seq_length} is longer than the model's "
-                       f"{model.config.max_position_embeddings} positions; lower data.max_seq_length")
-    return model
+    return check_model_fits(model, vocab_size, cfg.data.max_seq_length)
 
 
 def to_device(batch: dict, device) -> dict:
@@ -136,15 +120,7 @@ class SquadTask:
             self.train_split = self._split(d.train_file, True, say) if d.train_file else None
             self.eval_split = self._split(d.predict_file, False, say) if d.predict_file else None
             lengths = (self.train_split or self.eval_split)[2].lengths
-            if d.algorithm == "none":
-                depth = 1
-            elif d.max_sequences_per_pack == "auto":
-                depth = auto_depth(lengths, d.max_seq_length, d.algorithm)
-            elif d.max_sequences_per_pack == "max":  # unlimited: as many slots as the deepest pack needs
-                depth = pack(histogram_of(lengths, d.max_seq_length), d.algorithm, None).mixture.depth
-            else:
-                depth = d.max_sequences_per_pack
-            self.depth = depth
+            self.depth = depth = pack_depth(lengths, d.max_seq_length, d.algorithm, d.max_sequences_per_pack)
             self.packed_splits = {name: pack_features(split[2], d.max_seq_length, d.algorithm, depth,
                                                       seed=self.cfg.train.seed)
                                   for name, split in (("train", self.train_split), ("eval", self.eval_split)) if split}
@@ -175,8 +151,8 @@ class SquadTask:
         return build_model(self.cfg, len(self.wp), self.depth)
 
     def counts(self, micro: list[dict]) -> dict:
-        return {"sequences": float(sum(int((b["start_positions"] != IGNORE_INDEX).sum()) for b in micro)),
-                "tokens": float(sum(int((b["sequence_ids"] > 0).sum()) for b in micro))}
+        return {"sequences": sum((b["start_positions"] != IGNORE_INDEX).sum() for b in micro),
+                "tokens": sum((b["sequence_ids"] > 0).sum() for b in micro)}
 
     def normalizers(self, counts: dict) -> dict:
         return {"features": max(counts["sequences"], 1.0)}
@@ -222,16 +198,10 @@ class SquadTask:
     def export(self, model, folder: Path, info: dict) -> None:
         from ..export import export_model
 
-        d = self.cfg.data
-        metrics = {k: v for k, v in info["metrics"].items() if k in ("loss", "exact_match", "f1")}
-        card = {"task": "SQuAD v1.1 question answering (span extraction)", "pipeline_tag": "question-answering",
-                "base_model": self.cfg.model.init_checkpoint or "from scratch",
-                "data": f"{d.train_file} ({len(self.packed_splits['train'].row):,} features)",
-                "steps": info["steps"], "sequences_seen": int(info["sequences_seen"]),
-                "packing": {"algorithm": d.algorithm, "max_sequences_per_pack": self.depth,
-                            "packing_factor": round(self.packing_factor, 4)},
-                "metrics": metrics, "command": f"python run_squad.py --config {self.cfg.name}"}
-        export_model(model, folder, self.wp.path, card=card, lowercase=self.wp.lowercase)
+        data = f"{self.cfg.data.train_file} ({len(self.packed_splits['train'].row):,} features)"
+        about = card(self.cfg, "SQuAD v1.1 question answering (span extraction)", "question-answering", data,
+                     self.depth, self.packing_factor, info, ("loss", "exact_match", "f1"), "run_squad.py")
+        export_model(model, folder, self.wp.path, card=about, lowercase=self.wp.lowercase)
 
     def result_extra(self) -> dict:
         out = {"algorithm": self.cfg.data.algorithm, "max_sequences_per_pack": self.depth,

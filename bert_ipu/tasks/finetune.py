@@ -1,0 +1,62 @@
+"""What the fine-tuning tasks (SQuAD, GLUE) share: the vocab, the depth of their packs, the checks that a
+model fits the data, and the model card of their export."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..data.instances import default_vocab
+from ..engine.runtime import RunError
+from ..packing import auto_depth, pack
+from ..packing.histogram import histogram_of
+
+
+def resolve_vocab(cfg) -> Path:
+    """data.vocab; else the init checkpoint's vocab.txt if it has one; else bert-base-uncased's."""
+    if cfg.data.vocab:
+        return Path(cfg.data.vocab)
+    if cfg.model.init_checkpoint and (Path(cfg.model.init_checkpoint) / "vocab.txt").is_file():
+        return Path(cfg.model.init_checkpoint) / "vocab.txt"
+    return default_vocab()
+
+
+def pack_depth(lengths: np.ndarray, max_len: int, algorithm: str, requested) -> int:
+    """The K slots of every row: 1 unpacked; N; auto (the smallest depth that packs as tightly as unlimited
+    depth); max (as many as the deepest pack of unlimited depth holds)."""
+    if algorithm == "none":
+        return 1
+    if requested == "auto":
+        return auto_depth(histogram_of(lengths, max_len), algorithm)
+    if requested == "max":
+        return pack(histogram_of(lengths, max_len), algorithm, None).mixture.depth
+    return requested
+
+
+def require_checkpoint_folder(init_checkpoint: str) -> None:
+    if not (Path(init_checkpoint) / "config.json").is_file():
+        raise RunError(f"model.init_checkpoint {init_checkpoint} is not a Hugging Face model folder (no "
+                       "config.json); give the hf/ folder of a run or a transformers BERT folder")
+
+
+def check_model_fits(model, vocab_size: int, max_seq_length: int):
+    """The model covers the tokenizer's vocab and the data's lengths; returns the model."""
+    if model.config.vocab_size < vocab_size:
+        raise RunError(f"the vocab has {vocab_size} tokens but the model only {model.config.vocab_size}; give "
+                       "the vocab the model was trained with (data.vocab=PATH/vocab.txt)")
+    if model.config.max_position_embeddings < max_seq_length:
+        raise RunError(f"data.max_seq_length {max_seq_length} is longer than the model's "
+                       f"{model.config.max_position_embeddings} positions; lower data.max_seq_length")
+    return model
+
+
+def card(cfg, task: str, pipeline_tag: str, data: str, depth: int, packing_factor: float, info: dict,
+         metric_keys, entry: str) -> dict:
+    """The model card of a fine-tuning export (bert_ipu.export.model_card)."""
+    return {"task": task, "pipeline_tag": pipeline_tag, "base_model": cfg.model.init_checkpoint or "from scratch",
+            "data": data, "steps": info["steps"], "sequences_seen": int(info["sequences_seen"]),
+            "packing": {"algorithm": cfg.data.algorithm, "max_sequences_per_pack": depth,
+                        "packing_factor": round(packing_factor, 4)},
+            "metrics": {k: v for k, v in info["metrics"].items() if k in metric_keys},
+            "command": f"python {entry} --config {cfg.name}"}
