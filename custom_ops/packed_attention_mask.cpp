@@ -2,9 +2,12 @@
 // from per-token sequence ids, so that no (S x S) mask is ever made on the host.
 //
 //   sequence_ids: (batch, pack_len) integer; 1..k for the k sequences of a pack, 0 for padding
+//   causal:       false (encoders, BERT): i may attend to every j of its sequence;
+//                 true (decoders, GPT-2 / Llama): only to j <= i of its sequence (document-causal)
 //   returns:      (batch, 1, pack_len, pack_len) in `dtype` (default float32):
-//                 0 where token i may attend to token j (same sequence id; padding attends to padding,
-//                 so no row is empty and softmax never sees a row of -inf), lowest finite value elsewhere.
+//                 0 where token i may attend to token j (same sequence id, and j <= i when causal; padding
+//                 attends to padding, so no row is empty: i always attends to itself, and softmax never sees
+//                 a row of -inf), lowest finite value elsewhere.
 //
 // The schema is defined once here; each backend registers its kernel in its own TORCH_LIBRARY_IMPL
 // (the CUDA one lives in packed_attention_mask_cuda.cu). The fake (meta) kernel and a pure-PyTorch
@@ -31,21 +34,25 @@ void check_packed_attention_mask_args(const at::Tensor& sequence_ids, at::Scalar
 namespace {
 
 template <typename out_t, typename id_t>
-void fill_mask(const id_t* ids, out_t* out, int64_t batch, int64_t len) {
+void fill_mask(const id_t* ids, out_t* out, int64_t batch, int64_t len, bool causal) {
   const out_t blocked = std::numeric_limits<out_t>::lowest();
   const out_t open = out_t(0);
   // one task per (pack, query row); each row compares one id against the pack's ids
   at::parallel_for(0, batch * len, /*grain_size=*/16, [&](int64_t begin, int64_t end) {
     for (int64_t row = begin; row < end; ++row) {
       const id_t* pack = ids + (row / len) * len;
-      const id_t me = pack[row % len];
+      const int64_t i = row % len;
+      const id_t me = pack[i];
       out_t* dst = out + row * len;
-      for (int64_t j = 0; j < len; ++j) dst[j] = pack[j] == me ? open : blocked;
+      const int64_t last = causal ? i : len - 1;  // keys after `last` are in the future
+      for (int64_t j = 0; j <= last; ++j) dst[j] = pack[j] == me ? open : blocked;
+      for (int64_t j = last + 1; j < len; ++j) dst[j] = blocked;
     }
   });
 }
 
-at::Tensor packed_attention_mask_cpu(const at::Tensor& sequence_ids, std::optional<at::ScalarType> dtype) {
+at::Tensor packed_attention_mask_cpu(const at::Tensor& sequence_ids, std::optional<at::ScalarType> dtype,
+                                     bool causal) {
   const at::ScalarType out_type = dtype.value_or(at::kFloat);
   check_packed_attention_mask_args(sequence_ids, out_type);
   const at::Tensor ids = sequence_ids.contiguous();
@@ -54,7 +61,7 @@ at::Tensor packed_attention_mask_cpu(const at::Tensor& sequence_ids, std::option
   AT_DISPATCH_INTEGRAL_TYPES(ids.scalar_type(), "packed_attention_mask_ids", [&] {
     using id_t = scalar_t;
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, out_type, "packed_attention_mask_out", [&] {
-      fill_mask<scalar_t, id_t>(ids.data_ptr<id_t>(), out.data_ptr<scalar_t>(), batch, len);
+      fill_mask<scalar_t, id_t>(ids.data_ptr<id_t>(), out.data_ptr<scalar_t>(), batch, len, causal);
     });
   });
   return out;
@@ -64,7 +71,7 @@ at::Tensor packed_attention_mask_cpu(const at::Tensor& sequence_ids, std::option
 }  // namespace bert_ipu
 
 TORCH_LIBRARY(bert_ipu, m) {
-  m.def("packed_attention_mask(Tensor sequence_ids, ScalarType? dtype=None) -> Tensor");
+  m.def("packed_attention_mask(Tensor sequence_ids, ScalarType? dtype=None, bool causal=False) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(bert_ipu, CPU, m) {

@@ -16,16 +16,19 @@ namespace bert_ipu {
 namespace {
 
 template <typename out_t, typename id_t>
-__global__ void fill_mask_kernel(const id_t* __restrict__ ids, out_t* __restrict__ out, int64_t len) {
+__global__ void fill_mask_kernel(const id_t* __restrict__ ids, out_t* __restrict__ out, int64_t len, bool causal) {
   const int64_t row = blockIdx.x;  // pack * len + query position
   const id_t* pack = ids + (row / len) * len;
-  const id_t me = pack[row % len];
+  const int64_t i = row % len;
+  const id_t me = pack[i];
   const out_t blocked = std::numeric_limits<out_t>::lowest();
   out_t* dst = out + row * len;
-  for (int64_t j = threadIdx.x; j < len; j += blockDim.x) dst[j] = pack[j] == me ? out_t(0) : blocked;
+  for (int64_t j = threadIdx.x; j < len; j += blockDim.x)
+    dst[j] = pack[j] == me && (!causal || j <= i) ? out_t(0) : blocked;
 }
 
-at::Tensor packed_attention_mask_cuda(const at::Tensor& sequence_ids, std::optional<at::ScalarType> dtype) {
+at::Tensor packed_attention_mask_cuda(const at::Tensor& sequence_ids, std::optional<at::ScalarType> dtype,
+                                      bool causal) {
   const at::ScalarType out_type = dtype.value_or(at::kFloat);
   check_packed_attention_mask_args(sequence_ids, out_type);
   const c10::cuda::CUDAGuard guard(sequence_ids.device());
@@ -39,7 +42,7 @@ at::Tensor packed_attention_mask_cuda(const at::Tensor& sequence_ids, std::optio
     using id_t = scalar_t;
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, out_type, "packed_attention_mask_out", [&] {
       fill_mask_kernel<scalar_t, id_t><<<batch * len, threads, 0, stream>>>(
-          ids.data_ptr<id_t>(), out.data_ptr<scalar_t>(), len);
+          ids.data_ptr<id_t>(), out.data_ptr<scalar_t>(), len, causal);
     });
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();

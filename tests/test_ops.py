@@ -31,13 +31,31 @@ def sample_inputs(device, id_dtype=torch.int64):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("id_dtype", [torch.int64, torch.int32, torch.int16])
-def test_matches_reference(device, dtype, id_dtype):
-    """Exactly the reference: 0 within a sequence (padding with padding), the dtype's lowest value across."""
+@pytest.mark.parametrize("causal", [False, True])
+def test_matches_reference(device, dtype, id_dtype, causal):
+    """Exactly the reference: 0 within a sequence (padding with padding; causal: keys j <= i only), the dtype's
+    lowest value elsewhere."""
     for ids in sample_inputs(device, id_dtype):
-        got = packed_attention_mask(ids, dtype)
+        got = packed_attention_mask(ids, dtype, causal=causal)
         assert got.shape == (ids.shape[0], 1, ids.shape[1], ids.shape[1]) and got.dtype == dtype
         assert got.device.type == device
-        torch.testing.assert_close(got, reference_packed_attention_mask(ids, dtype), rtol=0, atol=0)
+        torch.testing.assert_close(got, reference_packed_attention_mask(ids, dtype, causal), rtol=0, atol=0)
+
+
+def test_causal_mask_is_document_causal():
+    """Causal: token i sees exactly the tokens j <= i of its own sequence (itself included); written out by
+    hand for a pack of [1 1 1 2 2 0 0], not from the reference."""
+    ids = torch.tensor([[1, 1, 1, 2, 2, 0, 0]])
+    open_ = packed_attention_mask(ids, causal=True)[0, 0] == 0
+    expected = torch.tensor([[1, 0, 0, 0, 0, 0, 0],
+                             [1, 1, 0, 0, 0, 0, 0],
+                             [1, 1, 1, 0, 0, 0, 0],
+                             [0, 0, 0, 1, 0, 0, 0],
+                             [0, 0, 0, 1, 1, 0, 0],
+                             [0, 0, 0, 0, 0, 1, 0],
+                             [0, 0, 0, 0, 0, 1, 1]], dtype=torch.bool)
+    assert torch.equal(open_, expected)
+    assert torch.equal(packed_attention_mask(ids, causal=False)[0, 0] == 0, ids[0, :, None] == ids[0, None, :])
 
 
 def test_no_token_attends_across_sequences():
@@ -55,6 +73,7 @@ def test_opcheck(device):
     for ids in sample_inputs(device)[:4]:
         opcheck(torch.ops.bert_ipu.packed_attention_mask.default, (ids,), {"dtype": torch.float32})
         opcheck(torch.ops.bert_ipu.packed_attention_mask.default, (ids,), {"dtype": torch.bfloat16})
+        opcheck(torch.ops.bert_ipu.packed_attention_mask.default, (ids,), {"dtype": torch.float32, "causal": True})
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -63,7 +82,8 @@ def test_compile_fullgraph_and_export(device):
 
     class Masked(torch.nn.Module):
         def forward(self, ids, scores):
-            return torch.softmax(scores + packed_attention_mask(ids, scores.dtype), dim=-1)
+            return torch.softmax(scores + packed_attention_mask(ids, scores.dtype)
+                                 + packed_attention_mask(ids, scores.dtype, causal=True), dim=-1)
 
     ids = sample_inputs(device)[3]
     scores = torch.randn(ids.shape[0], 1, ids.shape[1], ids.shape[1], device=device)
