@@ -26,11 +26,12 @@ from typing import Any
 
 from .data.instances import WordPiece
 
-PIPELINE_TAGS = ("fill-mask", "question-answering", "text-classification")
+PIPELINE_TAGS = ("fill-mask", "question-answering", "text-classification", "text-generation")
 
 # model class name (suffix) -> the pipeline that uses it
 _PIPELINE_BY_CLASS = (("ForQuestionAnswering", "question-answering"), ("ForPreTraining", "fill-mask"),
-                      ("ForMaskedLM", "fill-mask"), ("ForSequenceClassification", "text-classification"))
+                      ("ForMaskedLM", "fill-mask"), ("ForSequenceClassification", "text-classification"),
+                      ("ForCausalLM", "text-generation"), ("LMHeadModel", "text-generation"))
 
 
 # --- model card ----------------------------------------------------------------------------------------------
@@ -99,12 +100,13 @@ def model_card(card: dict) -> str:
     front = ["---", "library_name: transformers"]
     if tag:
         front.append(f"pipeline_tag: {_yaml_str(str(tag))}")
-    front.append("tags: [bert, packed-bert]")
+    front.append(f"tags: [{', '.join(card.get('tags') or ('bert', 'packed-bert'))}]")
     if base and _is_hub_id(base):
         front.append(f"base_model: {_yaml_str(base)}")
     front.append("---")
 
-    sentence = f"A BERT model trained for {task}"
+    architecture = card.get("architecture", "BERT")
+    sentence = f"A {architecture} model trained for {task}"
     if card.get("data"):
         sentence += f" on {card['data']}"
     if card.get("steps") is not None:
@@ -120,8 +122,8 @@ def model_card(card: dict) -> str:
 
     lines = front + ["", f"# Packed BERT: {task}", "", sentence,
                      "", "Sequences were packed without cross-contamination (Krell et al., \"Efficient Sequence "
-                     "Packing without Cross-contamination\"); the exported weights are a standard Hugging Face BERT "
-                     "and need no packing to use.", ""]
+                     f"Packing without Cross-contamination\"); the exported weights are a standard Hugging Face "
+                     f"{architecture} and need no packing to use.", ""]
     metrics = dict(card.get("metrics") or {})
     if metrics:
         lines += ["## Final metrics", "", "| metric | value |", "|---|---|"]
@@ -194,26 +196,31 @@ def _model_pipeline_tag(model) -> str | None:
     return next((tag for suffix, tag in _PIPELINE_BY_CLASS if name.endswith(suffix)), None)
 
 
-def export_model(model, folder: str | Path, vocab_file: str | Path, *, card: dict,
-                 lowercase: bool | None = None) -> Path:
-    """Write `folder`: the model (`model.save_pretrained`), vocab.txt, the tokenizer files and README.md, so that
+def export_model(model, folder: str | Path, vocab_file: str | Path | None = None, *, card: dict,
+                 lowercase: bool | None = None, tokenizer=None) -> Path:
+    """Write `folder`: the model (`model.save_pretrained`), the tokenizer files (a BERT tokenizer over the
+    WordPiece `vocab_file`, or `tokenizer.save_pretrained`: any `transformers` tokenizer) and README.md, so that
     `transformers` loads it as it is. `lowercase` None = lower-case iff the vocab has no upper-case letter in its
     non-special tokens. Atomic: built in FOLDER.partial, then swapped in; on any error a previous FOLDER stays
     intact. Returns the folder's path."""
     folder = Path(folder)
-    vocab_file = Path(vocab_file)
-    wordpiece = WordPiece(vocab_file)  # checks the vocab (readable, special tokens, no duplicates)
-    if lowercase is None:
-        lowercase = wordpiece.lowercase
+    if (vocab_file is None) == (tokenizer is None):
+        raise ValueError("export_model: give a WordPiece vocab_file or a tokenizer, one of them")
+    if tokenizer is None:
+        vocab_file = Path(vocab_file)
+        wordpiece = WordPiece(vocab_file)  # checks the vocab (readable, special tokens, no duplicates)
+        if lowercase is None:
+            lowercase = wordpiece.lowercase
     config = getattr(model, "config", None)
     card = dict(card)
     if not card.get("pipeline_tag"):
         card["pipeline_tag"] = _model_pipeline_tag(model) or _infer_pipeline_tag(str(card.get("task", "")))
     text = model_card(card)  # before writing anything: a bad card fails early
     vocab_size = getattr(config, "vocab_size", None)
-    if isinstance(vocab_size, int) and vocab_size < len(wordpiece):  # larger is fine: a padded embedding
-        raise ValueError(f"the model has vocab_size {vocab_size}, {vocab_file} {len(wordpiece)} tokens: give the "
-                         "vocab the model was trained with")
+    tokens = len(wordpiece) if tokenizer is None else len(tokenizer)
+    if isinstance(vocab_size, int) and vocab_size < tokens:  # larger is fine: a padded embedding
+        raise ValueError(f"the model has vocab_size {vocab_size}, the tokenizer {tokens} tokens: give the "
+                         "tokenizer the model was trained with")
     max_length = getattr(config, "max_position_embeddings", None)
 
     partial = folder.with_name(folder.name + ".partial")
@@ -225,7 +232,10 @@ def export_model(model, folder: str | Path, vocab_file: str | Path, *, card: dic
     _remove(old)
     try:
         partial.mkdir()
-        _write_tokenizer(partial, vocab_file, lowercase, max_length)
+        if tokenizer is None:
+            _write_tokenizer(partial, vocab_file, lowercase, max_length)
+        else:
+            tokenizer.save_pretrained(str(partial))
         model.save_pretrained(partial)  # keeps config.id2label / label2id: they are in the model's config
         if not (partial / "config.json").exists():
             raise RuntimeError(f"{type(model).__name__}.save_pretrained wrote no config.json")

@@ -177,21 +177,25 @@ def _flex_attention(device: torch.device):
     return torch.compile(flex_attention, dynamic=False) if device.type == "cuda" else flex_attention
 
 
-def attention_for(sequence_ids: torch.Tensor, backend: str, dtype: torch.dtype):
-    """What every layer attends with: an additive (B, 1, S, S) mask, or a flex BlockMask."""
+def attention_for(sequence_ids: torch.Tensor, backend: str, dtype: torch.dtype, causal: bool = False):
+    """What every layer attends with: an additive (B, 1, S, S) mask, or a flex BlockMask. A token attends to
+    the tokens of its own sequence (`sequence_ids`); with `causal` (decoders) only to those at or before it."""
     if backend == "mask":
-        return packed_attention_mask(sequence_ids, dtype)
+        return packed_attention_mask(sequence_ids, dtype, causal)
     if backend == "reference":
-        return reference_packed_attention_mask(sequence_ids, dtype)
+        return reference_packed_attention_mask(sequence_ids, dtype, causal)
     if backend == "flex":
         from torch.nn.attention.flex_attention import create_block_mask
 
         def same_sequence(b, h, q, kv):
             return sequence_ids[b, q] == sequence_ids[b, kv]
 
+        def same_sequence_causal(b, h, q, kv):
+            return (sequence_ids[b, q] == sequence_ids[b, kv]) & (kv <= q)
+
         B, S = sequence_ids.shape
-        return create_block_mask(same_sequence, B, None, S, S, device=sequence_ids.device,
-                                 _compile=sequence_ids.device.type == "cuda")
+        return create_block_mask(same_sequence_causal if causal else same_sequence, B, None, S, S,
+                                 device=sequence_ids.device, _compile=sequence_ids.device.type == "cuda")
     raise ValueError(f"unknown attention backend {backend!r}; choose from {', '.join(ATTENTION_BACKENDS)}")
 
 

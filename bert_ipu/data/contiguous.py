@@ -55,9 +55,10 @@ class PackedSequences:
 
 
 def pack_sequences(lengths: np.ndarray, token_fields: dict[str, np.ndarray], max_len: int, algorithm: str = "cghp",
-                   max_sequences_per_pack: int = 3, seed: int = 0) -> PackedSequences:
+                   max_sequences_per_pack: int = 3, seed: int = 0, fill: dict | None = None) -> PackedSequences:
     """Pack N sequences (`lengths`, and each token field as one flat array of sum(lengths) tokens) into rows of
-    `max_len` with any packing algorithm ("none": one per row)."""
+    `max_len` with any packing algorithm ("none": one per row). Padding is 0, or `fill[name]` for a field
+    (e.g. -100 for labels)."""
     if algorithm == "sort":
         raise PackingInputError("sort makes batches of changing width; packed rows have a fixed length: use none "
                                 "(unpacked) or a packing algorithm")
@@ -91,7 +92,7 @@ def pack_sequences(lengths: np.ndarray, token_fields: dict[str, np.ndarray], max
         if len(src) != len(owner):
             raise ValueError(f"token field {name} has {len(src)} tokens, the lengths sum to {len(owner)}")
         dtype = src.dtype if src.dtype == bool else np.int64
-        flat = np.zeros(P * max_len, dtype=dtype)
+        flat = np.full(P * max_len, (fill or {}).get(name, 0), dtype=dtype)
         flat[dest] = src
         rows[name] = flat.reshape(P, max_len)
     return PackedSequences(rows, row, slot, offset, result, K)

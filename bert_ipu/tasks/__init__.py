@@ -31,4 +31,8 @@ def task_for(cfg):
         from .glue import GlueTask
 
         return GlueTask(cfg)
+    if cfg.kind == "causal_lm":
+        from .causal_lm import CausalLMTask
+
+        return CausalLMTask(cfg)
     raise ValueError(f"no task of kind {cfg.kind!r}")

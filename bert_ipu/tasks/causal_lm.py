@@ -1,0 +1,220 @@
+"""Causal language modelling (GPT-2, Llama), packed or unpacked, pretraining or SFT: a task of the engine.
+
+    python run_causal_lm.py --config causal_tiny_llama_packed     # main(cfg) below
+
+1. Tokenize the source (bert_ipu/data/causal.py): text cut into sequences of at most the pack length, or SFT
+   chats / prompt-response pairs with labels on the assistant's tokens only. Labels are next tokens of the
+   same sequence: none crosses a boundary. Hold out `data.validation_fraction` of the sequences.
+2. Pack the sequences whole, back to back (bert_ipu/data/contiguous.py), with any packing algorithm
+   (`none` = one per row, padded) at depth K; positions restart in every sequence.
+3. Train PackedLlamaForCausalLM / PackedGPT2LMHeadModel (bert_ipu/causal_lm.py; document-causal attention) on
+   the engine: about `train.global_batch_size` sequences per update, the loss of `data.loss_mode` with the
+   update's global counts (all micro-batches, all ranks).
+4. Validate (loss and perplexity per label token, over the ranks) and export a folder that
+   `AutoModelForCausalLM`, `AutoTokenizer` and `pipeline("text-generation")` load.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..causal_lm import FAMILIES, causal_lm_loss, causal_lm_loss_sums, packed_causal_lm_class
+from ..data.causal import (CausalReport, load_tokenizer, sft_sequences, source_texts, text_sequences,
+                           train_tokenizer)
+from ..data.contiguous import pack_sequences
+from ..data.loader import ArraySource
+from ..engine.runtime import RunError, Runtime
+from ..modeling import IGNORE_INDEX
+from ..packing import PackingInputError
+from .finetune import pack_depth, require_checkpoint_folder
+
+INPUTS = ("input_ids", "position_ids", "sequence_ids")
+NORMALIZER = {"token": "label_tokens", "sequence": "labelled_sequences", "sum": None}
+
+
+class CausalLMTask:
+    name = "causal_lm"
+    input_fields = INPUTS
+    target_fields = ("labels", "sequence_ids")
+    stat_names = ("token_loss_sum", "sequence_loss_sum", "correct")
+    pipeline_plan = None
+    drop_last = False
+    has_evaluation = True
+    headline = ("val_loss", "val_perplexity")
+    progress_keys = ("loss", "val_loss", "tokens_per_second")
+
+    def __init__(self, cfg, progress: bool = True):
+        self.cfg, self.progress = cfg, progress
+
+    # --- data ----------------------------------------------------------------------------------------------
+    def prepare(self, rt: Runtime) -> None:
+        from ..data.text import DataInputError
+
+        self.rt = rt
+        d, m = self.cfg.data, self.cfg.model
+        say = lambda msg: rt.say(msg, "causal_lm")  # noqa: E731
+        S = d.max_seq_length
+        try:
+            if d.tokenizer:
+                self.tokenizer = load_tokenizer(d.tokenizer)
+            elif m.init_checkpoint:
+                require_checkpoint_folder(m.init_checkpoint)
+                self.tokenizer = load_tokenizer(m.init_checkpoint)
+            else:
+                say(f"training a byte-level BPE tokenizer of {d.vocab_size} tokens on {d.source}")
+                self.tokenizer = train_tokenizer(source_texts(d.format, d.source), d.vocab_size)
+            self.report = CausalReport()
+            seqs = (text_sequences([d.source], self.tokenizer, S, self.report) if d.format == "text" else
+                    sft_sequences(d.source, self.tokenizer, S, d.too_long, self.report))
+            say(f"{d.source}: {self.report.summary()}")
+            order = np.random.default_rng(self.cfg.train.seed).permutation(len(seqs))
+            held = int(round(d.validation_fraction * len(seqs))) if d.validation_fraction else 0
+            held = min(max(held, 1 if d.validation_fraction else 0), len(seqs) - 1)
+            self.sequences = {"train": seqs.subset(np.sort(order[held:]))}
+            if held:
+                self.sequences["validation"] = seqs.subset(np.sort(order[:held]))
+            self.depth = pack_depth(self.sequences["train"].lengths, S, d.algorithm, d.max_sequences_per_pack)
+            self.packed_splits = {split: self._pack(s) for split, s in self.sequences.items()}
+        except (DataInputError, PackingInputError, OSError) as e:
+            raise RunError(str(e)) from None
+        for split, p in self.packed_splits.items():
+            say(f"{split}: {d.algorithm} packs {len(self.sequences[split]):,} sequences into {p.packs:,} rows of {S} "
+                f"(at most {p.max_sequences_per_pack} a row): packing factor {p.packing_factor:.3f}, "
+                f"efficiency {p.efficiency:.1%}")
+        self.packing_factor = self.packed_splits["train"].packing_factor
+        self.packed = self.depth > 1
+
+    def _pack(self, seqs):
+        d = self.cfg.data
+        return pack_sequences(seqs.lengths, {"input_ids": seqs.input_ids, "labels": seqs.labels}, d.max_seq_length,
+                              d.algorithm, self.depth, seed=self.cfg.train.seed, fill={"labels": IGNORE_INDEX})
+
+    def train_source(self):
+        return ArraySource({k: self.packed_splits["train"].rows[k] for k in (*INPUTS, "labels")},
+                           label_fields=("labels",))
+
+    def layout_record(self) -> dict:
+        d = self.cfg.data
+        return {"pack_len": d.max_seq_length, "max_sequences_per_pack": self.depth, "algorithm": d.algorithm,
+                "packing_factor": self.packing_factor, "format": d.format, "vocab_size": len(self.tokenizer)}
+
+    def describe(self) -> str:
+        p = self.packed_splits["train"]
+        return (f"{self.cfg.data.format} {self.cfg.data.source}: {p.packs} rows of {len(p.row)} sequences "
+                f"(S={self.cfg.data.max_seq_length}, K={self.depth}, p={p.packing_factor:.3f}), "
+                f"loss per {self.cfg.data.loss_mode}")
+
+    # --- model and loss ------------------------------------------------------------------------------------
+    def build_model(self):
+        m, S = self.cfg.model, self.cfg.data.max_seq_length
+        kwargs = dict(attention_backend=m.attention_backend, max_sequences_per_pack=self.depth)
+        if m.init_checkpoint:
+            from transformers import AutoConfig
+
+            config = AutoConfig.from_pretrained(m.init_checkpoint, local_files_only=True)
+            try:
+                cls = packed_causal_lm_class(config)
+            except ValueError as e:
+                raise RunError(f"model.init_checkpoint {m.init_checkpoint}: {e}") from None
+            model = cls.from_pretrained(m.init_checkpoint, **kwargs)
+        else:
+            model = FAMILIES[m.family](m.hf_config(self.tokenizer, S), **kwargs)
+        if model.config.vocab_size < len(self.tokenizer):
+            raise RunError(f"the tokenizer has {len(self.tokenizer)} tokens but the model only "
+                           f"{model.config.vocab_size}; give the tokenizer the model was trained with (data.tokenizer)")
+        if model.config.max_position_embeddings < S:
+            raise RunError(f"data.max_seq_length {S} is longer than the model's {model.config.max_position_embeddings} "
+                           "positions; lower data.max_seq_length")
+        return model
+
+    def counts(self, micro: list[dict]) -> dict:
+        K = self.depth
+        labelled = []
+        for b in micro:
+            has = (b["labels"] != IGNORE_INDEX).to(torch.int64)
+            per = torch.zeros(len(has), K + 1, dtype=torch.int64, device=has.device).scatter_add(
+                1, b["sequence_ids"].long(), has)[:, 1:]
+            labelled.append((per > 0).sum())
+        return {"label_tokens": sum((b["labels"] != IGNORE_INDEX).sum() for b in micro),
+                "labelled_sequences": sum(labelled),
+                "sequences": sum(torch.amax(b["sequence_ids"], 1).sum() for b in micro),  # ids are 1..k in order
+                "tokens": sum((b["sequence_ids"] > 0).sum() for b in micro)}
+
+    def normalizers(self, counts: dict) -> dict:
+        key = NORMALIZER[self.cfg.data.loss_mode]
+        return {} if key is None else {key: max(counts[key], 1.0)}
+
+    def loss(self, logits, targets: dict, normalizers: dict):
+        labels = targets["labels"]
+        sums = causal_lm_loss_sums(logits, labels, targets["sequence_ids"], self.depth)
+        with torch.no_grad():
+            correct = ((logits.argmax(-1) == labels) & (labels != IGNORE_INDEX)).sum()
+        loss = causal_lm_loss(sums, self.cfg.data.loss_mode, normalizers)
+        return loss, {"token_loss_sum": sums["token_loss_sum"], "sequence_loss_sum": sums["sequence_loss_sum"],
+                      "correct": correct}
+
+    @staticmethod
+    def summarize(s: dict) -> dict:
+        n, k = max(s.get("label_tokens", 0.0), 1.0), max(s.get("labelled_sequences", 0.0), 1.0)
+        loss = s["token_loss_sum"] / n
+        return {"loss": loss, "perplexity": math.exp(min(loss, 50.0)), "sequence_loss": s["sequence_loss_sum"] / k,
+                "accuracy": s["correct"] / n, "sequences": s.get("sequences", 0.0), "tokens": s.get("tokens", 0.0)}
+
+    # --- evaluation and export -----------------------------------------------------------------------------
+    def evaluate(self, engine, rt: Runtime, step: int) -> dict:
+        """Loss and perplexity per label token over (up to `validation_batches` micro-batches per rank of) the
+        held-out sequences, split over the data-parallel replicas."""
+        from ..engine.parallel import global_counts
+
+        if "validation" not in self.packed_splits:
+            return {}
+        t = self.cfg.train
+        rows = self.packed_splits["validation"].rows
+        source = ArraySource({k: rows[k] for k in (*INPUTS, "labels")}, label_fields=("labels",))
+        mine = np.arange(rt.dp_rank, source.packs, rt.dp_world)
+        per_rank = -(-source.packs // rt.dp_world)  # every rank runs as many batches (empty rows fill)
+        batches = min(t.validation_batches, -(-per_rank // t.micro_batch_size))
+        n = batches * t.micro_batch_size
+        mine = np.pad(mine[:n], (0, max(0, n - len(mine))), constant_values=-1)
+        micro = [{k: torch.from_numpy(v).to(rt.device) for k, v in source.gather(chunk).items()}
+                 for chunk in np.split(mine, batches)]
+        counts = global_counts(self, engine, micro)
+        sums = engine.evaluate(micro, self.normalizers(counts)) | counts
+        out = self.summarize(sums)
+        return {"val_loss": out["loss"], "val_perplexity": out["perplexity"], "val_accuracy": out["accuracy"]}
+
+    def export(self, model, folder: Path, info: dict) -> None:
+        from ..export import export_model
+
+        d = self.cfg.data
+        family = {"gpt2": "GPT-2", "llama": "Llama"}.get(model.config.model_type, model.config.model_type)
+        what = "supervised fine-tuning (loss on the assistant's tokens)" if d.format == "sft" else "causal language modelling"
+        card = {"task": what, "architecture": family, "pipeline_tag": "text-generation",
+                "tags": [model.config.model_type, "packed-bert", "causal-lm"],
+                "base_model": self.cfg.model.init_checkpoint or "from scratch",
+                "data": f"{d.source} ({len(self.sequences['train']):,} training sequences)",
+                "steps": info["steps"], "sequences_seen": int(info["sequences_seen"]),
+                "packing": {"algorithm": d.algorithm, "max_sequences_per_pack": self.depth,
+                            "packing_factor": round(self.packing_factor, 4)},
+                "metrics": {k: v for k, v in info["metrics"].items() if k in ("loss", "val_loss", "val_perplexity")},
+                "command": f"python run_causal_lm.py --config {self.cfg.name}"}
+        export_model(model, folder, card=card, tokenizer=self.tokenizer)
+
+    def result_extra(self) -> dict:
+        return {"format": self.cfg.data.format, "source": self.cfg.data.source, "algorithm": self.cfg.data.algorithm,
+                "max_sequences_per_pack": self.depth, "loss_mode": self.cfg.data.loss_mode,
+                "packing": {split: {"rows": p.packs, "sequences": len(p.row), "packing_factor": p.packing_factor,
+                                    "efficiency": p.efficiency} for split, p in self.packed_splits.items()},
+                "input": vars(self.report)}
+
+
+def main(cfg, resume: bool = False, overwrite: bool = False, progress: bool = True) -> dict:
+    """Train as `cfg` says; returns the result (final metrics, paths) and writes OUTPUT/results.json."""
+    from ..engine.trainer import train
+
+    rt = Runtime.start(cfg.train.device, cfg.parallel.pipeline_stages)
+    return train(CausalLMTask(cfg, progress), cfg, rt, resume=resume, overwrite=overwrite, progress=progress)
