@@ -190,12 +190,17 @@ def _record(tokenizer, value, where: str):
     return prompt + answer, [False] * len(prompt) + [True] * len(answer)
 
 
-def sft_sequences(path: str | Path, tokenizer, max_len: int, too_long: str, report: CausalReport) -> CausalSequences:
-    """The JSON-lines file `path` of chats or prompt/response pairs -> sequences with the prompt mask."""
+def check_sft_source(path: str | Path) -> Path:
     path = Path(path)
     if not path.is_file():
         raise DataInputError(f"data.source {path} is not a file; give a JSON-lines file of chats or "
                              "prompt/response pairs")
+    return path
+
+
+def sft_sequences(path: str | Path, tokenizer, max_len: int, too_long: str, report: CausalReport) -> CausalSequences:
+    """The JSON-lines file `path` of chats or prompt/response pairs -> sequences with the prompt mask."""
+    path = check_sft_source(path)
 
     def items() -> Iterator[tuple[list[int], list[bool]]]:
         try:
@@ -256,7 +261,11 @@ def source_texts(fmt: str, source: str) -> Iterator[str]:
         for document in read_documents([source]):
             yield " ".join(document)
         return
-    for line in Path(source).read_text(encoding="utf-8").splitlines():
+    try:
+        lines = check_sft_source(source).read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise DataInputError(f"{source}: not UTF-8 text; give a JSON-lines file") from None
+    for line in lines:
         try:
             value = json.loads(line)
         except json.JSONDecodeError:

@@ -1,0 +1,341 @@
+"""Packed causal language models (bert_ipu/causal_lm.py, bert_ipu/data/causal.py, the causal_lm task) against
+`transformers` on the same sequences unpacked.
+
+Tolerances: float64 1e-10 (absolute, logits and gradients of order 1: only summation order differs, and RoPE's
+cos/sin, which Hugging Face computes in float32 in both models alike). float32: logits and loss 1e-5, gradients
+1e-4 relative to each tensor's largest entry (Hugging Face's own float32 gradients differ from its float64
+ones by about 1e-5; ours and its differ in summation order over a longer masked row).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+from bert_ipu.causal_lm import (PackedGPT2LMHeadModel, PackedLlamaForCausalLM, causal_lm_loss,
+                                causal_lm_loss_sums)
+from bert_ipu.config import CausalLMRunConfig, load_config
+from bert_ipu.data.causal import CausalReport, chat_tokens, next_token_labels, sft_sequences, train_tokenizer
+from bert_ipu.data.contiguous import pack_sequences
+from bert_ipu.data.text import DataInputError
+from bert_ipu.modeling import IGNORE_INDEX
+from training_helpers import ROOT, final_weights, run_cli
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
+V = 61
+
+
+def families():
+    gpt2 = GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=V, n_positions=32, resid_pdrop=0.0, embd_pdrop=0.0,
+                      attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+    llama = LlamaConfig(num_hidden_layers=2, hidden_size=16, num_attention_heads=4, num_key_value_heads=2,
+                        intermediate_size=24, vocab_size=V, max_position_embeddings=32, bos_token_id=0, eos_token_id=0,
+                        tie_word_embeddings=False)
+    return {"gpt2": (gpt2, GPT2LMHeadModel, PackedGPT2LMHeadModel), "llama": (llama, LlamaForCausalLM, PackedLlamaForCausalLM)}
+
+
+def sequences(seed=0, lengths=(5, 9, 3, 7, 2)):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(1, V, (n,), generator=g) for n in lengths]
+
+
+def pack(seqs, rows, S=16, learn=None):
+    """Sequences -> packed (B, S) inputs, `rows` = the sequence indices of each pack; labels: next token of the
+    same sequence (where `learn` says, default everywhere)."""
+    B = len(rows)
+    out = {k: torch.zeros(B, S, dtype=torch.long) for k in ("input_ids", "position_ids", "sequence_ids")}
+    out["labels"] = torch.full((B, S), IGNORE_INDEX, dtype=torch.long)
+    where = {}
+    for b, members in enumerate(rows):
+        at = 0
+        for slot, i in enumerate(members):
+            s = seqs[i]
+            n = len(s)
+            out["input_ids"][b, at:at + n] = s
+            out["position_ids"][b, at:at + n] = torch.arange(n)
+            out["sequence_ids"][b, at:at + n] = slot + 1
+            mask = [True] * n if learn is None else learn[i]
+            out["labels"][b, at:at + n] = torch.tensor(next_token_labels(s.tolist(), mask))
+            where[i] = (b, at)
+            at += n
+    return out, where
+
+
+def ce_sum(logits, s):
+    """Cross-entropy of next-token prediction summed over one sequence, in the logits' dtype (Hugging Face's
+    own loss upcasts to float32 even for a float64 model, so it is computed here from its logits)."""
+    return torch.nn.functional.cross_entropy(logits[:-1], s[1:], reduction="sum")
+
+
+def hf_and_packed(family, dtype, backend="mask"):
+    config, hf_cls, packed_cls = families()[family]
+    torch.manual_seed(0)
+    hf = hf_cls(config).to(dtype).eval()
+    ours = packed_cls(config, backend, max_sequences_per_pack=3).to(dtype).eval()
+    ours.load_state_dict(hf.state_dict(), strict=True)
+    return hf, ours
+
+
+BACKENDS = ["mask", "reference", "flex", pytest.param("varlen", marks=CUDA)]
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
+@pytest.mark.parametrize("backend", ["mask", "reference"])
+def test_equal_to_transformers_unpacked(family, dtype, tol, backend):
+    """Logits at every real token, the loss (mean over all label tokens) and every gradient equal Hugging Face's
+    model run on each sequence alone."""
+    hf, ours = hf_and_packed(family, dtype, backend)
+    seqs = sequences()
+    rows = [[0, 1], [2, 3, 4]]
+    batch, where = pack(seqs, rows)
+    logits = ours(batch["input_ids"], batch["position_ids"], batch["sequence_ids"])
+    sums = causal_lm_loss_sums(logits, batch["labels"], batch["sequence_ids"], 3)
+    loss = causal_lm_loss(sums, "token")
+    loss.backward()
+
+    ref_sum, count = 0.0, 0
+    for i, s in enumerate(seqs):
+        out = hf(s[None])
+        b, at = where[i]
+        torch.testing.assert_close(logits[b, at:at + len(s)], out.logits[0], rtol=0, atol=tol)
+        ref_sum = ref_sum + ce_sum(out.logits[0], s)
+        count += len(s) - 1
+    ref = ref_sum / count
+    ref.backward()
+    torch.testing.assert_close(loss, ref, rtol=0, atol=tol)
+    assert sums["label_tokens"].item() == count
+    grads = dict(hf.named_parameters())
+    for name, p in ours.named_parameters():
+        g, r = p.grad, grads[name].grad
+        scale = r.abs().max().clamp_min(1e-3)
+        assert ((g - r).abs().max() / scale).item() < (tol if dtype == torch.float64 else 1e-4), name
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+@pytest.mark.parametrize("backend", ["flex", pytest.param("varlen", marks=CUDA)])
+def test_other_backends_give_the_same_logits(family, backend):
+    """FlexAttention's document-causal block mask (forward only on the CPU: it has no backward there) and, on
+    CUDA, variable-length flash attention give the mask backend's logits."""
+    device = "cuda" if backend == "varlen" else "cpu"
+    dtype = torch.bfloat16 if backend == "varlen" else torch.float64
+    _, ours = hf_and_packed(family, torch.float32)
+    ours = ours.to(device)
+    batch, _ = pack(sequences(), [[0, 1], [2, 3, 4]])
+    batch = {k: v.to(device) for k, v in batch.items()}
+    args = (batch["input_ids"], batch["position_ids"], batch["sequence_ids"])
+    with torch.no_grad(), torch.autocast(device, dtype=dtype, enabled=backend == "varlen"):
+        ours.to(torch.float32 if backend == "varlen" else dtype)
+        expected = ours(*args).float()
+        ours.attention_backend = backend
+        got = ours(*args).float()
+    real = batch["sequence_ids"] > 0
+    tol = 2e-2 if backend == "varlen" else 1e-10  # bf16: flash and SDPA round differently
+    torch.testing.assert_close(got[real], expected[real], rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_changing_one_sequence_changes_no_other(family):
+    """Replacing the second sequence of a pack leaves the logits of every other token of the pack bitwise equal."""
+    _, ours = hf_and_packed(family, torch.float32)
+    seqs = sequences()
+    a, _ = pack(seqs, [[0, 2, 4]])
+    changed = list(seqs)
+    changed[2] = torch.randint(1, V, (len(seqs[2]),), generator=torch.Generator().manual_seed(9))
+    b, _ = pack(changed, [[0, 2, 4]])
+    with torch.no_grad():
+        la = ours(a["input_ids"], a["position_ids"], a["sequence_ids"])
+        lb = ours(b["input_ids"], b["position_ids"], b["sequence_ids"])
+    other = a["sequence_ids"][0] != 2
+    assert torch.equal(la[0, other], lb[0, other])
+    assert not torch.equal(la[0, ~other], lb[0, ~other])
+
+
+def test_loss_modes_change_the_gradient_as_defined():
+    """token: sum of CE / label tokens; sequence: mean over sequences of each one's mean CE; sum: sum of CE;
+    each gradient equals the gradient of that definition written out from Hugging Face's per-sequence losses.
+    Split into two micro-batches with the global count as normalizer, the gradients add up to the one batch's."""
+    seqs = sequences(lengths=(5, 9, 3, 7, 2))
+    for mode in ("token", "sequence", "sum"):
+        hf, ours = hf_and_packed("llama", torch.float64)
+        batch, _ = pack(seqs, [[0, 1], [2, 3, 4]])
+        sums = causal_lm_loss_sums(ours(batch["input_ids"], batch["position_ids"], batch["sequence_ids"]),
+                                   batch["labels"], batch["sequence_ids"], 3)
+        causal_lm_loss(sums, mode).backward()
+        per_seq = [ce_sum(hf(s[None]).logits[0], s) / (len(s) - 1) for s in seqs]  # mean CE of each sequence
+        n = [len(s) - 1 for s in seqs]
+        ref = {"token": sum(m * k for m, k in zip(per_seq, n)) / sum(n), "sequence": sum(per_seq) / len(seqs),
+               "sum": sum(m * k for m, k in zip(per_seq, n))}[mode]
+        ref.backward()
+        grads = dict(hf.named_parameters())
+        for name, p in ours.named_parameters():
+            torch.testing.assert_close(p.grad, grads[name].grad, rtol=0, atol=1e-10, msg=f"{mode} {name}")
+        # two micro-batches, normalised by the update's counts: the same gradient
+        whole = {name: p.grad.clone() for name, p in ours.named_parameters()}
+        ours.zero_grad()
+        norm = {"label_tokens": sums["label_tokens"], "labelled_sequences": sums["labelled_sequences"]}
+        for rows in ([[0, 1]], [[2, 3, 4]]):
+            part, _ = pack(seqs, rows)
+            s = causal_lm_loss_sums(ours(part["input_ids"], part["position_ids"], part["sequence_ids"]),
+                                    part["labels"], part["sequence_ids"], 3)
+            causal_lm_loss(s, mode, norm).backward()
+        for name, p in ours.named_parameters():
+            torch.testing.assert_close(p.grad, whole[name], rtol=0, atol=1e-12, msg=f"{mode} split {name}")
+
+
+def test_round_trip_with_transformers(tmp_path):
+    """save_pretrained loads in transformers (strict) and from_pretrained loads a transformers folder."""
+    for family, (config, hf_cls, packed_cls) in families().items():
+        torch.manual_seed(1)
+        ours = packed_cls(config)
+        ours.save_pretrained(tmp_path / family)
+        hf = hf_cls.from_pretrained(tmp_path / family)
+        for k, v in ours.state_dict().items():
+            assert torch.equal(v, hf.state_dict()[k]), k
+        back = packed_cls.from_pretrained(tmp_path / family)
+        for k, v in hf.state_dict().items():
+            assert torch.equal(v, back.state_dict()[k]), k
+
+
+# --- data ------------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    texts = [json.loads(line)["prompt"] for line in (ROOT / "tests/fixtures/sft/pairs.jsonl").read_text().splitlines()]
+    return train_tokenizer(iter(texts), 600)
+
+
+def test_packed_labels_never_cross_a_sequence(tokenizer, tmp_path):
+    """In packed rows, every label is the next token of the same sequence, and the last token of every
+    sequence (and every padding token) has none."""
+    report = CausalReport()
+    seqs = sft_sequences(ROOT / "tests/fixtures/sft/chat.jsonl", tokenizer, 256, "drop", report)
+    packed = pack_sequences(seqs.lengths, {"input_ids": seqs.input_ids, "labels": seqs.labels}, 256, "cghp", 6,
+                            fill={"labels": IGNORE_INDEX})
+    assert packed.packing_factor > 1.5  # several sequences per row
+    ids, labels, sid = (packed.rows[k] for k in ("input_ids", "labels", "sequence_ids"))
+    has = labels != IGNORE_INDEX
+    nxt_same = np.zeros_like(has)
+    nxt_same[:, :-1] = (sid[:, 1:] == sid[:, :-1]) & (sid[:, :-1] > 0)
+    assert not (has & ~nxt_same).any()                                   # no label at a sequence's last token
+    assert (labels[:, :-1][has[:, :-1]] == ids[:, 1:][has[:, :-1]]).all()  # the label is the next token
+    assert has.sum() == report.label_tokens == seqs.labels[seqs.labels != IGNORE_INDEX].size
+
+
+def test_prompt_mask_keeps_the_assistant_tokens_only(tokenizer):
+    """The tokens learnt are exactly each assistant turn's content and its end token."""
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say yes."},
+                {"role": "assistant", "content": "Yes, indeed."}, {"role": "user", "content": "Again?"},
+                {"role": "assistant", "content": "Yes."}]
+    tokens, learn = chat_tokens(tokenizer, messages, "test")
+    learnt = tokenizer.decode([t for t, k in zip(tokens, learn) if k])
+    assert learnt == "Yes, indeed.<|end|>Yes.<|end|>"
+    assert tokenizer.decode(tokens).count("<|assistant|>") == 2
+    labels = next_token_labels(tokens, learn)
+    assert [t for t in labels if t != IGNORE_INDEX] == [t for t, k in zip(tokens, learn) if k]
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def test_bad_sft_input_is_an_error_or_counted(tokenizer, tmp_path):
+    good = {"prompt": "Say yes.", "response": "Yes."}
+    long = {"prompt": "word " * 300, "response": "Yes."}
+    rows = [good, {"prompt": "Say.", "response": ""}, {"messages": [{"role": "user", "content": "hi"}]}, "", long]
+    path = write_jsonl(tmp_path / "a.jsonl", rows)
+    report = CausalReport()
+    with pytest.raises(DataInputError, match=r"a.jsonl:5: \d+ tokens, longer than the pack length 64"):
+        sft_sequences(path, tokenizer, 64, "error", report)
+    report = CausalReport()
+    seqs = sft_sequences(path, tokenizer, 64, "drop", report)
+    assert len(seqs) == 1 and (report.empty_response, report.no_assistant_turn, report.empty,
+                               report.too_long_dropped) == (1, 1, 1, 1)
+    with pytest.raises(DataInputError, match=r"b.jsonl:1: not valid JSON"):
+        sft_sequences(write_jsonl(tmp_path / "b.jsonl", ["{oops"]), tokenizer, 64, "error", CausalReport())
+    with pytest.raises(DataInputError, match=r"c.jsonl:1: expected \"messages\""):
+        sft_sequences(write_jsonl(tmp_path / "c.jsonl", [{"text": "x"}]), tokenizer, 64, "error", CausalReport())
+    plain = train_tokenizer(iter(["Say yes. Yes."] * 10), 300)
+    plain.chat_template = None
+    chat = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
+    with pytest.raises(DataInputError, match=r"d.jsonl:1: a chat needs the tokenizer's chat template"):
+        sft_sequences(write_jsonl(tmp_path / "d.jsonl", [chat]), plain, 64, "error", CausalReport())
+    # prompt/response without a template: prompt + response + EOS, the response and EOS learnt
+    seqs = sft_sequences(write_jsonl(tmp_path / "e.jsonl", [good]), plain, 64, "error", CausalReport())
+    learnt = seqs.labels[seqs.labels != IGNORE_INDEX]
+    assert plain.decode(learnt) == "Yes.<|endoftext|>"
+
+
+# --- the task on the engine ---------------------------------------------------------------------------------------
+
+TINY = ["model.hidden_size=32", "model.intermediate_size=48", "model.num_attention_heads=2",
+        "model.num_key_value_heads=1", "model.max_position_embeddings=256", "data.max_seq_length=256",
+        "data.vocab_size=1024", "data.too_long=drop", "train.max_steps=4", "train.num_train_epochs=null",
+        "train.warmup_steps=1", "train.log_every=1", "train.validate_every=2", "train.checkpoint_every=2",
+        "train.validation_batches=2", "train.global_batch_size=16", "train.micro_batch_size=4"]
+
+
+def test_sft_packed_run_exports_a_text_generation_model(tmp_path):
+    """A packed SFT run on the engine: loss falls, the export loads in AutoModelForCausalLM (same logits as the
+    packed model on one sequence) and pipeline("text-generation") with its tokenizer and chat template."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
+
+    from bert_ipu.tasks.causal_lm import main
+
+    out = tmp_path / "run"
+    cfg = load_config("sft_tiny_chat_packed", [*TINY, f"output_dir={out}", "train.max_steps=8"],
+                      root=CausalLMRunConfig)
+    result = main(cfg, progress=False)
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["loss"] < rows[0]["loss"]
+    assert result["packing"]["train"]["packing_factor"] > 1.5
+    model = AutoModelForCausalLM.from_pretrained(out / "hf")
+    tok = AutoTokenizer.from_pretrained(out / "hf")
+    assert tok.chat_template is not None
+    ours = PackedLlamaForCausalLM.from_pretrained(out / "hf")
+    ids = torch.tensor([tok("Continue: the assert statement")["input_ids"]])
+    with torch.no_grad():
+        packed = ours(ids, torch.arange(ids.shape[1])[None], torch.ones_like(ids))
+        torch.testing.assert_close(model(ids).logits, packed, rtol=1e-5, atol=1e-5)
+    text = pipeline("text-generation", model=str(out / "hf"))("Continue:", max_new_tokens=3, do_sample=False)
+    assert text[0]["generated_text"].startswith("Continue:")
+
+
+def test_data_parallel_equals_one_process(tmp_path):
+    """2 DDP ranks (gloo) end with the weights of 1 process on the same updates (float32 summation order:
+    1e-4 relative after AdamW, whose steps divide by the gradients' RMS)."""
+    # 8 packs per update in both (with batch_unit sequences the rounding to whole micro-batches of every replica
+    # could give the two runs different updates)
+    common = ["--config", "sft_tiny_chat_packed", *TINY, "train.micro_batch_size=2", "train.batch_unit=packs",
+              "train.global_batch_size=8"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    run_cli(*common, f"output_dir={one}", script="run_causal_lm.py")
+    proc = run_cli(*common, f"output_dir={two}", nproc=2, port=29671, script="run_causal_lm.py")
+    assert "2 replica(s)" in proc.stdout
+    a, b = final_weights(one), final_weights(two)
+    assert a.keys() == b.keys()
+    for name in a:
+        scale = a[name].abs().max().clamp_min(1e-3)
+        assert ((a[name] - b[name]).abs().max() / scale).item() < 1e-4, name
+
+
+def test_cli_bad_input_is_one_line(tmp_path):
+    bad = write_jsonl(tmp_path / "bad.jsonl", ["{oops"])
+    cases = [(["data.source=" + str(bad)], "bad.jsonl:1: not valid JSON"),
+             (["data.source=" + str(tmp_path / "missing.jsonl")], "is not a file"),
+             (["data.loss_mode=mean"], "data.loss_mode 'mean'"),
+             (["model.num_key_value_heads=3"], "num_key_value_heads"),
+             (["data.max_seq_length=16", "model.max_position_embeddings=16", "data.too_long=error"], "longer than the pack length 16")]
+    for overrides, message in cases:
+        out = tmp_path / "out"
+        proc = run_cli("--config", "sft_tiny_chat_packed", *TINY, f"output_dir={out}", *overrides,
+                       script="run_causal_lm.py", check=False)
+        assert proc.returncode == 2, (overrides, proc.stderr[-2000:])
+        lines = [x for x in proc.stderr.splitlines() if x.strip()]
+        assert len(lines) == 1 and message in lines[0], (overrides, proc.stderr)
+        assert not out.exists()
