@@ -339,3 +339,25 @@ def test_cli_bad_input_is_one_line(tmp_path):
         lines = [x for x in proc.stderr.splitlines() if x.strip()]
         assert len(lines) == 1 and message in lines[0], (overrides, proc.stderr)
         assert not out.exists()
+
+
+def test_text_is_cut_into_whole_sequences(tokenizer, tmp_path):
+    """Text: every sequence starts with BOS and fits the pack length; a document's sequences, BOS removed,
+    are its tokens in order (nothing dropped, a sentence longer than a sequence cut and counted)."""
+    from bert_ipu.data.causal import text_sequences
+
+    sentences = ["Short one.", " ".join(["word"] * 40), "Another sentence here.", "End."]
+    (tmp_path / "doc.txt").write_text("\n".join(sentences) + "\n")
+    report = CausalReport()
+    seqs = text_sequences([str(tmp_path / "doc.txt")], tokenizer, 16, report)
+    starts = np.cumsum(seqs.lengths) - seqs.lengths
+    assert (seqs.lengths <= 16).all() and (seqs.input_ids[starts] == tokenizer.bos_token_id).all()
+    body = np.delete(seqs.input_ids, starts)
+    expected = sum(tokenizer([(" " if i else "") + s for i, s in enumerate(sentences)],
+                             add_special_tokens=False)["input_ids"], [])
+    assert body.tolist() == expected
+    assert report.sentences_cut == 1 and report.examples == 1
+    labels = np.split(seqs.labels, starts[1:])
+    ids = np.split(seqs.input_ids, starts[1:])
+    for x, y in zip(ids, labels):
+        assert y[-1] == IGNORE_INDEX and (y[:-1] == x[1:]).all()
