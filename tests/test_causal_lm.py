@@ -361,3 +361,30 @@ def test_text_is_cut_into_whole_sequences(tokenizer, tmp_path):
     ids = np.split(seqs.input_ids, starts[1:])
     for x, y in zip(ids, labels):
         assert y[-1] == IGNORE_INDEX and (y[:-1] == x[1:]).all()
+
+
+def test_kill_and_resume_is_bitwise_identical(tmp_path, monkeypatch):
+    """An SFT run stopped after its step-2 checkpoint and resumed (tokenizer retrained, data re-read and
+    re-packed) ends with exactly the weights of a run never stopped; dropout on, so the RNG state counts too."""
+    from bert_ipu.engine import checkpoint
+    from bert_ipu.tasks.causal_lm import main
+
+    def cfg(out):
+        return load_config("sft_tiny_chat_packed", [*TINY, f"output_dir={out}", "model.dropout=0.1"],
+                           root=CausalLMRunConfig)
+
+    main(cfg(tmp_path / "straight"), progress=False)
+    real = checkpoint.save
+
+    def kill_after_first(*args, **kwargs):
+        real(*args, **kwargs)
+        raise KeyboardInterrupt  # as if the process died right after the checkpoint
+    monkeypatch.setattr(checkpoint, "save", kill_after_first)
+    with pytest.raises(KeyboardInterrupt):
+        main(cfg(tmp_path / "stopped"), progress=False)
+    monkeypatch.undo()
+    assert main(cfg(tmp_path / "stopped"), resume=True, progress=False)["step"] == 4
+    a, b = final_weights(tmp_path / "straight"), final_weights(tmp_path / "stopped")
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 from pathlib import Path
 
@@ -100,7 +101,9 @@ class CausalLMTask:
     def layout_record(self) -> dict:
         d = self.cfg.data
         return {"pack_len": d.max_seq_length, "max_sequences_per_pack": self.depth, "algorithm": d.algorithm,
-                "packing_factor": self.packing_factor, "format": d.format, "vocab_size": len(self.tokenizer)}
+                "packing_factor": self.packing_factor, "format": d.format, "vocab_size": len(self.tokenizer),
+                "tokenizer_sha256": hashlib.sha256(self.tokenizer.backend_tokenizer.to_str().encode()).hexdigest()
+                if self.tokenizer.is_fast else None}
 
     def describe(self) -> str:
         p = self.packed_splits["train"]
