@@ -324,20 +324,29 @@ def test_data_parallel_equals_one_process(tmp_path):
         assert ((a[name] - b[name]).abs().max() / scale).item() < 1e-4, name
 
 
-def test_cli_bad_input_is_one_line(tmp_path):
+def test_cli_bad_input_is_one_line(tmp_path, capsys, monkeypatch):
+    """run_causal_lm.py's cli (in this process: the DDP test runs it as a command): exit 2, one line naming the
+    problem, and no output folder."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("run_causal_lm", ROOT / "run_causal_lm.py")
+    entry = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(entry)
+    monkeypatch.chdir(ROOT)
     bad = write_jsonl(tmp_path / "bad.jsonl", ["{oops"])
     cases = [(["data.source=" + str(bad)], "bad.jsonl:1: not valid JSON"),
              (["data.source=" + str(tmp_path / "missing.jsonl")], "is not a file"),
              (["data.loss_mode=mean"], "data.loss_mode 'mean'"),
              (["model.num_key_value_heads=3"], "num_key_value_heads"),
-             (["data.max_seq_length=16", "model.max_position_embeddings=16", "data.too_long=error"], "longer than the pack length 16")]
+             (["data.max_seq_length=16", "model.max_position_embeddings=16", "data.too_long=error"],
+              "longer than the pack length 16")]
     for overrides, message in cases:
         out = tmp_path / "out"
-        proc = run_cli("--config", "sft_tiny_chat_packed", *TINY, f"output_dir={out}", *overrides,
-                       script="run_causal_lm.py", check=False)
-        assert proc.returncode == 2, (overrides, proc.stderr[-2000:])
-        lines = [x for x in proc.stderr.splitlines() if x.strip()]
-        assert len(lines) == 1 and message in lines[0], (overrides, proc.stderr)
+        capsys.readouterr()
+        code = entry.cli(["--config", "sft_tiny_chat_packed", *TINY, f"output_dir={out}", *overrides])
+        lines = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+        assert code == 2, overrides
+        assert len(lines) == 1 and message in lines[0], (overrides, lines)
         assert not out.exists()
 
 
