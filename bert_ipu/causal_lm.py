@@ -265,6 +265,8 @@ class _PackedCausalLM(nn.Module):
         self.max_sequences_per_pack = max_sequences_per_pack  # K, for varlen (default: S)
 
     def _tie_and_init(self):
+        """Tie the LM head to the input embeddings (unless the config says not to) and initialise as Hugging
+        Face does: normal(initializer_range) weights, zero biases, unit norms."""
         decoder = getattr(self, self.base)
         embeddings = decoder.wte if self.base == "transformer" else decoder.embed_tokens
         if getattr(self.config, "tie_word_embeddings", True):
@@ -280,6 +282,10 @@ class _PackedCausalLM(nn.Module):
                 nn.init.zeros_(module.bias)
             elif type(module).__name__ == "LlamaRMSNorm":
                 nn.init.ones_(module.weight)
+        if self.base == "transformer":  # GPT-2's scheme: residual projections scaled by 1 / sqrt(2 x layers)
+            for name, p in self.named_parameters():
+                if name.endswith("c_proj.weight"):
+                    nn.init.normal_(p, std=std / math.sqrt(2 * self.config.num_hidden_layers))
 
     def forward(self, input_ids, position_ids, sequence_ids):
         """(B, S) ids -> logits (B, S, V)."""
