@@ -76,11 +76,13 @@ class DatasetWriter:
         self.partial = self.out_dir.with_name(self.out_dir.name + ".partial")
         self.old = self.out_dir.with_name(self.out_dir.name + ".old")
         try:
-            if (self.old / MANIFEST).is_file():  # a replacement killed between its two renames
-                if self.out_dir.exists():
-                    shutil.rmtree(self.old)
-                else:
-                    os.replace(self.old, self.out_dir)  # the previous dataset comes back
+            if (self.old / MANIFEST).is_file() and not self.out_dir.exists():
+                os.replace(self.old, self.out_dir)  # a replacement killed between its two renames: put it back
+            elif self.old.exists():  # killed before (or while) removing the replaced dataset
+                if not _leftover(self.old):
+                    raise DatasetError(f"{self.old} is in the way (a dataset's replacement is swapped out through "
+                                       "it) and is not a dataset of this project; move it away") from None
+                shutil.rmtree(self.old)
             if self.partial.exists():
                 shutil.rmtree(self.partial)  # left by an interrupted run
             self.partial.mkdir(parents=True)
@@ -146,6 +148,11 @@ class DatasetWriter:
             raise DatasetError(f"writing {self.out_dir} failed: {describe_os_error(exc)}; nothing was written{kept}: "
                                "free space (or fix the cause) and run again") from None
         return False
+
+
+def _leftover(folder: Path) -> bool:
+    """Whether a folder holds nothing but what a DatasetWriter writes (so removing it deletes no user file)."""
+    return all(p.name in ("train", "validation", "vocab.txt", MANIFEST, MANIFEST + ".tmp") for p in folder.iterdir())
 
 
 def _json_default(value):

@@ -13,6 +13,8 @@ import os
 import sys
 from pathlib import Path
 
+from .runtime import RunError
+
 
 def _is_terminal() -> bool:
     return sys.stderr.isatty()
@@ -51,8 +53,12 @@ class MetricsLogger:
         """One row of metrics at `step`; `show` = the few values a person sees (bar or log line)."""
         if not self.main:
             return
-        self.file.write(json.dumps({"step": step, **row}) + "\n")
-        self.file.flush()
+        try:
+            self.file.write(json.dumps({"step": step, **row}) + "\n")
+            self.file.flush()
+        except OSError as e:  # a full disk: a torn last line is dropped when the run resumes
+            raise RunError(f"writing {self.file.name} failed at step {step}: {e.strerror}; free space, then continue "
+                           "with --resume (from the last checkpoint)") from None
         for k, v in row.items():
             if isinstance(v, (int, float)):
                 self.writer.add_scalar(k, v, step)
@@ -70,4 +76,7 @@ class MetricsLogger:
     def close(self) -> None:
         for thing in (self.bar, self.file, self.writer):
             if thing is not None:
-                thing.close()
+                try:
+                    thing.close()
+                except OSError:  # a full disk already reported by log(); closing must not hide that error
+                    pass

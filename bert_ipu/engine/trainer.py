@@ -21,6 +21,7 @@ import torch
 import yaml
 
 from ..data.loader import UpdateLoader
+from ..export import ExportError
 from . import checkpoint
 from .metrics import MetricsLogger
 from .optim import build_optimizer, packing_betas, packs_per_update, schedule_length
@@ -229,12 +230,21 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, load
     result = {"step": step, "output_dir": str(out), "metrics": last, "packs_per_update": P,
               "accumulation": accumulation, "packing_factor": p, "sequences_seen": seen} | task.result_extra()
     full = engine.full_model()  # a collective in pipeline mode
+    error = None
     if rt.main:
         export = out / "hf"
-        task.export(full, export, {"steps": step, "sequences_seen": seen, "metrics": last})
-        result["export"] = str(export)
-        write_json(out / "results.json", result)
         found = checkpoint.checkpoints(out)
-        rt.say(f"done: {step} updates; checkpoint {found[-1] if found else 'none'}; Hugging Face export {export}")
+        try:
+            task.export(full, export, {"steps": step, "sequences_seen": seen, "metrics": last})
+            result["export"] = str(export)
+            write_json(out / "results.json", result)
+        except (ExportError, OSError) as e:  # a full disk at the very end: the checkpoint is what counts
+            why = str(e) if isinstance(e, ExportError) else f"writing {out / 'results.json'} failed: {e.strerror}"
+            error = f"{why} (checkpoint {found[-1] if found else 'none'} is intact: --resume exports it)"
+        else:
+            rt.say(f"done: {step} updates; checkpoint {found[-1] if found else 'none'}; Hugging Face export {export}")
+    error = rt.broadcast_error(error)  # every rank stops with it, none waits at the barrier
+    if error:
+        raise RunError(error)
     rt.barrier()
     return result
