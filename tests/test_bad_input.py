@@ -366,3 +366,78 @@ def test_one_document_without_sentence_breaks_says_why(tmp_path, capsys):
     lines, err = _errors(capsys)
     assert len(lines) == 1 and "needs two segments" in lines[0] and "at least two documents" in lines[0], err
     assert not out.exists() and not (tmp_path / "out.partial").exists()
+
+
+# --- the training command: every config case of the issue through the command line --------------------------
+
+TRAINING_CLI_CASES = {
+    "0 layers": ["model.num_hidden_layers=0"],
+    "0 attention heads": ["model.num_attention_heads=0"],
+    "negative hidden size": ["model.hidden_size=-8"],
+    "dropout above 1": ["model.hidden_dropout_prob=1.5"],
+    "dropout below 0": ["model.attention_probs_dropout_prob=-0.1"],
+    "negative gradient clipping": ["train.clip_grad_norm=-1"],
+    "betas a string": ["train.betas=fast"],
+    "betas of one element": ["train.betas=[0.9]"],
+    "negative learning rate": ["train.learning_rate=-0.1"],
+    "log_every 0": ["train.log_every=0"],
+    "checkpoint_every 0": ["train.checkpoint_every=0"],
+    "validate_every 0": ["train.validate_every=0"],
+    "0 validation batches": ["train.validation_batches=0"],
+    "negative seed": ["train.seed=-1"],
+    "output_dir a number": ["output_dir=3"],
+    "output_dir a list": ["output_dir=[1, 2]"],
+    "device tpu": ["train.device=tpu"],
+    "missing init_checkpoint": ["model.init_checkpoint={tmp}/nope"],
+    "output_dir a file": ["output_dir={tmp}/file"],
+    "output_dir not creatable": ["output_dir=/proc/no/such/run"],
+    "binary config file": ["--config", "{tmp}/binary.yaml"],
+}
+
+
+@pytest.mark.parametrize("case", sorted(TRAINING_CLI_CASES))
+def test_training_cli_bad_config_is_one_line(dataset, tmp_path, capsys, case):
+    """Every training-config case the issue names, through run_pretraining.py: exit code 2, one `error:` line, no
+    traceback, and nothing written (no run folder; a file given as output_dir is left as it was)."""
+    import run_pretraining
+
+    (tmp_path / "file").write_text("mine")
+    (tmp_path / "binary.yaml").write_bytes(bytes(range(256)) * 4)
+    extra = [a.replace("{tmp}", str(tmp_path)) for a in TRAINING_CLI_CASES[case]]
+    config = extra[1] if extra[0] == "--config" else "test_tiny"
+    overrides = [] if extra[0] == "--config" else extra
+    rc = run_pretraining.cli(["--config", config, f"data.dataset={dataset}", f"output_dir={tmp_path / 'run'}",
+                              "model.max_position_embeddings=64", "data.max_seq_length=64", "train.max_steps=1",
+                              *overrides])
+    lines, err = _errors(capsys)
+    assert rc == 2 and len(lines) == 1 and lines[0].startswith("error:") and "Traceback" not in err, err
+    assert not (tmp_path / "run").exists() and (tmp_path / "file").read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["binary.yaml", "file"]
+
+
+def test_data_output_that_is_a_file_is_one_line(corpus, tmp_path, capsys):
+    """--output naming an existing file (with or without --overwrite): exit code 2, one line, the file intact."""
+    import create_pretraining_data as create_cli
+
+    target = tmp_path / "notes.txt"
+    target.write_text("mine")
+    for extra in ([], ["--overwrite"]):
+        assert create_cli.main(["--input", str(corpus), "--output", str(target), *extra]) == 2
+        lines, err = _errors(capsys)
+        assert len(lines) == 1 and str(target) in lines[0] and "Traceback" not in err, err
+        assert target.read_text() == "mine"
+
+
+def test_an_instances_dataset_without_splits_is_refused(dataset, tmp_path, capsys):
+    """A source whose manifest lists no split (or a split of no shard) is refused: packing it wrote a dataset with
+    no shards, exit code 0."""
+    copy = tmp_path / "data"
+    shutil.copytree(dataset.parent / "instances", copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    for splits in ({}, {"train": {"packs": 0, "shards": []}}):
+        manifest["splits"] = splits
+        (copy / "manifest.json").write_text(json.dumps(manifest))
+        assert _pack_cli(copy, tmp_path / "out") == 2
+        lines, err = _errors(capsys)
+        assert len(lines) == 1 and "no shard" in lines[0], err
+        assert not (tmp_path / "out").exists()

@@ -213,7 +213,12 @@ class PackedDataset:
     def _check_shards(self) -> None:
         """Cheap consistency of manifest and files: every shard and field present with the right shape, and
         each split's total the sum of its shards."""
-        for split, info in self.manifest["splits"].items():
+        splits = self.manifest["splits"]
+        if not isinstance(splits, dict) or not splits or not all(isinstance(i, dict) and i.get("shards")
+                                                                 for i in splits.values()):
+            raise DatasetError(f"{self.path}: the manifest lists no split or a split of no shard: an empty or "
+                               "damaged dataset; recreate it")
+        for split, info in splits.items():
             if info.get("packs") != sum(shard["packs"] for shard in info["shards"]):
                 raise DatasetError(f"{self.path}: split {split} says {info.get('packs')} packs but its shards hold "
                                    f"{sum(shard['packs'] for shard in info['shards'])}; recreate the dataset")
