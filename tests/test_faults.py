@@ -185,26 +185,41 @@ def _train(dataset, out, *extra, resume=False) -> int:
                                 *extra] + (["--resume"] if resume else []))
 
 
-def test_a_full_disk_while_checkpointing_keeps_the_last_checkpoint(dataset, tmp_path, capsys, monkeypatch):
-    """A full disk while writing the step-2 checkpoint: exit code 2, one line; step-1 stays the newest
-    checkpoint, whole, and nothing of step-2 is left; --resume continues from step 1 to the end, with the same
+FOUR_STEPS = ["train.max_steps=4", "train.checkpoint_every=2"]
+
+
+@pytest.fixture(scope="module")
+def straight_weights(dataset, tmp_path_factory) -> dict:
+    """The final weights of a 4-step run never interrupted (checkpoints at 2 and 4)."""
+    from training_helpers import final_weights
+
+    out = tmp_path_factory.mktemp("straight") / "run"
+    assert _train(dataset, out, *FOUR_STEPS) == 0
+    return final_weights(out)
+
+
+def _same_weights(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(bool((a[k] == b[k]).all()) for k in a)
+
+
+def test_a_full_disk_while_checkpointing_keeps_the_last_checkpoint(dataset, straight_weights, tmp_path, capsys,
+                                                                   monkeypatch):
+    """A full disk while writing the step-4 checkpoint: exit code 2, one line; step-2 stays the newest
+    checkpoint, whole, and nothing of step-4 is left; --resume continues from step 2 to the end, with the same
     weights as a run that never failed."""
     from training_helpers import final_weights
 
-    straight = tmp_path / "straight"
-    assert _train(dataset, straight) == 0
     capsys.readouterr()
     out = tmp_path / "run"
-    _corrupt_dcp_stream(monkeypatch, "step-0000002")
-    assert _train(dataset, out) == 2
+    _corrupt_dcp_stream(monkeypatch, "step-0000004")
+    assert _train(dataset, out, *FOUR_STEPS) == 2
     line = _one_error_line(capsys)
     monkeypatch.undo()
     assert "writing checkpoint" in line and "No space left on device" in line and "--resume" in line, line
-    assert [p.name for p in (out / "checkpoints").iterdir()] == ["step-0000001"]
-    assert checkpoint.load_weights(out / "checkpoints" / "step-0000001")
-    assert _train(dataset, out, resume=True) == 0
-    a, b = final_weights(straight), final_weights(out)
-    assert a.keys() == b.keys() and all(bool((a[k] == b[k]).all()) for k in a)
+    assert [p.name for p in (out / "checkpoints").iterdir()] == ["step-0000002"]
+    assert checkpoint.load_weights(out / "checkpoints" / "step-0000002")
+    assert _train(dataset, out, *FOUR_STEPS, resume=True) == 0
+    assert _same_weights(final_weights(out), straight_weights)
 
 
 def test_a_full_disk_while_exporting_keeps_the_checkpoint(dataset, tmp_path, capsys, monkeypatch):
@@ -362,3 +377,49 @@ def test_a_kill_at_any_point_then_rerun_gives_the_same_bytes(corpus, instances, 
             pack_pretraining_data(instances, out, "cghp", 3, overwrite=True, progress=False)
         assert content(out) == new, kill_at
         assert not (tmp_path / "out.partial").exists() and not (tmp_path / "out.old").exists()
+
+
+class Killed(BaseException):
+    """A kill: nothing of ours catches it (no cleanup of the half-written files, as with SIGKILL)."""
+
+
+@pytest.mark.parametrize("point", ["inside the last checkpoint", "inside the export"])
+def test_training_killed_at_more_points_resumes_bitwise(dataset, straight_weights, tmp_path, monkeypatch, point):
+    """A run killed while it writes its last checkpoint (step-4.partial half-written, before its rename) or while
+    it writes the export resumes with --resume from its newest whole checkpoint and ends with exactly
+    the weights of a run never killed (the kill right after a checkpoint is tests/test_training.py's)."""
+    from training_helpers import final_weights
+
+    extra = FOUR_STEPS
+    out = tmp_path / "run"
+    if point == "inside the export":
+        import bert_ipu.export as export
+
+        real = export._write_tokenizer
+
+        def die(path, *args):
+            real(path, *args)
+            raise Killed
+        monkeypatch.setattr(export, "_write_tokenizer", die)
+    else:
+        real_fsync = checkpoint.fsync_tree
+
+        def die(partial):  # every file of step-4 written, then killed before the fsync and the rename
+            if "step-0000004" in str(partial):
+                shard = next(Path(partial).glob("*.safetensors"))
+                shard.write_bytes(shard.read_bytes()[:100])  # and the page cache never reached the disk
+                raise Killed
+            return real_fsync(partial)
+        monkeypatch.setattr(checkpoint, "fsync_tree", die)
+    with pytest.raises(Killed):
+        _train(dataset, out, *extra)
+    monkeypatch.undo()
+    assert not (out / "hf").exists()
+    if point == "inside the last checkpoint":  # left behind: a step-4 folder with state.json, but .partial
+        assert (out / "checkpoints" / "step-0000004.partial" / "state.json").is_file()
+        assert [p.name for p in checkpoint.checkpoints(out)] == ["step-0000002"]
+    assert _train(dataset, out, *extra, resume=True) == 0
+    assert _same_weights(final_weights(out), straight_weights)
+    assert not (out / "hf.partial").exists() and not (out / "checkpoints" / "step-0000004.partial").exists()
+    steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4]  # no row twice after the resume
