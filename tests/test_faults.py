@@ -154,6 +154,44 @@ def test_a_full_disk_while_writing_a_dataset(corpus, instances, tmp_path, capsys
         assert not out.exists()
 
 
+@contextlib.contextmanager
+def small_disk(path: Path, kilobytes: int):
+    """A real full disk: a tmpfs of `kilobytes` mounted at `path` (root only; skipped where it cannot mount)."""
+    path.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={kilobytes}k", "tmpfs", str(path)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.strip() or 'not root'}); the faked ENOSPC tests run")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], check=True)
+
+
+def test_a_really_full_disk_keeps_the_dataset(corpus, tmp_path, capsys):
+    """On a 512 KB tmpfs: the first dataset fits; replacing it (--overwrite needs room for both) runs out of space:
+    exit code 2, one line, the first dataset unchanged and verified, nothing else left; packing it there runs out
+    of space too, with the same outcome; a create into a 128 KB tmpfs leaves nothing."""
+    with small_disk(tmp_path / "disk", 512) as disk:
+        out = disk / "instances"
+        assert create_cli.main(["--input", str(corpus), "--output", str(out), "--docs-per-shard", "3"]) == 0
+        before = content(out)
+        capsys.readouterr()
+        assert create_cli.main(["--input", str(corpus), "--output", str(out), "--docs-per-shard", "3", "--seed", "2",
+                                "--overwrite"]) == 2
+        assert "No space left on device" in _one_error_line(capsys)
+        assert content(out) == before and sorted(p.name for p in disk.iterdir()) == ["instances", "instances.lock"]
+        PackedDataset(out, verify=True)
+        assert pack_cli.main(["--input", str(out), "--output", str(disk / "packed")]) == 2
+        assert "No space left on device" in _one_error_line(capsys)
+        assert content(out) == before and sorted(p.name for p in disk.iterdir()) == [
+            "instances", "instances.lock", "packed.lock"]
+    with small_disk(tmp_path / "tiny", 128) as disk:
+        assert create_cli.main(["--input", str(corpus), "--output", str(disk / "instances")]) == 2
+        assert "No space left on device" in _one_error_line(capsys)
+        assert sorted(p.name for p in disk.iterdir()) == ["instances.lock"]
+
+
 def _corrupt_dcp_stream(monkeypatch, step: str) -> None:
     """The files DCP writes into the checkpoint of `step` get a few bytes, then ENOSPC."""
     from torch.distributed.checkpoint import filesystem
