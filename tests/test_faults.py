@@ -461,3 +461,31 @@ def test_training_killed_at_more_points_resumes_bitwise(dataset, straight_weight
     assert not (out / "hf.partial").exists() and not (out / "checkpoints" / "step-0000004.partial").exists()
     steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4]  # no row twice after the resume
+
+
+def test_a_full_disk_while_logging_metrics_is_one_error(tmp_path):
+    """metrics.jsonl that cannot be written is a RunError naming the file and --resume (was an OSError traceback),
+    and closing the logger afterwards does not replace that error with another."""
+    from bert_ipu.engine.metrics import MetricsLogger
+    from bert_ipu.engine.runtime import RunError
+
+    logger = MetricsLogger(tmp_path, main=True, total_steps=2, progress=False)
+    real = logger.file
+
+    class Full:
+        name = real.name
+
+        def write(self, text):
+            real.write(text[:5])
+            raise _enospc(real.name)
+
+        def flush(self):
+            raise _enospc(real.name)
+
+        def close(self):
+            real.close()
+            raise _enospc(real.name)
+    logger.file = Full()
+    with pytest.raises(RunError, match="metrics.jsonl failed at step 1: No space left on device.*--resume"):
+        logger.log(1, {"loss": 1.0})
+    logger.close()
