@@ -489,3 +489,29 @@ def test_a_full_disk_while_logging_metrics_is_one_error(tmp_path):
     with pytest.raises(RunError, match="metrics.jsonl failed at step 1: No space left on device.*--resume"):
         logger.log(1, {"loss": 1.0})
     logger.close()
+
+
+def test_a_writer_that_waited_does_not_replace_the_dataset_made_meanwhile(corpus, tmp_path):
+    """Two writers of one new folder without --overwrite: the one that took the lock second, after the first
+    finished, is refused (it saw no dataset before locking) instead of replacing the first one's dataset."""
+    out = tmp_path / "out"
+    real = DatasetWriter._check_output
+    calls = {"n": 0}
+
+    def first_finishes_meanwhile(self, overwrite):
+        calls["n"] += 1
+        real(self, overwrite)
+        if calls["n"] == 1:  # the second writer passed its first check: the first writer now writes and finishes
+            DatasetWriter._check_output = real
+            try:
+                _create(corpus, out)
+            finally:
+                DatasetWriter._check_output = first_finishes_meanwhile
+    DatasetWriter._check_output = first_finishes_meanwhile
+    try:
+        with pytest.raises(DatasetError, match="exists; choose another output"):
+            DatasetWriter(out, None)
+    finally:
+        DatasetWriter._check_output = real
+    PackedDataset(out, verify=True)  # the first writer's dataset, whole
+    assert not (tmp_path / "out.partial").exists()

@@ -62,17 +62,18 @@ class DatasetWriter:
     def __init__(self, out_dir: str | Path, layout: PackLayout, overwrite: bool = False):
         self.out_dir = Path(out_dir)
         self.layout = layout
-        if self.out_dir.exists() and not overwrite:
-            raise DatasetError(f"{self.out_dir} exists; choose another output or pass --overwrite")
-        if self.out_dir.exists() and not (self.out_dir / MANIFEST).is_file():
-            raise DatasetError(f"{self.out_dir} exists and is not a dataset of this project (no {MANIFEST}); "
-                               "--overwrite only replaces a dataset, nothing was deleted: choose another output")
+        self._check_output(overwrite)  # before the lock: a refusal writes nothing
         try:
             self.lock = OutputLock(self.out_dir)
         except OutputBusy as e:
             raise DatasetError(str(e)) from None
         except OSError as e:
             raise DatasetError(f"cannot create {self.out_dir} ({e.strerror}); choose a folder that can be written") from None
+        try:  # again under the lock: a writer that finished meanwhile made a dataset there
+            self._check_output(overwrite)
+        except DatasetError:
+            self.lock.release()
+            raise
         self.partial = self.out_dir.with_name(self.out_dir.name + ".partial")
         self.old = self.out_dir.with_name(self.out_dir.name + ".old")
         try:
@@ -90,6 +91,13 @@ class DatasetWriter:
             self.lock.release()
             raise DatasetError(f"cannot create {self.out_dir} ({e.strerror}); choose a folder that can be written") from None
         self.splits: dict[str, list[dict]] = {}
+
+    def _check_output(self, overwrite: bool) -> None:
+        if self.out_dir.exists() and not overwrite:
+            raise DatasetError(f"{self.out_dir} exists; choose another output or pass --overwrite")
+        if self.out_dir.exists() and not (self.out_dir / MANIFEST).is_file():
+            raise DatasetError(f"{self.out_dir} exists and is not a dataset of this project (no {MANIFEST}); "
+                               "--overwrite only replaces a dataset, nothing was deleted: choose another output")
 
     def write_shard(self, split: str, arrays: dict[str, np.ndarray]) -> dict:
         shards = self.splits.setdefault(split, [])
