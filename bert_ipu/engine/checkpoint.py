@@ -104,7 +104,6 @@ def save(path: Path, module: torch.nn.Module, opt, state: dict, keep: int, main:
     """Save this rank's model part and optimizer state, and (main rank) `state` as JSON; a collective."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import HuggingFaceStorageWriter
-
     from torch.distributed.checkpoint.api import CheckpointException
 
     final = Path(path)
@@ -155,11 +154,12 @@ def save(path: Path, module: torch.nn.Module, opt, state: dict, keep: int, main:
             shutil.rmtree(final, ignore_errors=True)
             os.replace(partial, final)
             fsync_dir(final.parent)
-            for old in checkpoints(final.parent.parent)[:-keep]:
-                shutil.rmtree(old)
         except OSError as e:
             shutil.rmtree(partial, ignore_errors=True)
             error = str(_write_failed(final, e))
+        else:
+            for old in checkpoints(final.parent.parent)[:-keep]:
+                shutil.rmtree(old, ignore_errors=True)  # rotation; a checkpoint left over harms nothing
     if dist.is_initialized():
         box = [error]
         dist.broadcast_object_list(box, src=0)
