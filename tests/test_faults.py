@@ -227,13 +227,18 @@ FOUR_STEPS = ["train.max_steps=4", "train.checkpoint_every=2"]
 
 
 @pytest.fixture(scope="module")
-def straight_weights(dataset, tmp_path_factory) -> dict:
-    """The final weights of a 4-step run never interrupted (checkpoints at 2 and 4)."""
-    from training_helpers import final_weights
-
+def straight_run(dataset, tmp_path_factory) -> Path:
+    """A 4-step run never interrupted (checkpoints at 2 and 4). Tests copy it before changing anything."""
     out = tmp_path_factory.mktemp("straight") / "run"
     assert _train(dataset, out, *FOUR_STEPS) == 0
-    return final_weights(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def straight_weights(straight_run) -> dict:
+    from training_helpers import final_weights
+
+    return final_weights(straight_run)
 
 
 def _same_weights(a: dict, b: dict) -> bool:
@@ -515,3 +520,27 @@ def test_a_writer_that_waited_does_not_replace_the_dataset_made_meanwhile(corpus
         DatasetWriter._check_output = real
     PackedDataset(out, verify=True)  # the first writer's dataset, whole
     assert not (tmp_path / "out.partial").exists()
+
+
+class _Planted:
+    """Unpickling this runs code: it creates the file `marker`."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (Path(self.marker),))
+
+
+def test_a_planted_pickle_in_a_checkpoint_runs_nothing(dataset, straight_run, tmp_path):
+    """state.pt and optimizer-4.pt pickles planted in a checkpoint (what the old --resume loaded with
+    torch.load(weights_only=False)) are never unpickled: --resume reads safetensors and JSON only."""
+    import pickle
+
+    out = tmp_path / "run"
+    shutil.copytree(straight_run, out)
+    marker = tmp_path / "code-ran"
+    for name in ("state.pt", "optimizer-4.pt", "rng.pt"):
+        (out / "checkpoints" / "step-0000004" / name).write_bytes(pickle.dumps(_Planted(str(marker))))
+    assert _train(dataset, out, *FOUR_STEPS, resume=True) == 0
+    assert not marker.exists()
