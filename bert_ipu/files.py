@@ -44,6 +44,19 @@ def fsync_tree(root: Path) -> None:
         fsync_dir(Path(dirpath))
 
 
+def write_atomic(path: Path, text: str) -> None:
+    """Replace a small file whole: PATH.partial, fsync, rename, fsync of the folder. A reader sees the old text or
+    the new, never a part (and after a power loss not an empty file under the new name)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".partial")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
 def describe_os_error(e: OSError) -> str:
     """'No space left on device (runs/x/file.npy)': what failed, for a one-line error."""
     what = e.strerror or str(e)

@@ -519,7 +519,7 @@ def _convert(task):
 
 def _write_json(path: Path, data: dict) -> None:
     """Atomically: a temporary file, then a rename."""
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(path.name + ".tmp")  # the name _ours() knows
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
         f.flush()

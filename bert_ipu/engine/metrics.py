@@ -9,10 +9,10 @@ twice.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
+from ..files import write_atomic
 from .runtime import RunError
 
 
@@ -37,9 +37,7 @@ class MetricsLogger:
                         keep.append(line)
                 except (json.JSONDecodeError, AttributeError):  # a line cut short when the run died
                     continue
-            tmp = path.with_name(path.name + ".partial")
-            tmp.write_text("".join(line + "\n" for line in keep))
-            os.replace(tmp, path)
+            write_atomic(path, "".join(line + "\n" for line in keep))
         self.file = open(path, "a")
         from torch.utils.tensorboard import SummaryWriter
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ import yaml
 
 from ..data.loader import UpdateLoader
 from ..export import ExportError
+from ..files import write_atomic
 from . import checkpoint
 from .metrics import MetricsLogger
 from .optim import build_optimizer, packing_betas, packs_per_update, schedule_length
@@ -80,9 +80,7 @@ def prepare_run_dir(out: Path, resume: bool, overwrite: bool, rt: Runtime, confi
                         shutil.rmtree(target) if target.is_dir() else target.unlink()
                 out.mkdir(parents=True, exist_ok=True)
                 lock = lock or RunLock(out)
-                tmp = out / "config.yaml.partial"
-                tmp.write_text(yaml.safe_dump(config, sort_keys=False))
-                os.replace(tmp, out / "config.yaml")
+                write_atomic(out / "config.yaml", yaml.safe_dump(config, sort_keys=False))
             except OSError as e:
                 error = f"cannot write the run folder {out}: {e.strerror}; choose another output_dir"
             except RunError as e:
@@ -96,9 +94,7 @@ def prepare_run_dir(out: Path, resume: bool, overwrite: bool, rt: Runtime, confi
 
 
 def write_json(path: Path, value) -> None:
-    tmp = path.with_name(path.name + ".partial")
-    tmp.write_text(json.dumps(value, indent=1, default=str))
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(value, indent=1, default=str))
 
 
 def train(task, cfg, rt: Runtime, resume: bool = False, overwrite: bool = False, progress: bool = True) -> dict:
