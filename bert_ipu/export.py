@@ -25,6 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from .data.instances import WordPiece
+from .files import describe_os_error
+from .files import fsync_dir as _fsync_dir
+from .files import fsync_tree as _fsync_tree
+
+class ExportError(RuntimeError):
+    """An export that could not be written (a full disk, a folder that cannot be created): one line; the previous
+    export, if any, is intact."""
+
 
 PIPELINE_TAGS = ("fill-mask", "question-answering", "text-classification", "text-generation")
 
@@ -146,27 +154,6 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # a platform that cannot open folders
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _fsync_tree(root: Path) -> None:
-    for dirpath, _, filenames in os.walk(root):
-        for name in filenames:
-            with open(os.path.join(dirpath, name), "rb") as f:
-                os.fsync(f.fileno())
-        _fsync_dir(Path(dirpath))
-
-
 def _write_tokenizer(path: Path, vocab_file: Path, lowercase: bool, model_max_length: int | None) -> None:
     """vocab.txt + tokenizer.json + tokenizer_config.json + special_tokens_map.json in `path`."""
     from transformers import BertTokenizerFast
@@ -223,6 +210,16 @@ def export_model(model, folder: str | Path, vocab_file: str | Path | None = None
                          "tokenizer the model was trained with")
     max_length = getattr(config, "max_position_embeddings", None)
 
+    try:
+        return _write_export(model, folder, vocab_file, lowercase, max_length, text, tokenizer)
+    except OSError as e:
+        kept = " (the export already there is unchanged)" if folder.exists() else ""
+        raise ExportError(f"writing the export {folder} failed: {describe_os_error(e)}; nothing was written{kept}: "
+                          "free space (or fix the cause) and export again") from None
+
+
+def _write_export(model, folder: Path, vocab_file: Path | None, lowercase: bool, max_length, text: str,
+                  tokenizer=None) -> Path:
     partial = folder.with_name(folder.name + ".partial")
     old = folder.with_name(folder.name + ".old")
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -259,4 +256,4 @@ def export_model(model, folder: str | Path, vocab_file: str | Path | None = None
     return folder
 
 
-__all__ = ["export_model", "model_card", "PIPELINE_TAGS"]
+__all__ = ["export_model", "model_card", "ExportError", "PIPELINE_TAGS"]

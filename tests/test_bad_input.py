@@ -225,3 +225,219 @@ def test_a_small_masked_lm_prob_packs(corpus, tmp_path):
                             progress=False)
     manifest = pack_pretraining_data(tmp_path / "in", tmp_path / "out", "cghp", 3, progress=False)
     assert manifest["layout"]["mlm_slots"] >= manifest["layout"]["max_sequences_per_pack"]
+
+
+# --- damaged shards and manifests: one line naming the file, where data is read for packing and for training --
+
+def _damage_npy(kind: str, path: Path) -> None:
+    import pickle
+
+    if kind == "truncated":
+        path.write_bytes(path.read_bytes()[:-7])
+    elif kind == "header only":
+        path.write_bytes(path.read_bytes()[:128])
+    elif kind == "empty":
+        path.write_bytes(b"")
+    elif kind == "garbage":
+        path.write_bytes(bytes(range(256)) * 16)
+    elif kind == "pickle":
+        path.write_bytes(pickle.dumps(np.load(path).tolist()))
+    elif kind == "object dtype":
+        np.save(path, np.load(path).astype(object), allow_pickle=True)
+    elif kind == "float64 dtype":
+        np.save(path, np.load(path).astype(np.float64))
+
+
+DAMAGE = ["truncated", "header only", "empty", "garbage", "pickle", "object dtype", "float64 dtype"]
+
+
+def _errors(capsys) -> tuple[list[str], str]:
+    captured = capsys.readouterr()
+    lines = [x for x in captured.err.splitlines() if x.strip()]
+    return lines, captured.err
+
+
+def _pack_cli(src: Path, out: Path) -> int:
+    import pack_pretraining_data as pack_cli
+
+    return pack_cli.main(["--input", str(src), "--output", str(out)])
+
+
+def _train_cli(dataset: Path, out: Path) -> int:
+    import run_pretraining
+
+    return run_pretraining.cli(["--config", "test_tiny", f"data.dataset={dataset}", f"output_dir={out}",
+                                "model.max_position_embeddings=64", "data.max_seq_length=64", "train.max_steps=1"])
+
+
+def _first_shard(dataset: Path, split: str = "train") -> Path:
+    return dataset / json.loads((dataset / "manifest.json").read_text())["splits"][split]["shards"][0]["name"]
+
+
+@pytest.mark.parametrize("reader", ["pack", "train"])
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_a_damaged_shard_file_is_one_line_naming_it(dataset, tmp_path, capsys, reader, damage):
+    """A shard file truncated, of garbage, a pickle, an object or a wrong dtype: packing (the instances) and
+    training (the packed shards) stop with exit code 2 and one line that names the file; nothing is written
+    (no packed output, no run folder) and nothing is unpickled. (These were tracebacks.)"""
+    source = dataset.parent / ("instances" if reader == "pack" else "packed")
+    copy = tmp_path / "data"
+    shutil.copytree(source, copy)
+    bad = _first_shard(copy) / "input_ids.npy"
+    _damage_npy(damage, bad)
+    out = tmp_path / "out"
+    rc = _pack_cli(copy, out) if reader == "pack" else _train_cli(copy, out)
+    lines, err = _errors(capsys)
+    assert rc == 2 and len(lines) == 1 and lines[0].startswith("error:") and str(bad) in lines[0], err
+    assert "Traceback" not in err and not out.exists() and not (tmp_path / "out.partial").exists()
+
+
+def _rewrite_checksums(dataset: Path) -> None:
+    """Make a hand-edited dataset self-consistent again (what a buggy writer would produce)."""
+    from bert_ipu.data.layout import FIELDS
+    from bert_ipu.data.shards import _sha256_files
+
+    manifest = json.loads((dataset / "manifest.json").read_text())
+    for info in manifest["splits"].values():
+        for shard in info["shards"]:
+            shard["sha256"] = _sha256_files([dataset / shard["name"] / f"{f}.npy" for f in FIELDS])
+    (dataset / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("reader", ["pack", "train"])
+def test_a_row_without_a_sequence_is_refused(dataset, tmp_path, capsys, reader):
+    """A row whose sequence ids are all 0 (a pack of no sequence; its length 0 made packing crash, and training
+    would count a pack that holds nothing) is refused where the data is read, naming shard and row, even when
+    the checksums agree."""
+    source = dataset.parent / ("instances" if reader == "pack" else "packed")
+    copy = tmp_path / "data"
+    shutil.copytree(source, copy)
+    path = _first_shard(copy) / "sequence_ids.npy"
+    ids = np.load(path)
+    ids[3] = 0
+    np.save(path, ids)
+    _rewrite_checksums(copy)
+    out = tmp_path / "out"
+    rc = _pack_cli(copy, out) if reader == "pack" else _train_cli(copy, out)
+    lines, err = _errors(capsys)
+    assert rc == 2 and len(lines) == 1 and "shard-00000 row 3 holds no sequence" in lines[0], err
+    assert not out.exists()
+
+
+MANIFEST_DAMAGE = {
+    "no vocab.txt": (lambda d, m: (d / "vocab.txt").unlink(), "has no vocab.txt"),
+    "no instance_config": (lambda d, m: m.pop("instance_config"), "instance_config is missing"),
+    "instance_config of strings": (lambda d, m: m["instance_config"].update(max_seq_length="x"),
+                                   "instance_config is malformed"),
+    "instance_config with unknown keys": (lambda d, m: m["instance_config"].update(colour=1),
+                                          "instance_config is malformed"),
+    "no vocab size": (lambda d, m: m.pop("vocab"), "has no vocab size"),
+}
+
+
+@pytest.mark.parametrize("reader", ["pack", "train"])
+@pytest.mark.parametrize("case", sorted(MANIFEST_DAMAGE))
+def test_a_manifest_without_vocab_or_instance_config_is_one_line(dataset, tmp_path, capsys, reader, case):
+    """An input whose manifest lacks vocab.txt, the vocab size or a usable instance_config: exit code 2, one line
+    saying what is missing and to recreate the dataset (were KeyError / FileNotFoundError tracebacks)."""
+    source = dataset.parent / ("instances" if reader == "pack" else "packed")
+    copy = tmp_path / "data"
+    shutil.copytree(source, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    change, named = MANIFEST_DAMAGE[case]
+    change(copy, manifest)
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    out = tmp_path / "out"
+    rc = _pack_cli(copy, out) if reader == "pack" else _train_cli(copy, out)
+    lines, err = _errors(capsys)
+    assert rc == 2 and len(lines) == 1 and named in lines[0] and "recreate" in lines[0], err
+    assert not out.exists()
+
+
+def test_one_document_without_sentence_breaks_says_why(tmp_path, capsys):
+    """A corpus of one huge line (no sentence breaks, no second document) gives no NSP pair; the error says why
+    (a one-sentence document needs another document for its second segment) and what to give instead."""
+    import create_pretraining_data as create_cli
+
+    line = tmp_path / "line.txt"
+    line.write_text("word " * 200_000 + "\n")
+    out = tmp_path / "out"
+    assert create_cli.main(["--input", str(line), "--output", str(out)]) == 2
+    lines, err = _errors(capsys)
+    assert len(lines) == 1 and "needs two segments" in lines[0] and "at least two documents" in lines[0], err
+    assert not out.exists() and not (tmp_path / "out.partial").exists()
+
+
+# --- the training command: every config case of the issue through the command line --------------------------
+
+TRAINING_CLI_CASES = {
+    "0 layers": ["model.num_hidden_layers=0"],
+    "0 attention heads": ["model.num_attention_heads=0"],
+    "negative hidden size": ["model.hidden_size=-8"],
+    "dropout above 1": ["model.hidden_dropout_prob=1.5"],
+    "dropout below 0": ["model.attention_probs_dropout_prob=-0.1"],
+    "negative gradient clipping": ["train.clip_grad_norm=-1"],
+    "betas a string": ["train.betas=fast"],
+    "betas of one element": ["train.betas=[0.9]"],
+    "negative learning rate": ["train.learning_rate=-0.1"],
+    "log_every 0": ["train.log_every=0"],
+    "checkpoint_every 0": ["train.checkpoint_every=0"],
+    "validate_every 0": ["train.validate_every=0"],
+    "0 validation batches": ["train.validation_batches=0"],
+    "negative seed": ["train.seed=-1"],
+    "output_dir a number": ["output_dir=3"],
+    "output_dir a list": ["output_dir=[1, 2]"],
+    "device tpu": ["train.device=tpu"],
+    "missing init_checkpoint": ["model.init_checkpoint={tmp}/nope"],
+    "output_dir a file": ["output_dir={tmp}/file"],
+    "output_dir not creatable": ["output_dir=/proc/no/such/run"],
+    "binary config file": ["--config", "{tmp}/binary.yaml"],
+}
+
+
+@pytest.mark.parametrize("case", sorted(TRAINING_CLI_CASES))
+def test_training_cli_bad_config_is_one_line(dataset, tmp_path, capsys, case):
+    """Every training-config case the issue names, through run_pretraining.py: exit code 2, one `error:` line, no
+    traceback, and nothing written (no run folder; a file given as output_dir is left as it was)."""
+    import run_pretraining
+
+    (tmp_path / "file").write_text("mine")
+    (tmp_path / "binary.yaml").write_bytes(bytes(range(256)) * 4)
+    extra = [a.replace("{tmp}", str(tmp_path)) for a in TRAINING_CLI_CASES[case]]
+    config = extra[1] if extra[0] == "--config" else "test_tiny"
+    overrides = [] if extra[0] == "--config" else extra
+    rc = run_pretraining.cli(["--config", config, f"data.dataset={dataset}", f"output_dir={tmp_path / 'run'}",
+                              "model.max_position_embeddings=64", "data.max_seq_length=64", "train.max_steps=1",
+                              *overrides])
+    lines, err = _errors(capsys)
+    assert rc == 2 and len(lines) == 1 and lines[0].startswith("error:") and "Traceback" not in err, err
+    assert not (tmp_path / "run").exists() and (tmp_path / "file").read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["binary.yaml", "file"]
+
+
+def test_data_output_that_is_a_file_is_one_line(corpus, tmp_path, capsys):
+    """--output naming an existing file (with or without --overwrite): exit code 2, one line, the file intact."""
+    import create_pretraining_data as create_cli
+
+    target = tmp_path / "notes.txt"
+    target.write_text("mine")
+    for extra in ([], ["--overwrite"]):
+        assert create_cli.main(["--input", str(corpus), "--output", str(target), *extra]) == 2
+        lines, err = _errors(capsys)
+        assert len(lines) == 1 and str(target) in lines[0] and "Traceback" not in err, err
+        assert target.read_text() == "mine"
+
+
+def test_an_instances_dataset_without_splits_is_refused(dataset, tmp_path, capsys):
+    """A source whose manifest lists no split (or a split of no shard) is refused: packing it wrote a dataset with
+    no shards, exit code 0."""
+    copy = tmp_path / "data"
+    shutil.copytree(dataset.parent / "instances", copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    for splits in ({}, {"train": {"packs": 0, "shards": []}}):
+        manifest["splits"] = splits
+        (copy / "manifest.json").write_text(json.dumps(manifest))
+        assert _pack_cli(copy, tmp_path / "out") == 2
+        lines, err = _errors(capsys)
+        assert len(lines) == 1 and "no shard" in lines[0], err
+        assert not (tmp_path / "out").exists()

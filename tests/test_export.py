@@ -14,7 +14,7 @@ from transformers import (AutoModelForPreTraining, AutoModelForQuestionAnswering
 from transformers.pipelines import SUPPORTED_TASKS
 
 from bert_ipu.data.instances import default_vocab
-from bert_ipu.export import export_model, model_card
+from bert_ipu.export import ExportError, export_model, model_card
 from bert_ipu.modeling import PackedBertForPreTraining, PackedBertForQuestionAnswering
 
 VOCAB_SIZE = 30522
@@ -160,7 +160,7 @@ def test_failed_export_leaves_previous_folder_intact(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(PackedBertForQuestionAnswering, "save_pretrained", broken)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(ExportError, match="disk full"):
         export_model(second, folder, default_vocab(), card={"task": "SQuAD v1.1 question answering"})
 
     assert not (tmp_path / "hf.partial").exists() and not (tmp_path / "hf.old").exists()
@@ -170,7 +170,7 @@ def test_failed_export_leaves_previous_folder_intact(tmp_path, monkeypatch):
 
     # an export killed between its two renames left only FOLDER.old: the next export, failing too, puts it back
     folder.rename(tmp_path / "hf.old")
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(ExportError, match="disk full"):
         export_model(second, folder, default_vocab(), card={"task": "SQuAD v1.1 question answering"})
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
     assert not (tmp_path / "hf.partial").exists() and not (tmp_path / "hf.old").exists()

@@ -81,6 +81,21 @@ def _ordered_map(pool, fn, items, in_flight):
         yield pending.popleft().get()
 
 
+def no_instances_reason(stats: TextStats, counts: dict) -> str:
+    """Why an input gave no instance, and what to give instead (one line)."""
+    if stats.documents == 0:
+        return (f"the input produced no instances: it holds no document with text ({stats.files} files, "
+                f"{stats.empty_files} empty, {stats.empty_documents} empty documents)")
+    if counts.get("no_partner_document"):
+        return (f"the input produced no instances: its {stats.documents} document(s) hold {stats.sentences} "
+                "sentence(s), and an NSP pair needs two segments: a document of one sentence (a single line "
+                "without sentence breaks is one) takes its second segment from another document; give at least "
+                "two documents (a blank line between documents, or one file per document with --raw), or text "
+                "with sentence breaks (one sentence per line, or --raw to split prose)")
+    return (f"the input produced no instances from {stats.documents} document(s) ({counts.get('empty_segment', 0)} "
+            "pairs with an empty segment); give more text")
+
+
 def create_pretraining_data(inputs: list[str], output: str | Path, config: InstanceConfig, vocab: str | None = None,
                             train_vocab_size: int | None = None, raw: bool = False, workers: int = 1,
                             docs_per_shard: int = 2000, validation_fraction: float = 0.02, overwrite: bool = False,
@@ -134,8 +149,7 @@ def create_pretraining_data(inputs: list[str], output: str | Path, config: Insta
             if pool is not None:
                 pool.terminate()
         if sum(counts["instances"].values()) == 0:
-            raise DataInputError("the input produced no instances: it holds no document with text "
-                                 f"({stats.documents} documents, {stats.empty_documents} empty)")
+            raise DataInputError(no_instances_reason(stats, counts))
         seconds = time.perf_counter() - start
         info = {
             "kind": "instances",
@@ -190,7 +204,7 @@ def pack_pretraining_data(input_dir: str | Path, output: str | Path, algorithm: 
     src = PackedDataset(input_dir, verify=True)  # a corrupt source must not come out with fresh checksums
     if src.layout.max_sequences_per_pack != 1 or src.manifest.get("kind") != "instances":
         raise DatasetError(f"{input_dir} is already packed; give the output of data/create_pretraining_data.py")
-    config = InstanceConfig(**{k: v for k, v in src.manifest["instance_config"].items()})
+    config = src.instance_config()
     S = src.layout.pack_len
     start = time.perf_counter()
     with DatasetWriter(output, None, overwrite) as writer:  # the layout is known once every split is packed

@@ -34,7 +34,9 @@ Resumable: a shard is written to NAME.partial and renamed when complete; OUTPUT/
 its size, docs_per_shard, and every complete shard with its counts, size and sha256) is rewritten after
 each shard. A rerun with the same source and output re-reads the dump but skips the conversion of the
 articles of complete shards, and writes what an uninterrupted run writes. OUTPUT/wikipedia.json, the
-manifest (source, counts, shards, seconds), is written last and atomically.
+manifest (source, counts, shards, seconds), is written last and atomically. Every shard and record is fsynced
+before its rename; a write that fails (a full disk) keeps the complete shards, as an interruption does. A run
+holds OUTPUT.lock (flock) while it writes: a second run on the same output is refused.
 
 Bad input (`WikipediaError`, one line): a missing or empty file, bytes that are not XML, XML that is not a
 MediaWiki export, a truncated or corrupt compressed file, a dump without a <page> or without an article
@@ -65,6 +67,7 @@ from typing import Callable, Iterator
 import mwparserfromhell
 from mwparserfromhell import nodes as _nodes
 
+from ..files import OutputBusy, OutputLock, describe_os_error, fsync_dir
 from .text import DataInputError, is_hf_dataset
 
 FORMAT_VERSION = 1
@@ -516,9 +519,13 @@ def _convert(task):
 
 def _write_json(path: Path, data: dict) -> None:
     """Atomically: a temporary file, then a rename."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    tmp = path.with_name(path.name + ".tmp")  # the name _ours() knows
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
+        f.flush()
+        os.fsync(f.fileno())  # durable before the rename makes it the record
     os.replace(tmp, path)
+    fsync_dir(path.parent)
 
 
 def _read_json(path: Path) -> dict | None:
@@ -582,6 +589,8 @@ class _ShardWriter:
     def commit(self) -> None:
         if self.file is None:
             return
+        self.file.flush()
+        os.fsync(self.file.fileno())  # the shard's bytes reach the disk before its name and progress.json do
         self.file.close()
         self.file = None
         self.record["sha256"] = self.hash.hexdigest()
@@ -805,6 +814,25 @@ def prepare(dump_or_dataset: str | Path, output: str | Path, workers: int = 1,
     size = _source_size(source)
     identity = {"source": str(source.resolve()), "type": kind, "bytes": size, "docs_per_shard": docs_per_shard,
                 "format_version": FORMAT_VERSION}
+    try:
+        lock = OutputLock(output)  # a second run writing the same folder is refused, not interleaved
+    except OutputBusy as e:
+        raise WikipediaError(str(e)) from None
+    except OSError as e:
+        raise WikipediaError(f"--output {output}: cannot create it ({e.strerror}); choose a folder that can be "
+                             "written") from None
+    try:
+        return _prepare(source, output, kind, size, identity, overwrite, workers, docs_per_shard, progress,
+                        batch_bytes, start)
+    except OSError as e:  # before the shards (progress.json, the folder itself): nothing is lost
+        raise WikipediaError(f"{describe_os_error(e)}; fix the cause (free space) and run the same command "
+                             "again") from None
+    finally:
+        lock.release()
+
+
+def _prepare(source: Path, output: Path, kind: str, size: int, identity: dict, overwrite: bool, workers: int,
+             docs_per_shard: int, progress: bool, batch_bytes: int, start: float) -> dict:
     done = _check_output(output, identity, overwrite)
     manifest = _read_json(output / MANIFEST)
     if manifest and manifest.get("identity") == identity and len(done) == len(manifest.get("shards", [])):
@@ -906,6 +934,10 @@ def prepare(dump_or_dataset: str | Path, output: str | Path, workers: int = 1,
         if created:
             output.rmdir()
         raise
+    except OSError as e:  # a full disk (or an unreadable dump): complete shards stay, as for an interruption
+        writer.abort()
+        raise WikipediaError(f"{describe_os_error(e)}; the complete shards in {output} are kept: fix the cause "
+                             "(free space) and run the same command again to resume") from None
     except BaseException:
         writer.abort()  # interrupted: complete shards and progress.json stay for the rerun
         raise

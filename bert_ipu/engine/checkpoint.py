@@ -9,8 +9,9 @@ torch.distributed.checkpoint (DCP) into safetensors files, and everything else i
 Every rank saves what it holds under the full model's names (a pipeline stage is the model with modules
 deleted, so its names are the full model's); replicas hold equal copies and DCP writes one. Loading asks for
 the names this rank holds now, so a checkpoint saved on any (replicas x stages) grid loads on any other.
-Nothing is unpickled: safetensors and JSON only. A checkpoint is written into step-N.partial and renamed
-when complete; the newest `keep` are kept, by step number.
+Nothing is unpickled: safetensors and JSON only. A checkpoint is written into step-N.partial, fsynced, and
+renamed when complete; the newest `keep` are kept, by step number. A write that fails (a full disk) removes
+step-N.partial and is one RunError: the earlier checkpoints stay as they were, and --resume starts from them.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import warnings
 import torch
 import torch.distributed as dist
 
+from ..files import describe_os_error, fsync_dir, fsync_tree
 from .runtime import RunError
 
 # DCP warns that it saves "in a single process" whenever no process group is up: that is what we mean
@@ -44,16 +46,16 @@ def checkpoints(out: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def _fsync_tree(path: Path) -> None:
-    for root, _, files in os.walk(path):
-        for name in files:
-            with open(Path(root) / name, "rb") as f:
-                os.fsync(f.fileno())
-        fd = os.open(root, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+def _write_failed(final: Path, error: BaseException) -> RunError:
+    """One line for a checkpoint that could not be written (DCP wraps each rank's error in a
+    CheckpointException, which is a BaseException)."""
+    failures = getattr(error, "failures", None) or {}
+    for failure in failures.values():  # (exception, traceback) per rank, or a wrapped exception
+        error = failure[0] if isinstance(failure, tuple) else getattr(failure, "exc", failure)
+        break
+    why = describe_os_error(error) if isinstance(error, OSError) else f"{type(error).__name__}: {error}"
+    return RunError(f"writing checkpoint {final} failed: {why}; nothing of it was kept and the earlier checkpoints "
+                    "are intact: free space, then continue with --resume")
 
 
 def _rng_to_text(state: torch.Tensor) -> str:
@@ -102,20 +104,34 @@ def save(path: Path, module: torch.nn.Module, opt, state: dict, keep: int, main:
     """Save this rank's model part and optimizer state, and (main rank) `state` as JSON; a collective."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import HuggingFaceStorageWriter
+    from torch.distributed.checkpoint.api import CheckpointException
 
     final = Path(path)
     partial = final.with_name(final.name + ".partial")
+    error = None
     if main:
         shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir(parents=True)
+        try:
+            partial.mkdir(parents=True)
+        except OSError as e:
+            error = str(_write_failed(final, e))
     if dist.is_initialized():
-        dist.barrier()
+        box = [error]
+        dist.broadcast_object_list(box, src=0)  # also the barrier before anyone writes
+        error = box[0]
+    if error:
+        raise RunError(error)
     tensors = {f"model.{k}": v.detach() for k, v in module.state_dict().items()}
     optim, other = _optimizer_tensors(module, opt)
     tensors |= optim
-    dcp.save(_unshared(tensors),
-             storage_writer=HuggingFaceStorageWriter(str(partial), save_distributed=True),
-             no_dist=not dist.is_initialized())
+    try:  # DCP agrees on the outcome across ranks: every rank raises when one fails
+        dcp.save(_unshared(tensors),
+                 storage_writer=HuggingFaceStorageWriter(str(partial), save_distributed=True),
+                 no_dist=not dist.is_initialized())
+    except (OSError, CheckpointException) as e:
+        if main:
+            shutil.rmtree(partial, ignore_errors=True)
+        raise _write_failed(final, e) from None
     rng = {"cpu": _rng_to_text(torch.get_rng_state()),
            "cuda": _rng_to_text(torch.cuda.get_rng_state()) if torch.cuda.is_available() else None}
     rngs = [None] * dist.get_world_size() if dist.is_initialized() else [rng]
@@ -132,14 +148,24 @@ def save(path: Path, module: torch.nn.Module, opt, state: dict, keep: int, main:
         groups = [{k: v for k, v in g.items() if k != "params"} for g in opt.state_dict()["param_groups"]]
         rngs = [r if isinstance(r, dict) else {"cpu": r, "cuda": None} for r in rngs]
         doc = state | {"optimizer_groups": groups, "optimizer_other": merged, "rng": rngs}
-        (partial / STATE).write_text(json.dumps(doc, indent=1))
-        _fsync_tree(partial)
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(partial, final)
-        for old in checkpoints(final.parent.parent)[:-keep]:
-            shutil.rmtree(old)
+        try:
+            (partial / STATE).write_text(json.dumps(doc, indent=1))
+            fsync_tree(partial)
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(partial, final)
+            fsync_dir(final.parent)
+        except OSError as e:
+            shutil.rmtree(partial, ignore_errors=True)
+            error = str(_write_failed(final, e))
+        else:
+            for old in checkpoints(final.parent.parent)[:-keep]:
+                shutil.rmtree(old, ignore_errors=True)  # rotation; a checkpoint left over harms nothing
     if dist.is_initialized():
-        dist.barrier()
+        box = [error]
+        dist.broadcast_object_list(box, src=0)
+        error = box[0]
+    if error:
+        raise RunError(error)
     return final
 
 

@@ -9,9 +9,11 @@ twice.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
+
+from ..files import write_atomic
+from .runtime import RunError
 
 
 def _is_terminal() -> bool:
@@ -35,9 +37,7 @@ class MetricsLogger:
                         keep.append(line)
                 except (json.JSONDecodeError, AttributeError):  # a line cut short when the run died
                     continue
-            tmp = path.with_name(path.name + ".partial")
-            tmp.write_text("".join(line + "\n" for line in keep))
-            os.replace(tmp, path)
+            write_atomic(path, "".join(line + "\n" for line in keep))
         self.file = open(path, "a")
         from torch.utils.tensorboard import SummaryWriter
 
@@ -51,8 +51,12 @@ class MetricsLogger:
         """One row of metrics at `step`; `show` = the few values a person sees (bar or log line)."""
         if not self.main:
             return
-        self.file.write(json.dumps({"step": step, **row}) + "\n")
-        self.file.flush()
+        try:
+            self.file.write(json.dumps({"step": step, **row}) + "\n")
+            self.file.flush()
+        except OSError as e:  # a full disk: a torn last line is dropped when the run resumes
+            raise RunError(f"writing {self.file.name} failed at step {step}: {e.strerror}; free space, then continue "
+                           "with --resume (from the last checkpoint)") from None
         for k, v in row.items():
             if isinstance(v, (int, float)):
                 self.writer.add_scalar(k, v, step)
@@ -70,4 +74,7 @@ class MetricsLogger:
     def close(self) -> None:
         for thing in (self.bar, self.file, self.writer):
             if thing is not None:
-                thing.close()
+                try:
+                    thing.close()
+                except OSError:  # a full disk already reported by log(); closing must not hide that error
+                    pass

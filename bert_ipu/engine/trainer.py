@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import time
 from pathlib import Path
@@ -21,6 +20,8 @@ import torch
 import yaml
 
 from ..data.loader import UpdateLoader
+from ..export import ExportError
+from ..files import write_atomic
 from . import checkpoint
 from .metrics import MetricsLogger
 from .optim import build_optimizer, packing_betas, packs_per_update, schedule_length
@@ -79,9 +80,7 @@ def prepare_run_dir(out: Path, resume: bool, overwrite: bool, rt: Runtime, confi
                         shutil.rmtree(target) if target.is_dir() else target.unlink()
                 out.mkdir(parents=True, exist_ok=True)
                 lock = lock or RunLock(out)
-                tmp = out / "config.yaml.partial"
-                tmp.write_text(yaml.safe_dump(config, sort_keys=False))
-                os.replace(tmp, out / "config.yaml")
+                write_atomic(out / "config.yaml", yaml.safe_dump(config, sort_keys=False))
             except OSError as e:
                 error = f"cannot write the run folder {out}: {e.strerror}; choose another output_dir"
             except RunError as e:
@@ -95,9 +94,7 @@ def prepare_run_dir(out: Path, resume: bool, overwrite: bool, rt: Runtime, confi
 
 
 def write_json(path: Path, value) -> None:
-    tmp = path.with_name(path.name + ".partial")
-    tmp.write_text(json.dumps(value, indent=1, default=str))
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(value, indent=1, default=str))
 
 
 def train(task, cfg, rt: Runtime, resume: bool = False, overwrite: bool = False, progress: bool = True) -> dict:
@@ -229,12 +226,21 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, load
     result = {"step": step, "output_dir": str(out), "metrics": last, "packs_per_update": P,
               "accumulation": accumulation, "packing_factor": p, "sequences_seen": seen} | task.result_extra()
     full = engine.full_model()  # a collective in pipeline mode
+    error = None
     if rt.main:
         export = out / "hf"
-        task.export(full, export, {"steps": step, "sequences_seen": seen, "metrics": last})
-        result["export"] = str(export)
-        write_json(out / "results.json", result)
         found = checkpoint.checkpoints(out)
-        rt.say(f"done: {step} updates; checkpoint {found[-1] if found else 'none'}; Hugging Face export {export}")
+        try:
+            task.export(full, export, {"steps": step, "sequences_seen": seen, "metrics": last})
+            result["export"] = str(export)
+            write_json(out / "results.json", result)
+        except (ExportError, OSError) as e:  # a full disk at the very end: the checkpoint is what counts
+            why = str(e) if isinstance(e, ExportError) else f"writing {out / 'results.json'} failed: {e.strerror}"
+            error = f"{why} (checkpoint {found[-1] if found else 'none'} is intact: --resume exports it)"
+        else:
+            rt.say(f"done: {step} updates; checkpoint {found[-1] if found else 'none'}; Hugging Face export {export}")
+    error = rt.broadcast_error(error)  # every rank stops with it, none waits at the barrier
+    if error:
+        raise RunError(error)
     rt.barrier()
     return result
