@@ -397,3 +397,31 @@ def test_kill_and_resume_is_bitwise_identical(tmp_path, monkeypatch):
     assert a.keys() == b.keys()
     for name in a:
         assert torch.equal(a[name], b[name]), name
+
+
+def test_varlen_segments_are_the_packs_sequences():
+    """The varlen backend's cumulative lengths (built on any device; flash attention itself needs CUDA): causal
+    attention run segment by segment over the flattened rows equals the document-causal mask's attention, so
+    the CUDA path gets the right segments (empty slots are segments of length 0)."""
+    import torch.nn.functional as F
+
+    from bert_ipu.causal_lm import Varlen
+    from bert_ipu.ops import reference_packed_attention_mask
+
+    batch, _ = pack(sequences(), [[0, 1], [2, 3, 4], [4]])
+    ids = batch["sequence_ids"]
+    B, S = ids.shape
+    K = 3
+    cu = Varlen(ids, K).cu
+    assert cu.dtype == torch.int32 and cu.shape == (B * (K + 1) + 1,) and cu[-1] == B * S
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, 2, S, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=reference_packed_attention_mask(ids, torch.float64,
+                                                                                                causal=True))
+    flat = [x.transpose(1, 2).reshape(B * S, 2, 8) for x in (q, k, v)]
+    got = torch.empty_like(flat[0])
+    for lo, hi in zip(cu[:-1].tolist(), cu[1:].tolist()):
+        if hi > lo:
+            seg = [x[lo:hi].transpose(0, 1) for x in flat]  # (heads, n, D)
+            got[lo:hi] = F.scaled_dot_product_attention(*seg, is_causal=True).transpose(0, 1)
+    torch.testing.assert_close(got.view(B, S, 2, 8).transpose(1, 2), expected, rtol=0, atol=1e-12)
