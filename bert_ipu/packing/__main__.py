@@ -57,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
                    default=[None, 3], help="depth limit(s): most sequences in a pack (default: max 3)")
     p.add_argument("--batch-size", type=int, default=32, help="batch size of SORT (default: 32)")
     p.add_argument("--seed", type=int, default=0, help="shuffle seed of GREEDY (default: 0)")
+    p.add_argument("--time-limit", type=float, metavar="SECONDS", default=None,
+                   help="stop each algorithm after SECONDS (> 0) with the best packing and bound found so far; "
+                        "such rows are marked (json: time_limit_reached)")
     p.add_argument("--json", action="store_true", help="print one JSON object per row instead of a table")
     p.add_argument("--plot", metavar="OUT.png", help="also write the histogram and speed-up bounds as a PNG")
     return p
@@ -140,6 +143,8 @@ def main(argv=None) -> int:
             raise PackingInputError(f"--plot: the folder of {args.plot!r} does not exist")
         if args.plot and os.path.isdir(args.plot):
             raise PackingInputError(f"--plot {args.plot!r} is a folder; give a file name such as {args.plot}/packing.png")
+        if args.time_limit is not None and not args.time_limit > 0:
+            raise PackingInputError(f"--time-limit is {args.time_limit}; it must be > 0 seconds")
         if args.seed < 0:
             raise PackingInputError(f"--seed is {args.seed}; it must be >= 0")
         rows = plan(args.algorithm, args.max_sequences_per_pack)
@@ -148,7 +153,8 @@ def main(argv=None) -> int:
             if not args.json:
                 print(f"running {name} (depth {depth_label(depth)}) ...", file=sys.stderr)
             try:
-                result = pack(histogram, name, depth, seed=args.seed, batch_size=args.batch_size)
+                result = pack(histogram, name, depth, seed=args.seed, batch_size=args.batch_size,
+                              time_limit=args.time_limit)
             except MemoryError:
                 raise PackingInputError(f"{name} handles every one of the {int(histogram.sum()):,} sequences and "
                                         "they do not fit in memory; use a histogram packer (spfhp, lpfhp, nnlshp, "
@@ -163,6 +169,10 @@ def main(argv=None) -> int:
         tokens = results[0].tokens
         print(f"{title}: {int(histogram.sum()):,} sequences, {tokens:,} tokens, pack length {len(histogram)}")
         print(format_table(results))
+        stopped = [f"{r.algorithm} ({depth_label(r.max_sequences_per_pack)})" for r in results if r.time_limit_reached]
+        if stopped:
+            print(f"time limit of {args.time_limit:g} s reached by {', '.join(stopped)}: best packing and bound "
+                  "found so far")
     if args.plot:
         write_plot(args.plot, histogram, results, title)
         print(f"wrote {args.plot}", file=sys.stderr)

@@ -31,10 +31,6 @@ import numpy as np
 from .mixture import Mixture
 
 
-class TimeLimitReached(Exception):
-    """Raised inside a heuristic when its deadline passes; the caller decides what to return."""
-
-
 class _Packs:
     """Open and closed pack groups: space left -> [(count, node), ...] (last added is taken first), and a
     sorted list of the spaces that have at least one open group."""
@@ -93,24 +89,40 @@ class _Packs:
         return Mixture.from_lists(strategies, [count for count, _ in groups])
 
 
-def _check_deadline(deadline: float | None, done: int) -> None:
-    if deadline is not None and done % 256 == 0 and time.perf_counter() > deadline:
-        raise TimeLimitReached
+def _late(deadline: float | None) -> bool:
+    """Checked once a length: a clock read costs far less than a length's placements."""
+    return deadline is not None and time.perf_counter() > deadline
+
+
+def _fresh_packs(packs: _Packs, length: int, todo: int, max_len: int, depth: int) -> None:
+    """Put `todo` sequences of `length` into new packs, as many a pack as fit (what both heuristics do
+    for the rest of the histogram once the time limit has passed: O(1) a length, still a valid packing)."""
+    repeat = max(1, min(max_len // length, depth, todo))
+    if todo // repeat:
+        packs.add(packs.extend(0, length, repeat), todo // repeat, max_len - length * repeat)
+    if todo % repeat:
+        packs.add(packs.extend(0, length, todo % repeat), 1, max_len - length * (todo % repeat))
 
 
 def spfhp(histogram: np.ndarray, depth: int, deadline: float | None = None) -> Mixture:
-    """Shortest-pack-first histogram packing. `depth` is the most sequences in a pack.
+    """Shortest-pack-first histogram packing. `depth` is the most sequences in a pack. See `run_spfhp`."""
+    return run_spfhp(histogram, depth, deadline)[0]
 
-    deadline: a `time.perf_counter()` value after which TimeLimitReached is raised."""
+
+def run_spfhp(histogram: np.ndarray, depth: int, deadline: float | None = None) -> tuple[Mixture, bool]:
+    """SPFHP, and whether `deadline` (a `time.perf_counter()` value) passed: then the lengths not yet placed
+    went into packs of their own (`_fresh_packs`), so the result is valid but worse."""
     max_len = len(histogram)
     packs = _Packs(depth)
-    done = 0
+    late = False
     for length in np.nonzero(histogram)[0][::-1] + 1:
         length = int(length)
         todo = int(histogram[length - 1])
+        late = late or _late(deadline)
+        if late:
+            _fresh_packs(packs, length, todo, max_len, depth)
+            continue
         while todo > 0:
-            done += 1
-            _check_deadline(deadline, done)
             if packs.spaces and packs.spaces[-1] >= length:  # worst fit: the most space left
                 space, count, node = packs.take(len(packs.spaces) - 1)
                 placed = min(count, todo)
@@ -121,22 +133,28 @@ def spfhp(histogram: np.ndarray, depth: int, deadline: float | None = None) -> M
             else:  # fits in no open pack: start new packs
                 packs.add(packs.extend(0, length, 1), todo, max_len - length)
                 todo = 0
-    return packs.mixture()
+    return packs.mixture(), late
 
 
 def lpfhp(histogram: np.ndarray, depth: int, distribute: bool = True, deadline: float | None = None) -> Mixture:
-    """Longest-pack-first histogram packing. `depth` is the most sequences in a pack.
+    """Longest-pack-first histogram packing. `depth` is the most sequences in a pack. See `run_lpfhp`."""
+    return run_lpfhp(histogram, depth, distribute, deadline)[0]
 
-    deadline: a `time.perf_counter()` value after which TimeLimitReached is raised."""
+
+def run_lpfhp(histogram: np.ndarray, depth: int, distribute: bool = True,
+              deadline: float | None = None) -> tuple[Mixture, bool]:
+    """LPFHP, and whether `deadline` passed (as `run_spfhp`)."""
     max_len = len(histogram)
     packs = _Packs(depth)
-    done = 0
+    late = False
     for length in np.nonzero(histogram)[0][::-1] + 1:
         length = int(length)
         todo = int(histogram[length - 1])
+        late = late or _late(deadline)
+        if late:
+            _fresh_packs(packs, length, todo, max_len, depth)
+            continue
         while todo > 0:
-            done += 1
-            _check_deadline(deadline, done)
             index = bisect_left(packs.spaces, length)  # best fit: the least space left that fits
             if index < len(packs.spaces):
                 space, count, node = packs.take(index)
@@ -159,4 +177,4 @@ def lpfhp(histogram: np.ndarray, depth: int, distribute: bool = True, deadline: 
                 if todo:  # the reference scan does not look back: the rest starts one more pack
                     packs.add(packs.extend(0, length, todo), 1, max_len - length * todo)
                     todo = 0
-    return packs.mixture()
+    return packs.mixture(), late
