@@ -120,8 +120,12 @@ def balanced_order(costs, n_ranks: int, micro_batch_size: int = 1, swap_rounds: 
     n = len(costs)
     if n_ranks < 1 or micro_batch_size < 1 or n % (n_ranks * micro_batch_size):
         raise ValueError(f"{n} packs cannot be dealt to {n_ranks} ranks in micro-batches of {micro_batch_size}")
+    ranks = _deal(costs, np.arange(n), n_ranks, swap_rounds)
+    incoming = np.arange(n).reshape(n_ranks, -1)
+    if max(costs[r].sum() for r in ranks) > costs[incoming].sum(axis=1).max():
+        ranks = list(incoming)  # never worse than the order given (the heuristic has no such guarantee)
     out = []
-    for rank in _deal(costs, np.arange(n), n_ranks, swap_rounds):
+    for rank in ranks:
         for micro in _deal(costs, rank, len(rank) // micro_batch_size, swap_rounds):
             out.append(np.sort(micro))
     return np.concatenate(out)

@@ -29,6 +29,7 @@ from optimal the packing is.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -181,9 +182,15 @@ class _MasterLP:
                        A.indptr[:-1].astype(np.int32), A.indices.astype(np.int32), A.data.astype(np.float64))
         self.n += k
 
-    def solve(self):
+    def solve(self, deadline: float | None = None):
+        """(x, duals, value), or None if HiGHS stopped at `deadline` (a `time.perf_counter()` value)."""
+        if deadline is not None:
+            # HiGHS' time limit counts all the runs of the instance
+            self.h.setOptionValue("time_limit", self.h.getRunTime() + max(deadline - time.perf_counter(), 1e-3))
         self.h.run()
         status = self.h.getModelStatus()
+        if self.h.modelStatusToString(status) == "Time limit reached":
+            return None
         if self.h.modelStatusToString(status) != "Optimal":
             raise RuntimeError(f"HiGHS failed on the packing LP: {self.h.modelStatusToString(status)}")
         sol = self.h.getSolution()
@@ -194,8 +201,9 @@ class _MasterLP:
 def column_generation(demand, lengths, max_len, pricer, patterns, max_rounds=1000, n_columns=None,
                       alpha=0.5, gap=0.5, rel_gap=1e-6, centre=None, deadline=None):
     """Solve the LP relaxation over `demand` (per entry of `lengths`). Returns (x, y, lp_value, bound,
-    stopped): the restricted LP's solution over `patterns` (which grows in place), its duals and value, the
-    bound, and whether `deadline` stopped the loop (then `bound` is the best proven so far).
+    stopped, point): the restricted LP's solution over `patterns` (which grows in place), its duals and
+    value, the bound, whether `deadline` stopped the loop (then `bound` is the best proven so far and x may
+    be None), and the dual point that proved `bound` (None if none did).
 
     Dual smoothing (Wentges): price at a point between the best dual point so far (the "centre") and the
     restricted LP's duals. The LP is massively degenerate and its raw duals jump around; smoothing cuts the
@@ -209,7 +217,10 @@ def column_generation(demand, lengths, max_len, pricer, patterns, max_rounds=100
     lp.add(patterns)
     bound = 0.0 if centre is None else float(centre @ demand) / max(1.0, pricer.price(centre, 0)[1])
     for _ in range(max_rounds):
-        x, y, value = lp.solve()
+        solved = lp.solve(deadline)
+        if solved is None:  # HiGHS stopped at the deadline
+            return None, None, None, bound, True, centre
+        x, y, value = solved
         a = alpha if centre is not None else 0.0
         while True:
             point = y if a == 0 else a * centre + (1 - a) * y
@@ -223,9 +234,9 @@ def column_generation(demand, lengths, max_len, pricer, patterns, max_rounds=100
                 break
             a = 0.0  # mis-price: fall back to the LP's own duals
         if not new or value - bound <= max(gap, rel_gap * value):
-            return x, y, value, bound, False
+            return x, y, value, bound, False, centre
         if past(deadline):
-            return x, y, value, bound, True
+            return x, y, value, bound, True, centre
         patterns.extend(new)
         lp.add(new)
     raise RuntimeError(f"column generation did not converge in {max_rounds} rounds")
@@ -248,17 +259,17 @@ def _solve_relaxation(histogram: np.ndarray, depth: int, patterns: list[np.ndarr
         # round and took 88% of the time (Wikipedia-2048, depth 3: 206 s -> 12.9 s without it, same packs).
         free = list(patterns)
         free += [s[s > 0] for s in lpfhp(histogram, max_len).strategies]
-        _, centre, _, pre_bound, stopped = column_generation(
+        _, centre, _, pre_bound, stopped, point = column_generation(
             demand, lengths, max_len, _Pricer(lengths, max_len, max_len), free, deadline=deadline)
         if stopped:  # the unlimited LP's bound also bounds the limited problem
-            return patterns, None, None, pre_bound, True
+            return patterns, None, None, pre_bound, True, point
     pricer = _Pricer(lengths, max_len, depth)
     patterns += [s[s > 0] for s in lpfhp(histogram, depth).strategies]
     if centre is not None:
         patterns += pricer.price(centre, len(lengths))[0]
-    x, _, value, bound, stopped = column_generation(demand, lengths, max_len, pricer, patterns, centre=centre,
-                                                    deadline=deadline)
-    return patterns, x, value, max(bound, pre_bound if stopped else 0.0), stopped
+    x, _, value, bound, stopped, point = column_generation(demand, lengths, max_len, pricer, patterns,
+                                                           centre=centre, deadline=deadline)
+    return patterns, x, value, max(bound, pre_bound if stopped else 0.0), stopped, point
 
 
 def _as_matrix(patterns: list[np.ndarray]) -> np.ndarray:
@@ -294,24 +305,25 @@ def cghp(histogram: np.ndarray, depth: int, residual_rounds: int = 8, patience: 
     lengths = np.nonzero(histogram)[0] + 1
     if pricing_seconds(len(lengths), max_len, depth, int(lengths[0])) > EXACT_PRICING_SECONDS:
         return _bucketed(histogram, depth, start, cheap, residual_rounds, patience, deadline)
-    mixture, lp_bound, late = _exact(histogram, depth, start, residual_rounds, patience, deadline)
+    mixture, lp_bound, _, late = _exact(histogram, depth, start, residual_rounds, patience, deadline)
     return CGHPResult(mixture, lp_bound, max(cheap, math.ceil(lp_bound - 1e-6)), late, "exact")
 
 
-def _exact(histogram, depth, start, residual_rounds, patience, deadline) -> tuple[Mixture, float, bool]:
+def _exact(histogram, depth, start, residual_rounds, patience, deadline):
     """Iterated rounding of column generation. Every round yields a candidate: the packs rounded down so far
     plus best fit on what is left; the best candidate wins. Rounds stop when best fit meets the residual's
     own LP bound (nothing left to gain), after `patience` rounds without a better candidate, after
-    `residual_rounds`, or at the deadline. Returns (mixture, LP bound of the full problem, stopped)."""
+    `residual_rounds`, or at the deadline. Returns (mixture, LP bound of the full problem, the dual point
+    that proved it (per present length, or None), stopped)."""
     max_len = len(histogram)
     rounded: list[Mixture] = []
     residual = histogram.copy()
     patterns: list[np.ndarray] = []
-    lp_bound, best, best_packs, stale, late = 0.0, [start], start.n_packs, 0, False
+    lp_bound, point, best, best_packs, stale, late = 0.0, None, [start], start.n_packs, 0, False
     for round_ in range(residual_rounds):
-        patterns, x, _, bound, late = _solve_relaxation(residual, depth, patterns, round_ == 0, deadline)
+        patterns, x, _, bound, late, dual = _solve_relaxation(residual, depth, patterns, round_ == 0, deadline)
         if round_ == 0:
-            lp_bound = bound
+            lp_bound, point = bound, dual
         if late:
             break
         best_fit = start if round_ == 0 else lpfhp(residual, depth)
@@ -329,7 +341,7 @@ def _exact(histogram, depth, start, residual_rounds, patience, deadline) -> tupl
         if residual.sum() == 0:
             best = rounded
             break
-    return Mixture.concat(best), lp_bound, late
+    return Mixture.concat(best), lp_bound, point, late
 
 
 def _bucket_edges(units: int) -> np.ndarray:
@@ -347,23 +359,35 @@ def _bucketed(histogram, depth, start, cheap, residual_rounds, patience, deadlin
     """Column generation on a coarser histogram: lengths rounded *up* to units of g = ceil(max_len / GRID)
     tokens and then to buckets at most 1/128 wide, so pricing costs the same at any pack length. A packing of
     the rounded-up lengths is a packing of the real ones (each real sequence takes a slot of its bucket).
-    The rounded instance's LP bound is no bound for the real one, so the bound reported is the cheap one
-    (tokens, long sequences, depth): the gap is stated against what is proven, not against the rounding."""
+
+    The rounded-up instance's LP bound is no bound for the real one. The bound reported is proven on the
+    real one: Farley's bound y.h / max(1, best pattern value under y) holds for any duals y >= 0, and here
+    the best pattern is priced on the lengths rounded *down* to their bucket's smallest (a relaxation: every
+    real pattern stays feasible), with y the coarse LP's best duals; or the cheap bound if that is larger."""
     max_len = len(histogram)
     g = -(-max_len // GRID)
     units = max_len // g
     edges = _bucket_edges(units)
     present = np.nonzero(histogram)[0] + 1
-    rounded_up = edges[np.searchsorted(edges, -(-present // g))]   # unit length of each present length
+    rounded_up = edges[np.searchsorted(edges, -(-present // g))]  # unit length of each present length
     coarse = np.zeros(units, dtype=np.int64)
     np.add.at(coarse, rounded_up - 1, histogram[present - 1])
     coarse_start, late = run_lpfhp(coarse, depth, deadline=deadline)
-    lp_bound = float(cheap)
+    lp_bound, lower = float(cheap), cheap
     if not late:
-        mixture, _, late = _exact(coarse, depth, coarse_start, residual_rounds, patience, deadline)
+        mixture, _, point, late = _exact(coarse, depth, coarse_start, residual_rounds, patience, deadline)
         if mixture.n_packs < start.n_packs:
             start = _realise(mixture, histogram, present, rounded_up)
-    return CGHPResult(start, lp_bound, cheap, late, "bucketed")
+        if point is not None:
+            coarse_lengths = np.nonzero(coarse)[0] + 1               # the rows of `point`, ascending
+            smallest = np.full(units + 1, max_len + 1, dtype=np.int64)
+            np.minimum.at(smallest, rounded_up, present)              # in tokens
+            down = smallest[coarse_lengths]                           # ascending too (buckets are)
+            top = _Pricer(down, max_len, depth).price(point, 0)[1]
+            farley = float(point @ coarse[coarse_lengths - 1]) / max(1.0, top)
+            lp_bound = max(lp_bound, farley)
+            lower = max(cheap, math.ceil(farley - 1e-6))
+    return CGHPResult(start, lp_bound, lower, late, "bucketed")
 
 
 def _realise(coarse: Mixture, histogram, present, rounded_up) -> Mixture:
