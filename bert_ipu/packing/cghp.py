@@ -203,7 +203,8 @@ def column_generation(demand, lengths, max_len, pricer, patterns, max_rounds=100
     """Solve the LP relaxation over `demand` (per entry of `lengths`). Returns (x, y, lp_value, bound,
     stopped, point): the restricted LP's solution over `patterns` (which grows in place), its duals and
     value, the bound, whether `deadline` stopped the loop (then `bound` is the best proven so far and x may
-    be None), and the dual point that proved `bound` (None if none did).
+    be the previous round's, over the first len(x) patterns, or None), and the dual point that proved `bound`
+    (None if none did).
 
     Dual smoothing (Wentges): price at a point between the best dual point so far (the "centre") and the
     restricted LP's duals. The LP is massively degenerate and its raw duals jump around; smoothing cuts the
@@ -216,10 +217,11 @@ def column_generation(demand, lengths, max_len, pricer, patterns, max_rounds=100
     lp = _MasterLP(demand, index_of)
     lp.add(patterns)
     bound = 0.0 if centre is None else float(centre @ demand) / max(1.0, pricer.price(centre, 0)[1])
+    x = None
     for _ in range(max_rounds):
         solved = lp.solve(deadline)
-        if solved is None:  # HiGHS stopped at the deadline
-            return None, None, None, bound, True, centre
+        if solved is None:  # HiGHS stopped at the deadline: the last round's x covers the first len(x) patterns
+            return x, None, None, bound, True, centre
         x, y, value = solved
         a = alpha if centre is not None else 0.0
         while True:
@@ -325,6 +327,15 @@ def _exact(histogram, depth, start, residual_rounds, patience, deadline):
         if round_ == 0:
             lp_bound, point = bound, dual
         if late:
+            if x is not None and np.floor(x + 1e-9).sum() > 0:
+                # stopped mid-way with a restricted LP solution: its rounding plus best fit on the rest is
+                # usually far better than best fit alone
+                part = trim_excess(_as_matrix(patterns[:len(x)]), np.floor(x + 1e-9).astype(np.int64), residual)
+                rest = residual - part.coverage(max_len)
+                tail = [lpfhp(rest, depth)] if rest.sum() else []
+                packs = sum(m.n_packs for m in rounded + [part] + tail)
+                if packs < best_packs:
+                    best, best_packs = rounded + [part] + tail, packs
             break
         best_fit = start if round_ == 0 else lpfhp(residual, depth)
         packs = sum(m.n_packs for m in rounded) + best_fit.n_packs
