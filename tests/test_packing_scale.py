@@ -219,3 +219,21 @@ def test_generators_are_seeded_and_shaped():
     hist = np.array([0, 5, 0, 7])
     wide = stretch_histogram(hist, 3, seed=0)
     assert len(wide) == 12 and wide.sum() == 12 and wide[3:6].sum() == 5 and wide[9:].sum() == 7
+
+
+def test_cli_balance_report(tmp_path, capsys):
+    """--ranks adds the balance metrics to every packer's row: the balanced dealing never has a higher
+    attention balance ratio than the loader order (same packs, so the same mean; a lower or equal maximum)."""
+    hist = tmp_path / "h.json"
+    hist.write_text(json.dumps(histogram_of(long_context_lengths(5000, 512, seed=4), 512).tolist()))
+    assert main(["--histogram", str(hist), "--algorithm", "none", "lpfhp", "cghp", "--max-sequences-per-pack",
+                 "max", "--ranks", "4", "--packs-per-update", "16", "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert "abr_loader" not in rows[0]  # NONE is no packer
+    for r in rows[1:]:
+        assert r["updates"] == 100 and 0 <= r["abr_balanced"] <= r["abr_loader"] + 1e-12
+        assert r["abr_balanced"] < r["abr_loader"] and 0 <= r["padding_ratio"] < 1
+    assert main(["--histogram", str(hist), "--ranks", "0"]) == 2
+    assert "--ranks is 0" in capsys.readouterr().err
+    assert main(["--histogram", str(hist), "--ranks", "4", "--packs-per-update", "10"]) == 2
+    assert "multiple of --ranks 4" in capsys.readouterr().err

@@ -129,3 +129,32 @@ def balanced_order(costs, n_ranks: int, micro_batch_size: int = 1, swap_rounds: 
         for micro in _deal(costs, rank, len(rank) // micro_batch_size, swap_rounds):
             out.append(np.sort(micro))
     return np.concatenate(out)
+
+
+def update_balance(flat_lengths, offsets, n_ranks: int, packs_per_update: int, pack_length: int,
+                   updates: int = 100, micro_batch_size: int = 1) -> dict:
+    """Mean metrics over the first `updates` updates of consecutive packs (ragged, in loader order), dealt
+    as they come and by `balanced_order`: keys abr_loader, abr_balanced, dbr_loader, dbr_balanced,
+    padding_ratio, updates."""
+    flat, offsets = np.asarray(flat_lengths), np.asarray(offsets)
+    if packs_per_update % (n_ranks * micro_batch_size):
+        raise ValueError(f"{packs_per_update} packs per update cannot be dealt to {n_ranks} ranks")
+    count = min(updates, (len(offsets) - 1) // packs_per_update)
+    if count == 0:
+        raise ValueError(f"{len(offsets) - 1} packs do not fill one update of {packs_per_update}")
+    rows = {k: [] for k in ("abr_loader", "abr_balanced", "dbr_loader", "dbr_balanced", "padding_ratio")}
+    for u in range(count):
+        first = u * packs_per_update
+        sub = offsets[first:first + packs_per_update + 1]
+        f, o = flat[sub[0]:sub[-1]], sub - sub[0]
+        plain = balance_metrics(f, o, n_ranks, pack_length)
+        order = balanced_order(pack_costs(f, o), n_ranks, micro_batch_size)
+        sizes = np.diff(o)[order]
+        f2 = f[np.repeat(o[:-1][order], sizes) + np.arange(len(f)) - np.repeat(np.cumsum(sizes) - sizes, sizes)]
+        fair = balance_metrics(f2, np.concatenate([[0], np.cumsum(sizes)]), n_ranks, pack_length)
+        rows["abr_loader"].append(plain.attention_balance_ratio)
+        rows["abr_balanced"].append(fair.attention_balance_ratio)
+        rows["dbr_loader"].append(plain.data_balance_ratio)
+        rows["dbr_balanced"].append(fair.data_balance_ratio)
+        rows["padding_ratio"].append(plain.padding_ratio)
+    return {**{k: float(np.mean(v)) for k, v in rows.items()}, "updates": count}
