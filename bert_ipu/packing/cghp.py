@@ -8,22 +8,26 @@ is the cutting-stock problem. Its LP relaxation (Gilmore and Gomory, 1961),
 over all feasible patterns p (a_lp = copies of length l in p), is tight for histograms like BERT's: the
 integer optimum is almost always ceil(LP) or ceil(LP) + 1. We
 
-1. start from the patterns of LPFHP (best fit) and, under a depth limit, from the duals of the cheap
-   unlimited-depth LP, so that the first restricted LP is already close;
-2. solve the restricted LP with HiGHS (one model kept warm across rounds) and price new patterns with the duals y:
+0. run LPFHP (best fit) first and return it at once when it meets the cheap bound (tokens, long sequences,
+   depth): at unlimited depth on long-context data it usually does;
+1. start from the patterns of LPFHP and, under a depth limit, from the duals of the unlimited-depth LP
+   (full histogram only, at most 30 rounds), so that the first restricted LP is already close;
+2. solve the restricted LP with HiGHS (one model kept warm across rounds) and price new patterns with the
+   duals y:
    a pattern improves the LP iff sum_l y_l a_lp > 1, a knapsack over lengths (weight l, value y_l) with
    at most `depth` items, solved exactly by dynamic programming; duals are smoothed (Wentges) because the
    LP is very degenerate;
 3. stop when Farley's bound y.h / max(1, best pattern value), valid for any y >= 0, is within half a pack
-   of the restricted LP: that bound is the certificate;
+   (or a millionth) of the restricted LP: that bound is the certificate;
 4. round the LP solution down, turn over-covered slots into padding, and solve the residual histogram the
    same way (up to 8 rounds of this "iterated rounding"; each round costs little and shaves packs),
    stopping early once best fit on the residual meets the residual's own bound;
 5. pack the last small residual (a few hundred sequences) with LPFHP best fit. A time-capped MIP over the
    generated patterns was tried here and never beat best fit on the paper's histograms.
 
-`lower_bound = max(ceil(tokens / max_len), ceil(Farley bound))` comes with the result, so users see how far
-from optimal the packing is.
+`lower_bound = max(cheap bound, ceil(Farley bound))` comes with the result, so users see how far from
+optimal the packing is. Histograms whose exact pricing would be slow (long packs, many lengths) are solved
+on bucketed lengths (`_bucketed`), and a deadline stops any step with the best packing and bound so far.
 """
 
 from __future__ import annotations
