@@ -237,3 +237,28 @@ def test_cli_balance_report(tmp_path, capsys):
     assert "--ranks is 0" in capsys.readouterr().err
     assert main(["--histogram", str(hist), "--ranks", "4", "--packs-per-update", "10"]) == 2
     assert "multiple of --ranks 4" in capsys.readouterr().err
+
+
+def test_cli_max_len_auto_picks_the_most_efficient_candidate(tmp_path, capsys):
+    """--max-len auto tries 1..4 x the longest sequence and keeps the pack length with the best LPFHP
+    efficiency (the rows then use it); one long outlier makes a longer pack pay here."""
+    from bert_ipu.packing.__main__ import AUTO_FACTORS
+
+    lengths = np.concatenate([np.random.default_rng(0).integers(30, 61, 997), [100, 100, 100]])
+    path = tmp_path / "l.npy"
+    np.save(path, lengths)
+    candidates = {max(100, -(-int(100 * f) // 8) * 8) for f in AUTO_FACTORS}
+    effs = {c: pack(histogram_of(lengths, c), "lpfhp", None).efficiency for c in candidates}
+    best = min(c for c in candidates if effs[c] >= max(effs.values()) - 1e-12)
+    assert main(["--lengths", str(path), "--max-len", "auto", "--algorithm", "lpfhp",
+                 "--max-sequences-per-pack", "max", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert round(row["tokens"] / (row["efficiency"] * row["packs"])) == best  # computed tokens / packs
+    assert main(["--lengths", str(path), "--max-len", "auto", "--algorithm", "lpfhp",
+                 "--max-sequences-per-pack", "max"]) == 0
+    captured = capsys.readouterr()
+    assert f"--max-len auto: {best:,}" in captured.err and f"pack length {best}" in captured.out
+    assert best > 100
+    with pytest.raises(SystemExit):
+        main(["--lengths", str(path), "--max-len", "huge"])
+    assert "not a whole number or 'auto'" in capsys.readouterr().err

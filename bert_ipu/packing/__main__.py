@@ -33,6 +33,38 @@ def depth_arg(text: str) -> int | None:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def max_len_arg(text: str) -> int | str:
+    """argparse type of --max-len: a whole number, or "auto" (pick the pack length; see `auto_pack_length`)."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number or 'auto'") from None
+
+
+AUTO_FACTORS = (1, 1.25, 1.5, 2, 3, 4)  # candidate pack lengths, as multiples of the longest sequence
+
+
+def auto_pack_length(lengths, depth, quiet: bool = False) -> int:
+    """The pack length with the best LPFHP efficiency among AUTO_FACTORS x the longest sequence (rounded up
+    to a multiple of 8); a longer pack can pay when long sequences are rare (Krell et al., appendix on QM9).
+    Ties go to the shorter pack. Prints the candidates to stderr unless quiet."""
+    longest = int(lengths.max())
+    best = None
+    for factor in AUTO_FACTORS:
+        candidate = max(longest, -(-int(longest * factor) // 8) * 8)
+        result = pack(histogram_of(lengths, candidate), "lpfhp", depth)
+        if not quiet:
+            print(f"pack length {candidate:,}: LPFHP efficiency {result.efficiency:.3%} ({result.packs:,} packs)",
+                  file=sys.stderr)
+        if best is None or result.efficiency > best[0] + 1e-12:
+            best = (result.efficiency, candidate)
+    if not quiet:
+        print(f"--max-len auto: {best[1]:,}", file=sys.stderr)
+    return best[1]
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m bert_ipu.packing",
@@ -49,8 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "the pack length")
     src.add_argument("--lengths", metavar="FILE",
                      help="one sequence length per line, or a .npy array of lengths")
-    p.add_argument("--max-len", type=int, metavar="N",
-                   help="pack length for --lengths (default: the longest sequence)")
+    p.add_argument("--max-len", type=max_len_arg, metavar="N|auto",
+                   help="pack length for --lengths (default: the longest sequence; auto: the best LPFHP "
+                        "efficiency among 1, 1.25, 1.5, 2, 3 and 4 times the longest)")
     p.add_argument("--algorithm", nargs="+", metavar="NAME", default=None,
                    help=f"algorithms to run, from: {' '.join(ALGORITHMS)} (default: all that apply)")
     p.add_argument("--max-sequences-per-pack", nargs="+", type=depth_arg, metavar="N|max",
@@ -76,6 +109,9 @@ def load_input(args) -> tuple:
         raise PackingInputError("give exactly one of --histogram FILE.json or --lengths FILE")
     if args.histogram is not None:
         return load_histogram(args.histogram), Path(args.histogram).name
+    if args.max_len == "auto":
+        lengths = load_lengths(args.lengths, None)
+        args.max_len = auto_pack_length(lengths, args.max_sequences_per_pack[0], quiet=args.json)
     if args.max_len is not None and args.max_len < 1:
         raise PackingInputError(f"--max-len is {args.max_len}; it must be >= 1")
     lengths = load_lengths(args.lengths, args.max_len)
