@@ -11,7 +11,8 @@ import pytest
 from bert_ipu.packing.__main__ import main
 
 KEYS = ["algorithm", "max_sequences_per_pack", "packs", "sequences", "tokens", "padding_tokens", "efficiency",
-        "packing_factor", "speedup_upper_bound", "lower_bound_packs", "strategies", "max_depth_used", "seconds"]
+        "packing_factor", "speedup_upper_bound", "lower_bound_packs", "strategies", "max_depth_used", "seconds",
+        "time_limit_reached"]
 
 
 def write(tmp_path, name, text):

@@ -88,7 +88,11 @@ class ArraySource:
 
 class UpdateLoader:
     def __init__(self, source: PackSource, packs_per_update: int, micro_batch_size: int, dp_rank: int = 0,
-                 dp_world: int = 1, seed: int = 0, shuffle: bool = True, drop_last: bool = True):
+                 dp_world: int = 1, seed: int = 0, shuffle: bool = True, drop_last: bool = True,
+                 pack_costs: np.ndarray | None = None):
+        """pack_costs: optional cost of every pack of the source (`bert_ipu.packing.balance.pack_costs`): each
+        update's packs are then dealt to replicas and micro-batches by `balanced_order` (the same packs per
+        update, so the same sequences; only who computes which changes). None keeps the plain order."""
         if micro_batch_size < 1 or not 0 <= dp_rank < dp_world:
             raise ValueError("micro_batch_size must be >= 1 and 0 <= dp_rank < dp_world")
         if packs_per_update % (micro_batch_size * dp_world):
@@ -102,6 +106,9 @@ class UpdateLoader:
             raise ValueError(f"{n} packs do not fill one update of {packs_per_update} packs")
         self.epoch, self.update_in_epoch = 0, 0
         self._order_epoch, self._order = None, None
+        if pack_costs is not None and len(pack_costs) != n:
+            raise ValueError(f"pack_costs has {len(pack_costs)} entries for {n} packs")
+        self.pack_costs = None if pack_costs is None else np.asarray(pack_costs, dtype=np.float64)
 
     @property
     def accumulation(self) -> int:
@@ -121,6 +128,10 @@ class UpdateLoader:
         """The packs (indices, -1 = empty) of the next update on this replica: (accumulation, micro)."""
         lo = self.update_in_epoch * self.packs_per_update
         rows = self._epoch_order()[lo:lo + self.packs_per_update]
+        if self.pack_costs is not None:
+            from bert_ipu.packing.balance import balanced_order
+            costs = np.where(rows >= 0, self.pack_costs[np.maximum(rows, 0)], 0.0)  # an empty row costs nothing
+            rows = rows[balanced_order(costs, self.dp_world, self.micro_batch_size)]
         share = self.packs_per_update // self.dp_world
         return rows[self.dp_rank * share:(self.dp_rank + 1) * share].reshape(-1, self.micro_batch_size)
 

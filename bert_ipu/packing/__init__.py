@@ -29,7 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import baselines, heuristics, nnlshp as _nnlshp
-from .assign import EMPTY, assign
+from .assign import EMPTY, assign, assign_ragged
+from .bounds import deadline_of, lower_bound
 from .cghp import cghp as _cghp
 from .depth import auto_depth, depth_label, parse_depth
 from .histogram import (PackingInputError, expand_histogram, histogram_of, load_histogram, load_lengths,
@@ -40,7 +41,7 @@ ALGORITHMS = ("none", "sort", "greedy", "spfhp", "lpfhp", "nnlshp", "cghp")
 DEPTH_FREE = ("none", "sort")  # algorithms whose result does not depend on max_sequences_per_pack
 
 __all__ = ["ALGORITHMS", "DEPTH_FREE", "EMPTY", "Mixture", "PackingInputError", "PackingResult", "applies",
-           "assign", "auto_depth", "depth_label", "expand_histogram", "histogram_of", "load_histogram",
+           "assign", "assign_ragged", "auto_depth", "depth_label", "expand_histogram", "histogram_of", "load_histogram",
            "load_lengths", "lower_bound", "pack", "parse_depth", "validate_histogram", "validate_lengths"]
 
 
@@ -58,6 +59,7 @@ class PackingResult:
     computed_tokens: int
     lower_bound_packs: int
     seconds: float
+    time_limit_reached: bool = False  # the time limit stopped the search: best packing and bound so far
 
     @property
     def max_len(self) -> int:
@@ -109,6 +111,7 @@ class PackingResult:
             "strategies": len(self.mixture.counts),
             "max_depth_used": self.mixture.depth,
             "seconds": self.seconds,
+            "time_limit_reached": self.time_limit_reached,
         }
 
 
@@ -119,24 +122,17 @@ def applies(algorithm: str, max_sequences_per_pack: int | None) -> bool:
     return True
 
 
-def lower_bound(histogram: np.ndarray, max_sequences_per_pack: int | None) -> int:
-    """A cheap bound on the packs any packing needs: enough room for the tokens, one pack for each
-    sequence longer than half a pack, and enough packs for the depth limit."""
-    max_len = len(histogram)
-    tokens = int((np.arange(1, max_len + 1) * histogram).sum())
-    bound = max(math.ceil(tokens / max_len), int(histogram[max_len // 2:].sum()))
-    if max_sequences_per_pack is not None:
-        bound = max(bound, math.ceil(int(histogram.sum()) / max_sequences_per_pack))
-    return bound
-
-
 def pack(histogram, algorithm: str, max_sequences_per_pack: int | None = None, *, seed: int = 0,
-         batch_size: int = 32) -> PackingResult:
+         batch_size: int = 32, time_limit: float | None = None) -> PackingResult:
     """Run one packing algorithm on a length histogram.
 
     max_sequences_per_pack: the depth limit, or None for unlimited. Ignored by NONE and SORT (one
-    sequence per row). seed: GREEDY's shuffle. batch_size: SORT's batch size.
+    sequence per row). seed: GREEDY's shuffle. batch_size: SORT's batch size. time_limit: seconds (> 0)
+    after which the algorithm returns the best packing and bound it has, with `time_limit_reached` set
+    (SPFHP, LPFHP and GREEDY put what they have not placed into packs of their own; CGHP returns its best
+    candidate; NNLSHP checks the limit before and after its NNLS solve, which cannot be interrupted).
     """
+    deadline = deadline_of(time_limit)
     histogram = validate_histogram(histogram)
     if algorithm not in ALGORITHMS:
         raise PackingInputError(f"unknown algorithm {algorithm!r}; choose from {', '.join(ALGORITHMS)}")
@@ -153,23 +149,23 @@ def pack(histogram, algorithm: str, max_sequences_per_pack: int | None = None, *
         max_sequences_per_pack = 1
     bound = lower_bound(histogram, max_sequences_per_pack)
     start = time.perf_counter()
-    computed = None
+    computed, late = None, False
     if algorithm == "none":
         mixture = baselines.none(histogram)
     elif algorithm == "sort":
         mixture, computed = baselines.sort_batches(histogram, batch_size)
     elif algorithm == "greedy":
-        mixture = baselines.greedy(histogram, depth, seed=seed)
+        mixture, late = baselines.greedy(histogram, depth, seed=seed, deadline=deadline)
     elif algorithm == "spfhp":
-        mixture = heuristics.spfhp(histogram, depth)
+        mixture, late = heuristics.run_spfhp(histogram, depth, deadline)
     elif algorithm == "lpfhp":
-        mixture = heuristics.lpfhp(histogram, depth)
+        mixture, late = heuristics.run_lpfhp(histogram, depth, deadline=deadline)
     elif algorithm == "nnlshp":
-        mixture = _nnlshp.nnlshp(histogram, depth)
+        mixture, late = _nnlshp.nnlshp(histogram, depth, deadline=deadline)
     else:
-        solved = _cghp(histogram, depth)
-        mixture, bound = solved.mixture, max(bound, solved.lower_bound)
+        solved = _cghp(histogram, depth, deadline=deadline)
+        mixture, bound, late = solved.mixture, max(bound, solved.lower_bound), solved.time_limit_reached
     seconds = time.perf_counter() - start
     if computed is None:
         computed = mixture.n_packs * max_len
-    return PackingResult(algorithm, histogram, max_sequences_per_pack, mixture, computed, bound, seconds)
+    return PackingResult(algorithm, histogram, max_sequences_per_pack, mixture, computed, bound, seconds, late)

@@ -33,6 +33,38 @@ def depth_arg(text: str) -> int | None:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def max_len_arg(text: str) -> int | str:
+    """argparse type of --max-len: a whole number, or "auto" (pick the pack length; see `auto_pack_length`)."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number or 'auto'") from None
+
+
+AUTO_FACTORS = (1, 1.25, 1.5, 2, 3, 4)  # candidate pack lengths, as multiples of the longest sequence
+
+
+def auto_pack_length(lengths, depth, quiet: bool = False) -> int:
+    """The pack length with the best LPFHP efficiency among AUTO_FACTORS x the longest sequence (rounded up
+    to a multiple of 8); a longer pack can pay when long sequences are rare (Krell et al., appendix on QM9).
+    Ties go to the shorter pack. Prints the candidates to stderr unless quiet."""
+    longest = int(lengths.max())
+    best = None
+    for factor in AUTO_FACTORS:
+        candidate = max(longest, -(-int(longest * factor) // 8) * 8)
+        result = pack(histogram_of(lengths, candidate), "lpfhp", depth)
+        if not quiet:
+            print(f"pack length {candidate:,}: LPFHP efficiency {result.efficiency:.3%} ({result.packs:,} packs)",
+                  file=sys.stderr)
+        if best is None or result.efficiency > best[0] + 1e-12:
+            best = (result.efficiency, candidate)
+    if not quiet:
+        print(f"--max-len auto: {best[1]:,}", file=sys.stderr)
+    return best[1]
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m bert_ipu.packing",
@@ -49,14 +81,24 @@ def build_parser() -> argparse.ArgumentParser:
                           "the pack length")
     src.add_argument("--lengths", metavar="FILE",
                      help="one sequence length per line, or a .npy array of lengths")
-    p.add_argument("--max-len", type=int, metavar="N",
-                   help="pack length for --lengths (default: the longest sequence)")
+    p.add_argument("--max-len", type=max_len_arg, metavar="N|auto",
+                   help="pack length for --lengths (default: the longest sequence; auto: the best LPFHP "
+                        "efficiency among 1, 1.25, 1.5, 2, 3 and 4 times the longest)")
     p.add_argument("--algorithm", nargs="+", metavar="NAME", default=None,
                    help=f"algorithms to run, from: {' '.join(ALGORITHMS)} (default: all that apply)")
     p.add_argument("--max-sequences-per-pack", nargs="+", type=depth_arg, metavar="N|max",
                    default=[None, 3], help="depth limit(s): most sequences in a pack (default: max 3)")
     p.add_argument("--batch-size", type=int, default=32, help="batch size of SORT (default: 32)")
     p.add_argument("--seed", type=int, default=0, help="shuffle seed of GREEDY (default: 0)")
+    p.add_argument("--time-limit", type=float, metavar="SECONDS", default=None,
+                   help="stop each algorithm after SECONDS (> 0) with the best packing and bound found so far; "
+                        "such rows are marked (json: time_limit_reached)")
+    p.add_argument("--ranks", type=int, metavar="N", default=None,
+                   help="also report balance over N data-parallel ranks: attention and data balance ratios "
+                        "(ABR, DBR) of updates dealt in loader order and by balanced_order, and the padding ratio "
+                        "(README, 'Balance across devices'); sequences are assigned to packs first")
+    p.add_argument("--packs-per-update", type=int, metavar="P", default=None,
+                   help="packs per update for --ranks (default: 8 per rank); the first 100 updates are measured")
     p.add_argument("--json", action="store_true", help="print one JSON object per row instead of a table")
     p.add_argument("--plot", metavar="OUT.png", help="also write the histogram and speed-up bounds as a PNG")
     return p
@@ -67,6 +109,9 @@ def load_input(args) -> tuple:
         raise PackingInputError("give exactly one of --histogram FILE.json or --lengths FILE")
     if args.histogram is not None:
         return load_histogram(args.histogram), Path(args.histogram).name
+    if args.max_len == "auto":
+        lengths = load_lengths(args.lengths, None)
+        args.max_len = auto_pack_length(lengths, args.max_sequences_per_pack[0], quiet=args.json)
     if args.max_len is not None and args.max_len < 1:
         raise PackingInputError(f"--max-len is {args.max_len}; it must be >= 1")
     lengths = load_lengths(args.lengths, args.max_len)
@@ -98,6 +143,22 @@ def format_table(results) -> str:
                   len(r.mixture.counts), r.seconds]
         lines.append("  ".join(f"{f.format(v):>{w}}" for (_, w, f), v in zip(COLUMNS, values)))
     return "\n".join(lines)
+
+
+def balance_of(result, ranks: int, per_update: int, seed: int) -> dict:
+    """Balance metrics of `result`'s packs: sequences (the histogram's, shuffled) assigned to packs in a
+    shuffled order as the loader reads them, then updates of `per_update` packs dealt to `ranks`."""
+    import numpy as np
+
+    from . import assign_ragged, expand_histogram
+    from .balance import update_balance
+
+    lengths = np.random.default_rng(seed).permutation(expand_histogram(result.histogram))
+    offsets, indices = assign_ragged(lengths, result.mixture, result.max_len, seed=seed)
+    if result.packs < per_update:
+        raise PackingInputError(f"{result.algorithm} made {result.packs} packs, fewer than one update of "
+                                f"{per_update}")
+    return update_balance(lengths[indices], offsets, ranks, per_update, result.max_len)
 
 
 def write_plot(path: str, histogram, results, title: str) -> None:
@@ -140,22 +201,35 @@ def main(argv=None) -> int:
             raise PackingInputError(f"--plot: the folder of {args.plot!r} does not exist")
         if args.plot and os.path.isdir(args.plot):
             raise PackingInputError(f"--plot {args.plot!r} is a folder; give a file name such as {args.plot}/packing.png")
+        if args.time_limit is not None and not args.time_limit > 0:
+            raise PackingInputError(f"--time-limit is {args.time_limit}; it must be > 0 seconds")
+        if args.ranks is not None and args.ranks < 1:
+            raise PackingInputError(f"--ranks is {args.ranks}; it must be >= 1")
+        per_update = args.packs_per_update or 8 * (args.ranks or 1)
+        if args.ranks is not None and (per_update < 1 or per_update % args.ranks):
+            raise PackingInputError(f"--packs-per-update {per_update} must be a positive multiple of "
+                                    f"--ranks {args.ranks}")
         if args.seed < 0:
             raise PackingInputError(f"--seed is {args.seed}; it must be >= 0")
         rows = plan(args.algorithm, args.max_sequences_per_pack)
-        results = []
+        results, balance = [], {}
         for name, depth in rows:
             if not args.json:
                 print(f"running {name} (depth {depth_label(depth)}) ...", file=sys.stderr)
             try:
-                result = pack(histogram, name, depth, seed=args.seed, batch_size=args.batch_size)
+                result = pack(histogram, name, depth, seed=args.seed, batch_size=args.batch_size,
+                              time_limit=args.time_limit)
             except MemoryError:
                 raise PackingInputError(f"{name} handles every one of the {int(histogram.sum()):,} sequences and "
                                         "they do not fit in memory; use a histogram packer (spfhp, lpfhp, nnlshp, "
                                         "cghp) or fewer sequences") from None
             results.append(result)
+            row = result.to_json()
+            if args.ranks is not None and name not in DEPTH_FREE:
+                balance[len(results) - 1] = balance_of(result, args.ranks, per_update, args.seed)
+                row.update(balance[len(results) - 1])
             if args.json:
-                print(json.dumps(result.to_json()), flush=True)
+                print(json.dumps(row), flush=True)
     except PackingInputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -163,6 +237,20 @@ def main(argv=None) -> int:
         tokens = results[0].tokens
         print(f"{title}: {int(histogram.sum()):,} sequences, {tokens:,} tokens, pack length {len(histogram)}")
         print(format_table(results))
+        if balance:
+            print(f"\nbalance over {args.ranks} ranks, {per_update} packs per update (mean over the first updates; "
+                  "ABR/DBR 0 = balanced):")
+            print(f"{'algorithm':>9}  {'depth':>5}  {'ABR loader':>10}  {'ABR balanced':>12}  {'DBR loader':>10}  "
+                  f"{'DBR balanced':>12}  {'padding':>8}  {'updates':>7}")
+            for i, b in balance.items():
+                r = results[i]
+                print(f"{r.algorithm:>9}  {depth_label(r.max_sequences_per_pack):>5}  {b['abr_loader']:>10.4f}  "
+                      f"{b['abr_balanced']:>12.4f}  {b['dbr_loader']:>10.4f}  {b['dbr_balanced']:>12.4f}  "
+                      f"{b['padding_ratio']:>8.3%}  {b['updates']:>7}")
+        stopped = [f"{r.algorithm} ({depth_label(r.max_sequences_per_pack)})" for r in results if r.time_limit_reached]
+        if stopped:
+            print(f"time limit of {args.time_limit:g} s reached by {', '.join(stopped)}: best packing and bound "
+                  "found so far")
     if args.plot:
         write_plot(args.plot, histogram, results, title)
         print(f"wrote {args.plot}", file=sys.stderr)

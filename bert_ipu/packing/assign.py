@@ -25,8 +25,22 @@ EMPTY = -1
 def assign(lengths, mixture: Mixture, max_len: int, seed: int = 0, shuffle_packs: bool = True) -> np.ndarray:
     """Returns packs: (n_packs, depth) int64 sequence indices into `lengths`, EMPTY (-1) for unused slots.
 
-    Within a pack, sequences are ordered longest first (the strategy's order).
+    Within a pack, sequences are ordered longest first (the strategy's order). The same packs as
+    `assign_ragged`, padded into one matrix; for deep mixtures (long context, unlimited depth) prefer
+    `assign_ragged`, whose memory is one integer per sequence.
     """
+    offsets, indices = assign_ragged(lengths, mixture, max_len, seed=seed, shuffle_packs=shuffle_packs)
+    sizes = np.diff(offsets)
+    packs = np.full((len(sizes), max(int(sizes.max()), 1)), EMPTY, dtype=np.int64)
+    row = np.repeat(np.arange(len(sizes)), sizes)
+    packs[row, np.arange(len(indices)) - offsets[row]] = indices
+    return packs
+
+
+def assign_ragged(lengths, mixture: Mixture, max_len: int, seed: int = 0,
+                  shuffle_packs: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Returns (offsets, indices): pack p holds the sequences indices[offsets[p]:offsets[p + 1]] of `lengths`,
+    longest first; offsets is (n_packs + 1,), indices (n_sequences,), both int64."""
     lengths = validate_lengths(lengths, max_len)
     have, want = histogram_of(lengths, max_len), mixture.coverage(max_len)
     if not np.array_equal(have, want):
@@ -38,17 +52,20 @@ def assign(lengths, mixture: Mixture, max_len: int, seed: int = 0, shuffle_packs
     key = np.int16 if max_len < 2**15 else np.int32
     lengths = lengths.astype(key)
     rng = np.random.default_rng(seed)
-    slots = mixture.expand().astype(key)                                  # (n_packs, depth) lengths, 0 = empty
+    slots, offsets = mixture.expand_ragged()                              # lengths of every pack's slots
+    slots = slots.astype(key)
     if shuffle_packs:
-        slots = slots[rng.permutation(len(slots))]
-    flat = slots.ravel()
+        order = rng.permutation(len(offsets) - 1)
+        sizes = np.diff(offsets)[order]
+        starts = np.repeat(offsets[:-1][order], sizes)
+        new_offsets = np.concatenate([[0], np.cumsum(sizes)])
+        slots = slots[starts + np.arange(len(slots)) - np.repeat(new_offsets[:-1], sizes)]
+        offsets = new_offsets
     # Sequences grouped by length in a random order within each group ...
     shuffled = rng.permutation(len(lengths))
     by_length = shuffled[np.argsort(lengths[shuffled], kind="stable")]
-    # ... and non-empty slots grouped by length in slot order: the k-th slot of length l gets the k-th
-    # sequence of length l. Both groupings have the same group sizes because coverage == histogram.
-    filled = np.nonzero(flat)[0]
-    slot_order = filled[np.argsort(flat[filled], kind="stable")]
-    packs = np.full(flat.shape, EMPTY, dtype=np.int64)
-    packs[slot_order] = by_length
-    return packs.reshape(slots.shape)
+    # ... and slots grouped by length in slot order: the k-th slot of length l gets the k-th sequence of
+    # length l. Both groupings have the same group sizes because coverage == histogram.
+    indices = np.empty(len(slots), dtype=np.int64)
+    indices[np.argsort(slots, kind="stable")] = by_length
+    return offsets.astype(np.int64), indices

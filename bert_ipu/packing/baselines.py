@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from .histogram import expand_histogram
@@ -35,9 +37,10 @@ def sort_batches(histogram: np.ndarray, batch_size: int) -> tuple[Mixture, int]:
     return none(histogram), int((longest * rows).sum())
 
 
-def greedy(histogram: np.ndarray, depth: int, seed: int = 0) -> Mixture:
+def greedy(histogram: np.ndarray, depth: int, seed: int = 0, deadline: float | None = None):
     """Shuffle the sequences, then fill packs in arrival order (next fit), closing a pack when the next
-    sequence does not fit or the pack holds `depth` sequences."""
+    sequence does not fit or the pack holds `depth` sequences. Returns (mixture, time limit reached):
+    past `deadline` (a `time.perf_counter()` value) every sequence not yet placed gets a pack of its own."""
     max_len = len(histogram)
     small = np.int16 if max_len < 2**15 else np.int32
     lengths = np.random.default_rng(seed).permutation(expand_histogram(histogram).astype(small))
@@ -48,10 +51,14 @@ def greedy(histogram: np.ndarray, depth: int, seed: int = 0) -> Mixture:
     nxt = np.searchsorted(ends, starts + max_len, side="right")
     nxt = np.minimum(nxt, np.arange(n) + depth).tolist()
     first = []
-    i = 0
+    i, late = 0, False
     while i < n:  # the chain of pack starts is inherently sequential; a list walk is ~0.1 us a step
         first.append(i)
         i = nxt[i]
+        if deadline is not None and len(first) % 65536 == 0 and time.perf_counter() > deadline:
+            late = True
+            first.extend(range(i, n))
+            break
     first = np.asarray(first, dtype=np.int64)
     sizes = np.diff(np.append(first, n))
     width = int(sizes.max())
@@ -59,4 +66,4 @@ def greedy(histogram: np.ndarray, depth: int, seed: int = 0) -> Mixture:
     slot = np.arange(n) - first[pack_of]
     packs = np.zeros((len(first), width), dtype=small)
     packs[pack_of, slot] = lengths
-    return Mixture.from_packs(packs)
+    return Mixture.from_packs(packs), late

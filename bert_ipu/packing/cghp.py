@@ -8,37 +8,52 @@ is the cutting-stock problem. Its LP relaxation (Gilmore and Gomory, 1961),
 over all feasible patterns p (a_lp = copies of length l in p), is tight for histograms like BERT's: the
 integer optimum is almost always ceil(LP) or ceil(LP) + 1. We
 
-1. start from the patterns of LPFHP (best fit) and, under a depth limit, from the duals of the cheap
-   unlimited-depth LP, so that the first restricted LP is already close;
-2. solve the restricted LP with HiGHS (`scipy.optimize.linprog`) and price new patterns with the duals y:
+0. run LPFHP (best fit) first and return it at once when it meets the cheap bound (tokens, long sequences,
+   depth): at unlimited depth on long-context data it usually does;
+1. start from the patterns of LPFHP and, under a depth limit, from the duals of the unlimited-depth LP
+   (full histogram only, at most 30 rounds), so that the first restricted LP is already close;
+2. solve the restricted LP with HiGHS (one model kept warm across rounds) and price new patterns with the
+   duals y:
    a pattern improves the LP iff sum_l y_l a_lp > 1, a knapsack over lengths (weight l, value y_l) with
    at most `depth` items, solved exactly by dynamic programming; duals are smoothed (Wentges) because the
    LP is very degenerate;
 3. stop when Farley's bound y.h / max(1, best pattern value), valid for any y >= 0, is within half a pack
-   of the restricted LP: that bound is the certificate;
+   (or a millionth) of the restricted LP: that bound is the certificate;
 4. round the LP solution down, turn over-covered slots into padding, and solve the residual histogram the
    same way (up to 8 rounds of this "iterated rounding"; each round costs little and shaves packs),
    stopping early once best fit on the residual meets the residual's own bound;
 5. pack the last small residual (a few hundred sequences) with LPFHP best fit. A time-capped MIP over the
    generated patterns was tried here and never beat best fit on the paper's histograms.
 
-`lower_bound = max(ceil(tokens / max_len), ceil(Farley bound))` comes with the result, so users see how far
-from optimal the packing is.
+`lower_bound = max(cheap bound, ceil(Farley bound))` comes with the result, so users see how far from
+optimal the packing is. Histograms whose exact pricing would be slow (long packs, many lengths) are solved
+on bucketed lengths (`_bucketed`), and a deadline stops any step with the best packing and bound so far.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import optimize, sparse
+from scipy import sparse
 
-from .heuristics import lpfhp
+from .bounds import lower_bound as cheap_lower_bound, past
+from .heuristics import lpfhp, run_lpfhp
+from .histogram import expand_histogram
 from .mixture import Mixture, trim_excess
 
 # A pattern prices out when its dual value exceeds 1 by more than this; HiGHS' default tolerances are 1e-7.
 PRICING_TOL = 1e-9
+
+
+# Exact column generation while one pricing round costs about this many seconds (estimated); above it, the
+# lengths are bucketed (`_bucketed`).
+EXACT_PRICING_SECONDS = 0.1
+GRID = 4096           # bucketed: lengths in units of ceil(max_len / GRID) tokens ...
+BUCKET_STEP = 1 / 128  # ... and buckets at most 1/128 of their length wide
+WARM_START_ROUNDS = 30
 
 
 @dataclass(frozen=True)
@@ -46,6 +61,8 @@ class CGHPResult:
     mixture: Mixture
     lp_bound: float   # Farley's bound on the LP relaxation of the full problem (<= the LP optimum)
     lower_bound: int  # proven: no packing with this depth limit uses fewer packs
+    time_limit_reached: bool = False
+    strategy: str = "exact"  # "heuristic": best fit met the cheap bound; "exact"; "bucketed"
 
 
 class _Pricer:
@@ -78,6 +95,9 @@ class _Pricer:
                     best[c], choice[c] = cand[j], idx[fits][j] + 1
                 else:
                     best[c], choice[c] = best[c - 1], -1  # capacity c - 1 is as good
+            # the largest capacity <= c whose best ends with an item: backtracking jumps there at once (walking
+            # down one capacity at a time was 28% of CGHP on a sparse 2048 histogram)
+            last = np.maximum.accumulate(np.where(choice > 0, np.arange(L + 1), 0))
             best, choice = best[None].repeat(2, 0), choice[None].repeat(2, 0)
             rest, D = 1, None
         else:
@@ -91,7 +111,7 @@ class _Pricer:
                     cur[length:][better] = cand[better]
                     ch[length:][better] = j + 1
                 best[k] = cur
-            rest = D - 1
+            rest, last = D - 1, None
         # Several columns per round: for every length l, the best pattern that contains l.
         with_l = y + best[rest, L - self.lengths]
         columns, seen = [], set()
@@ -99,57 +119,120 @@ class _Pricer:
             if with_l[j] <= 1 + PRICING_TOL or len(columns) >= n_columns:
                 break
             length = int(self.lengths[j])
-            pattern = tuple(sorted([length] + self._backtrack(choice, rest, L - length, D is None)))
+            pattern = tuple(sorted([length] + self._backtrack(choice, rest, L - length, last)))
             if pattern not in seen:
                 seen.add(pattern)
                 columns.append(np.array(pattern))
         return columns, float(best[-1, L])
 
-    def _backtrack(self, choice, k, c, unlimited):
+    def _backtrack(self, choice, k, c, last):
+        """The items of the best pattern at capacity c (and at most k items): `last` is None with a depth
+        limit (choice[k, c] = 0: no item at k), else the unlimited recursion's jump table."""
         items = []
+        if last is not None:
+            c = int(last[c])
+            while c > 0:
+                items.append(int(self.lengths[choice[1, c] - 1]))
+                c = int(last[c - items[-1]])
+            return items
         while c > 0 and k > 0:
             j = int(choice[k, c])
-            if j < 0:  # unlimited: capacity c - 1 is as good
-                c -= 1
-                continue
             if j:
                 items.append(int(self.lengths[j - 1]))
                 c -= items[-1]
-            if not unlimited:
-                k -= 1
-            elif j == 0:
-                break
+            k -= 1
         return items
-
-
-def _solve_lp(A: sparse.csc_matrix, demand: np.ndarray):
-    res = optimize.linprog(np.ones(A.shape[1]), A_ub=-A, b_ub=-demand, bounds=(0, None), method="highs")
-    if res.status != 0:
-        raise RuntimeError(f"HiGHS failed on the packing LP: {res.message}")
-    return res.x, -res.ineqlin.marginals, res.fun
 
 
 def _column_matrix(patterns: list[np.ndarray], index_of: np.ndarray, n_rows: int) -> sparse.csc_matrix:
     rows = np.concatenate([index_of[p] for p in patterns])
     cols = np.repeat(np.arange(len(patterns)), [len(p) for p in patterns])
-    return sparse.csc_matrix((np.ones(len(rows)), (rows, cols)), shape=(n_rows, len(patterns)))
+    A = sparse.csc_matrix((np.ones(len(rows)), (rows, cols)), shape=(n_rows, len(patterns)))
+    A.sum_duplicates()
+    return A
 
 
-def column_generation(demand, lengths, max_len, pricer, patterns, max_rounds=1000, n_columns=256,
-                      alpha=0.5, gap=0.5, centre=None):
-    """Solve the LP relaxation over `demand` (per entry of `lengths`). Returns (x, y, lp_value, bound):
-    the restricted LP's solution over `patterns` (which grows in place), its duals and value, and the bound.
+def _highs():
+    """A HiGHS instance: the `highspy` package if installed, else the same binding that scipy ships (private
+    in scipy, so pinned by requirements.txt's scipy)."""
+    try:
+        import highspy
+        h = highspy.Highs()
+    except ImportError:
+        from scipy.optimize._highspy._core import _Highs
+        h = _Highs()
+    h.setOptionValue("output_flag", False)
+    # Primal simplex: added columns keep the last solution feasible, so it restarts where it stopped
+    # (dual simplex, HiGHS' default, took 1.5-2x longer on Wikipedia-1024 at depth 3).
+    h.setOptionValue("simplex_strategy", 4)
+    return h
+
+
+class _MasterLP:
+    """The restricted master LP  min sum x  s.t.  A x >= demand, x >= 0, kept alive between rounds of
+    column generation: new columns are added to the model and HiGHS re-optimises from the last basis (a
+    few simplex iterations) instead of solving from scratch (linprog every round was 80% of CGHP's time
+    on Wikipedia-1024)."""
+
+    def __init__(self, demand: np.ndarray, index_of: np.ndarray):
+        self.h = _highs()
+        self.index_of = index_of
+        self.n = 0
+        inf = self.h.getInfinity()
+        m = len(demand)
+        self.h.addRows(m, demand.astype(np.float64), np.full(m, inf), 0, np.zeros(m, dtype=np.int32),
+                       np.zeros(0, dtype=np.int32), np.zeros(0))
+
+    def add(self, patterns: list[np.ndarray]) -> None:
+        if not patterns:
+            return
+        A = _column_matrix(patterns, self.index_of, int(self.index_of.max()) + 1)  # csc, duplicates summed
+        k = len(patterns)
+        self.h.addCols(k, np.ones(k), np.zeros(k), np.full(k, self.h.getInfinity()), A.nnz,
+                       A.indptr[:-1].astype(np.int32), A.indices.astype(np.int32), A.data.astype(np.float64))
+        self.n += k
+
+    def solve(self, deadline: float | None = None):
+        """(x, duals, value), or None if HiGHS stopped at `deadline` (a `time.perf_counter()` value)."""
+        if deadline is not None:
+            # HiGHS' time limit counts all the runs of the instance
+            self.h.setOptionValue("time_limit", self.h.getRunTime() + max(deadline - time.perf_counter(), 1e-3))
+        self.h.run()
+        status = self.h.getModelStatus()
+        if self.h.modelStatusToString(status) == "Time limit reached":
+            return None
+        if self.h.modelStatusToString(status) != "Optimal":
+            raise RuntimeError(f"HiGHS failed on the packing LP: {self.h.modelStatusToString(status)}")
+        sol = self.h.getSolution()
+        x, y = np.array(sol.col_value), np.maximum(np.array(sol.row_dual), 0.0)
+        return x, y, float(self.h.getInfo().objective_function_value)
+
+
+def column_generation(demand, lengths, max_len, pricer, patterns, max_rounds=1000, n_columns=None,
+                      alpha=0.5, gap=0.5, rel_gap=1e-6, centre=None, deadline=None, give_up=False):
+    """Solve the LP relaxation over `demand` (per entry of `lengths`). Returns (x, y, lp_value, bound,
+    stopped, point): the restricted LP's solution over `patterns` (which grows in place), its duals and
+    value, the bound, whether `deadline` stopped the loop (then `bound` is the best proven so far and x may
+    be the previous round's, over the first len(x) patterns, or None), and the dual point that proved `bound`
+    (None if none did).
 
     Dual smoothing (Wentges): price at a point between the best dual point so far (the "centre") and the
     restricted LP's duals. The LP is massively degenerate and its raw duals jump around; smoothing cuts the
     number of rounds several-fold. Any dual point y >= 0 gives Farley's lower bound y.h / max(1, best
     pattern value), so the loop stops as soon as that bound is within `gap` of the restricted LP value.
     """
+    if n_columns is None:  # up to one column per length and round: fewer, cheaper rounds than a fixed cap
+        n_columns = max(256, len(lengths))
     index_of = _index(lengths, max_len)
-    A = _column_matrix(patterns, index_of, len(lengths))
+    lp = _MasterLP(demand, index_of)
+    lp.add(patterns)
     bound = 0.0 if centre is None else float(centre @ demand) / max(1.0, pricer.price(centre, 0)[1])
+    x = None
     for _ in range(max_rounds):
-        x, y, value = _solve_lp(A, demand)
+        solved = lp.solve(deadline)
+        if solved is None:  # HiGHS stopped at the deadline: the last round's x covers the first len(x) patterns
+            return x, None, None, bound, True, centre
+        x, y, value = solved
         a = alpha if centre is not None else 0.0
         while True:
             point = y if a == 0 else a * centre + (1 - a) * y
@@ -162,15 +245,19 @@ def column_generation(demand, lengths, max_len, pricer, patterns, max_rounds=100
             if new or a == 0:
                 break
             a = 0.0  # mis-price: fall back to the LP's own duals
-        if not new or value - bound <= gap:
-            return x, y, value, bound
+        if not new or value - bound <= max(gap, rel_gap * value):
+            return x, y, value, bound, False, centre
+        if past(deadline):
+            return x, y, value, bound, True, centre
         patterns.extend(new)
-        A = sparse.hstack([A, _column_matrix(new, index_of, len(lengths))], format="csc")
+        lp.add(new)
+    if give_up:  # as if stopped: the bound and dual point so far are valid
+        return x, y, value, bound, True, centre
     raise RuntimeError(f"column generation did not converge in {max_rounds} rounds")
 
 
-def _solve_relaxation(histogram: np.ndarray, depth: int, patterns: list[np.ndarray]):
-    """Column generation on `histogram` (may be a residual). Returns (patterns, x, value, bound)."""
+def _solve_relaxation(histogram: np.ndarray, depth: int, patterns: list[np.ndarray], warm: bool, deadline):
+    """Column generation on `histogram` (may be a residual). Returns (patterns, x, value, bound, stopped)."""
     max_len = len(histogram)
     lengths = np.nonzero(histogram)[0] + 1
     demand = histogram[lengths - 1].astype(np.float64)
@@ -178,19 +265,29 @@ def _solve_relaxation(histogram: np.ndarray, depth: int, patterns: list[np.ndarr
     # restrict known patterns to the lengths still wanted; singletons keep the LP feasible
     patterns = [p[index_of[p] >= 0] for p in patterns] + [np.array([l]) for l in lengths]
     patterns = list({tuple(p): p for p in patterns if len(p)}.values())
-    centre = None
-    if depth < max_len // int(lengths.min()):
+    centre, pre_bound = None, 0.0
+    if warm and depth < max_len // int(lengths.min()):
         # The unlimited-depth LP is cheap, and its duals are a strong start for the limited one: they give
-        # a Farley bound close to the final one and price out good first columns.
+        # a Farley bound close to the final one and price out good first columns. Only worth it on the full
+        # histogram: on the small residuals of iterated rounding it was re-solved to a 0.5-pack gap every
+        # round and took 88% of the time (Wikipedia-2048, depth 3: 206 s -> 12.9 s without it, same packs).
         free = list(patterns)
         free += [s[s > 0] for s in lpfhp(histogram, max_len).strategies]
-        _, centre, _, _ = column_generation(demand, lengths, max_len, _Pricer(lengths, max_len, max_len), free)
+        # Only a start: on sparse histograms (a few sequences a length) this LP is so degenerate that it
+        # may not converge in minutes, so it gets WARM_START_ROUNDS rounds and then its best point so far.
+        _, y, _, pre_bound, stopped, point = column_generation(
+            demand, lengths, max_len, _Pricer(lengths, max_len, max_len), free, deadline=deadline,
+            max_rounds=WARM_START_ROUNDS, give_up=True)
+        if past(deadline):  # the unlimited LP's bound also bounds the limited problem
+            return patterns, None, None, pre_bound, True, point
+        centre = y if not stopped else point
     pricer = _Pricer(lengths, max_len, depth)
     patterns += [s[s > 0] for s in lpfhp(histogram, depth).strategies]
     if centre is not None:
         patterns += pricer.price(centre, len(lengths))[0]
-    x, _, value, bound = column_generation(demand, lengths, max_len, pricer, patterns, centre=centre)
-    return patterns, x, value, bound
+    x, _, value, bound, stopped, point = column_generation(demand, lengths, max_len, pricer, patterns,
+                                                           centre=centre, deadline=deadline)
+    return patterns, x, value, max(bound, pre_bound if stopped else 0.0), stopped, point
 
 
 def _as_matrix(patterns: list[np.ndarray]) -> np.ndarray:
@@ -201,26 +298,65 @@ def _as_matrix(patterns: list[np.ndarray]) -> np.ndarray:
     return mat
 
 
-def cghp(histogram: np.ndarray, depth: int, residual_rounds: int = 8, patience: int = 3) -> CGHPResult:
+def pricing_seconds(n_lengths: int, max_len: int, depth: int, shortest: int) -> float:
+    """A rough estimate of one exact pricing round (measured on this project's CPU): the capacity loop of
+    the unlimited recursion, or depth x lengths vector operations over the capacities."""
+    if depth >= max_len // shortest:
+        return max_len * (3e-6 + n_lengths * 2e-9)
+    return depth * n_lengths * (1e-6 + max_len * 1e-9)
+
+
+def cghp(histogram: np.ndarray, depth: int, residual_rounds: int = 8, patience: int = 3,
+         deadline: float | None = None) -> CGHPResult:
     """Pack `histogram` with at most `depth` sequences a pack; see the module docstring.
 
-    Every round of iterated rounding yields a candidate: the packs rounded down so far plus best fit on
-    what is left. The best candidate wins. Rounds stop when best fit meets the residual's own LP bound
-    (nothing left to gain), after `patience` rounds without a better candidate, or after `residual_rounds`.
+    Best fit (LPFHP) comes first: when it meets the cheap bound (tokens, long sequences, depth) it is
+    optimal and returned at once. Otherwise a histogram whose exact pricing is cheap is solved exactly
+    (`_exact`), a larger one on bucketed lengths (`_bucketed`). `deadline` (a `time.perf_counter()` value):
+    past it, the best packing and the best bound found so far are returned, with time_limit_reached set.
     """
     max_len = len(histogram)
-    tokens = int((np.arange(1, max_len + 1) * histogram).sum())
+    cheap = cheap_lower_bound(histogram, depth)
+    start, late = run_lpfhp(histogram, depth, deadline=deadline)
+    if start.n_packs <= cheap or late:
+        return CGHPResult(start, float(cheap), cheap, late, "heuristic")
+    lengths = np.nonzero(histogram)[0] + 1
+    if pricing_seconds(len(lengths), max_len, depth, int(lengths[0])) > EXACT_PRICING_SECONDS:
+        return _bucketed(histogram, depth, start, cheap, residual_rounds, patience, deadline)
+    mixture, lp_bound, _, late = _exact(histogram, depth, start, residual_rounds, patience, deadline)
+    return CGHPResult(mixture, lp_bound, max(cheap, math.ceil(lp_bound - 1e-6)), late, "exact")
+
+
+def _exact(histogram, depth, start, residual_rounds, patience, deadline):
+    """Iterated rounding of column generation. Every round yields a candidate: the packs rounded down so far
+    plus best fit on what is left; the best candidate wins. Rounds stop when best fit meets the residual's
+    own LP bound (nothing left to gain), after `patience` rounds without a better candidate, after
+    `residual_rounds`, or at the deadline. Returns (mixture, LP bound of the full problem, the dual point
+    that proved it (per present length, or None), stopped)."""
+    max_len = len(histogram)
     rounded: list[Mixture] = []
     residual = histogram.copy()
     patterns: list[np.ndarray] = []
-    lp_bound, best, stale = None, None, 0
-    for _ in range(residual_rounds):
-        patterns, x, _, bound = _solve_relaxation(residual, depth, patterns)
-        lp_bound = bound if lp_bound is None else lp_bound
-        best_fit = lpfhp(residual, depth)
-        candidate = rounded + [best_fit]
-        if best is None or sum(m.n_packs for m in candidate) < sum(m.n_packs for m in best):
-            best, stale = candidate, 0
+    lp_bound, point, best, best_packs, stale, late = 0.0, None, [start], start.n_packs, 0, False
+    for round_ in range(residual_rounds):
+        patterns, x, _, bound, late, dual = _solve_relaxation(residual, depth, patterns, round_ == 0, deadline)
+        if round_ == 0:
+            lp_bound, point = bound, dual
+        if late:
+            if x is not None and np.floor(x + 1e-9).sum() > 0:
+                # stopped mid-way with a restricted LP solution: its rounding plus best fit on the rest is
+                # usually far better than best fit alone
+                part = trim_excess(_as_matrix(patterns[:len(x)]), np.floor(x + 1e-9).astype(np.int64), residual)
+                rest = residual - part.coverage(max_len)
+                tail = [lpfhp(rest, depth)] if rest.sum() else []
+                packs = sum(m.n_packs for m in rounded + [part] + tail)
+                if packs < best_packs:
+                    best, best_packs = rounded + [part] + tail, packs
+            break
+        best_fit = start if round_ == 0 else lpfhp(residual, depth)
+        packs = sum(m.n_packs for m in rounded) + best_fit.n_packs
+        if packs < best_packs:
+            best, best_packs, stale = rounded + [best_fit], packs, 0
         else:
             stale += 1
         whole = np.floor(x + 1e-9).astype(np.int64)
@@ -232,10 +368,65 @@ def cghp(histogram: np.ndarray, depth: int, residual_rounds: int = 8, patience: 
         if residual.sum() == 0:
             best = rounded
             break
-    mixture = Mixture.from_matrix(_as_matrix([row for m in best for row in m.strategies]),
-                                  np.concatenate([m.counts for m in best]))
-    lower = max(math.ceil(tokens / max_len), math.ceil(lp_bound - 1e-6))
-    return CGHPResult(mixture, lp_bound, lower)
+    return Mixture.concat(best), lp_bound, point, late
+
+
+def _bucket_edges(units: int) -> np.ndarray:
+    """Upper edges of the length buckets, in units: every unit up to 1 / BUCKET_STEP, then buckets at most
+    BUCKET_STEP of their length wide; the last edge is `units`."""
+    edges, u = [], 1
+    while u < units:
+        edges.append(u)
+        u = max(u + 1, int(u * (1 + BUCKET_STEP)))
+    edges.append(units)
+    return np.array(edges, dtype=np.int64)
+
+
+def _bucketed(histogram, depth, start, cheap, residual_rounds, patience, deadline) -> CGHPResult:
+    """Column generation on a coarser histogram: lengths rounded *up* to units of g = ceil(max_len / GRID)
+    tokens and then to buckets at most 1/128 wide, so pricing costs the same at any pack length. A packing of
+    the rounded-up lengths is a packing of the real ones (each real sequence takes a slot of its bucket).
+
+    The rounded-up instance's LP bound is no bound for the real one. The bound reported is proven on the
+    real one: Farley's bound y.h / max(1, best pattern value under y) holds for any duals y >= 0, and here
+    the best pattern is priced on the lengths rounded *down* to their bucket's smallest (a relaxation: every
+    real pattern stays feasible), with y the coarse LP's best duals; or the cheap bound if that is larger."""
+    max_len = len(histogram)
+    g = -(-max_len // GRID)
+    units = max_len // g
+    edges = _bucket_edges(units)
+    present = np.nonzero(histogram)[0] + 1
+    rounded_up = edges[np.searchsorted(edges, -(-present // g))]  # unit length of each present length
+    coarse = np.zeros(units, dtype=np.int64)
+    np.add.at(coarse, rounded_up - 1, histogram[present - 1])
+    coarse_start, late = run_lpfhp(coarse, depth, deadline=deadline)
+    lp_bound, lower = float(cheap), cheap
+    if not late:
+        mixture, _, point, late = _exact(coarse, depth, coarse_start, residual_rounds, patience, deadline)
+        if mixture.n_packs < start.n_packs:
+            start = _realise(mixture, histogram, present, rounded_up)
+        if point is not None:
+            coarse_lengths = np.nonzero(coarse)[0] + 1               # the rows of `point`, ascending
+            smallest = np.full(units + 1, max_len + 1, dtype=np.int64)
+            np.minimum.at(smallest, rounded_up, present)              # in tokens
+            down = smallest[coarse_lengths]                           # ascending too (buckets are)
+            top = _Pricer(down, max_len, depth).price(point, 0)[1]
+            farley = float(point @ coarse[coarse_lengths - 1]) / max(1.0, top)
+            lp_bound = max(lp_bound, farley)
+            lower = max(cheap, math.ceil(farley - 1e-6))
+    return CGHPResult(start, lp_bound, lower, late, "bucketed")
+
+
+def _realise(coarse: Mixture, histogram, present, rounded_up) -> Mixture:
+    """Fill the slots of a mixture over rounded-up unit lengths with the real lengths: the k-th slot of a
+    unit length gets the k-th real sequence rounded up to it (both in ascending order of that unit)."""
+    slots, offsets = coarse.expand_ragged()
+    real = expand_histogram(histogram)                           # ascending, so their units are too
+    unit_of = np.zeros(len(histogram) + 1, dtype=np.int64)
+    unit_of[present] = rounded_up
+    filled = np.empty(len(slots), dtype=np.int64)
+    filled[np.argsort(slots, kind="stable")] = real[np.argsort(unit_of[real], kind="stable")]
+    return Mixture.from_ragged(filled, offsets, np.ones(len(offsets) - 1, dtype=np.int64))
 
 
 def _index(lengths, max_len):

@@ -2,8 +2,8 @@
 
 Both walk the histogram from the longest length down and place a whole *count* of equal-length sequences
 at once into existing partial packs (splitting a pack group's count when only part of it receives the
-length), so the work is proportional to max_len**2, not to the number of sequences. They differ in which
-partial pack receives a length:
+length), so the work is proportional to the number of pack groups created, not to the number of sequences.
+They differ in which partial pack receives a length:
 
 - SPFHP: the pack with the most space left (worst fit; "shortest pack first").
 - LPFHP: the pack with the least space left that still fits (best fit; "longest pack first"), and it places
@@ -12,93 +12,169 @@ partial pack receives a length:
 
 They follow Algorithm 1 of Krell et al. and the reference code published with it, including the order in
 which equal candidates are taken (last added first), so the pack counts reproduce the paper's.
+
+The reference code finds the best (or worst) fit by scanning every possible space left, one dictionary
+look-up per token of pack length, which makes it O(distinct lengths x max_len): seconds at 8K tokens and
+minutes at 128K. Here the spaces that some open pack has are kept in a sorted list, so a fit is one bisection
+(O(log L)), the same answer as the scan. Packs are kept as a persistent linked list of (parent, length,
+copies) nodes, so extending a pack group costs O(1) whatever its depth, and packs that share a prefix share
+its nodes.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+import time
+from bisect import bisect_left, insort
 
 import numpy as np
 
 from .mixture import Mixture
 
 
-def _flatten(open_packs, closed_packs) -> Mixture:
-    strategies, counts = [], []
-    for groups in (open_packs, closed_packs):
-        for entries in groups.values():
-            for count, pack in entries:
-                strategies.append(pack)
-                counts.append(count)
-    return Mixture.from_lists(strategies, counts)
+class _Packs:
+    """Open and closed pack groups: space left -> [(count, node), ...] (last added is taken first), and a
+    sorted list of the spaces that have at least one open group."""
+
+    def __init__(self, depth: int):
+        self.depth = depth
+        self.open: dict[int, list] = {}
+        self.spaces: list[int] = []       # sorted keys of self.open
+        self.closed: list = []            # (count, node): full, or at the depth limit
+        self.parent = [-1]                # node 0 is the empty pack
+        self.length = [0]
+        self.copies = [0]
+        self.size = [0]                   # sequences in the pack ending at this node
+
+    def extend(self, node: int, length: int, copies: int) -> int:
+        self.parent.append(node)
+        self.length.append(length)
+        self.copies.append(copies)
+        self.size.append(self.size[node] + copies)
+        return len(self.parent) - 1
+
+    def add(self, node: int, count: int, space_left: int) -> None:
+        if self.size[node] >= self.depth or space_left == 0:
+            self.closed.append((count, node))
+            return
+        groups = self.open.get(space_left)
+        if groups is None:
+            self.open[space_left] = [(count, node)]
+            insort(self.spaces, space_left)
+        else:
+            groups.append((count, node))
+
+    def take(self, index: int) -> tuple[int, int, int]:
+        """Pop the last-added group with space self.spaces[index]: (space, count, node)."""
+        space = self.spaces[index]
+        groups = self.open[space]
+        count, node = groups.pop()
+        if not groups:
+            del self.open[space]
+            del self.spaces[index]
+        return space, count, node
+
+    def put_back(self, space: int, count: int, node: int) -> None:
+        """Return part of a group just taken to where it was (the top of its space's stack)."""
+        self.add(node, count, space)
+
+    def mixture(self) -> Mixture:
+        groups = self.closed + [g for space in self.spaces for g in self.open[space]]
+        strategies = []
+        for _, node in groups:
+            row = []
+            while node > 0:
+                row.extend([self.length[node]] * self.copies[node])
+                node = self.parent[node]
+            strategies.append(row)
+        return Mixture.from_lists(strategies, [count for count, _ in groups])
 
 
-def spfhp(histogram: np.ndarray, depth: int) -> Mixture:
-    """Shortest-pack-first histogram packing. `depth` is the most sequences in a pack."""
+def _late(deadline: float | None) -> bool:
+    """Checked once a length: a clock read costs far less than a length's placements."""
+    return deadline is not None and time.perf_counter() > deadline
+
+
+def _fresh_packs(packs: _Packs, length: int, todo: int, max_len: int, depth: int) -> None:
+    """Put `todo` sequences of `length` into new packs, as many a pack as fit (what both heuristics do
+    for the rest of the histogram once the time limit has passed: O(1) a length, still a valid packing)."""
+    repeat = max(1, min(max_len // length, depth, todo))
+    if todo // repeat:
+        packs.add(packs.extend(0, length, repeat), todo // repeat, max_len - length * repeat)
+    if todo % repeat:
+        packs.add(packs.extend(0, length, todo % repeat), 1, max_len - length * (todo % repeat))
+
+
+def spfhp(histogram: np.ndarray, depth: int, deadline: float | None = None) -> Mixture:
+    """Shortest-pack-first histogram packing. `depth` is the most sequences in a pack. See `run_spfhp`."""
+    return run_spfhp(histogram, depth, deadline)[0]
+
+
+def run_spfhp(histogram: np.ndarray, depth: int, deadline: float | None = None) -> tuple[Mixture, bool]:
+    """SPFHP, and whether `deadline` (a `time.perf_counter()` value) passed: then the lengths not yet placed
+    went into packs of their own (`_fresh_packs`), so the result is valid but worse."""
     max_len = len(histogram)
-    open_packs = defaultdict(list)    # space left -> [(count, lengths), ...]; last added is taken first
-    closed_packs = defaultdict(list)  # full, or at the depth limit
-
-    def add(pack, count, space_left):
-        target = closed_packs if (len(pack) >= depth or space_left == 0) else open_packs
-        target[space_left].append((count, pack))
-
-    for length in range(max_len, 0, -1):
+    packs = _Packs(depth)
+    late = False
+    for length in np.nonzero(histogram)[0][::-1] + 1:
+        length = int(length)
         todo = int(histogram[length - 1])
-        offset = max_len - length + 1  # space left after placing; start above the largest possible
+        late = late or _late(deadline)
+        if late:
+            _fresh_packs(packs, length, todo, max_len, depth)
+            continue
         while todo > 0:
-            key = length + offset
-            if key in open_packs:
-                count, pack = open_packs[key].pop()
+            if packs.spaces and packs.spaces[-1] >= length:  # worst fit: the most space left
+                space, count, node = packs.take(len(packs.spaces) - 1)
                 placed = min(count, todo)
                 if count > todo:
-                    open_packs[key].append((count - todo, pack))
+                    packs.put_back(space, count - todo, node)
                 todo -= placed
-                add(pack + [length], placed, offset)
-                if not open_packs[key]:
-                    del open_packs[key]
-            else:
-                offset -= 1
-            if offset < 0:  # fits in no open pack: start new packs
-                add([length], todo, max_len - length)
+                packs.add(packs.extend(node, length, 1), placed, space - length)
+            else:  # fits in no open pack: start new packs
+                packs.add(packs.extend(0, length, 1), todo, max_len - length)
                 todo = 0
-    return _flatten(open_packs, closed_packs)
+    return packs.mixture(), late
 
 
-def lpfhp(histogram: np.ndarray, depth: int, distribute: bool = True) -> Mixture:
-    """Longest-pack-first histogram packing. `depth` is the most sequences in a pack."""
+def lpfhp(histogram: np.ndarray, depth: int, distribute: bool = True, deadline: float | None = None) -> Mixture:
+    """Longest-pack-first histogram packing. `depth` is the most sequences in a pack. See `run_lpfhp`."""
+    return run_lpfhp(histogram, depth, distribute, deadline)[0]
+
+
+def run_lpfhp(histogram: np.ndarray, depth: int, distribute: bool = True,
+              deadline: float | None = None) -> tuple[Mixture, bool]:
+    """LPFHP, and whether `deadline` passed (as `run_spfhp`)."""
     max_len = len(histogram)
-    open_packs = defaultdict(list)
-    closed_packs = defaultdict(list)
-
-    def add(pack, count, space_left):
-        target = closed_packs if (len(pack) >= depth or space_left == 0) else open_packs
-        target[space_left].append((count, pack))
-
-    for length in range(max_len, 0, -1):
+    packs = _Packs(depth)
+    late = False
+    for length in np.nonzero(histogram)[0][::-1] + 1:
+        length = int(length)
         todo = int(histogram[length - 1])
-        offset = 0  # space left after placing one copy; 0 is a perfect fit
+        late = late or _late(deadline)
+        if late:
+            _fresh_packs(packs, length, todo, max_len, depth)
+            continue
         while todo > 0:
-            key = length + offset
-            if key in open_packs:
-                count, pack = open_packs[key].pop()
+            index = bisect_left(packs.spaces, length)  # best fit: the least space left that fits
+            if index < len(packs.spaces):
+                space, count, node = packs.take(index)
+                offset = space - length
+                size = packs.size[node]
                 # how many copies of `length` fit into this pack, and that we have enough of
-                repeat = min(1 + offset // length, depth - len(pack)) if distribute else 1
+                repeat = min(1 + offset // length, depth - size) if distribute else 1
                 repeat = max(1, min(repeat, todo))
                 placed = min(count, todo // repeat)
                 if count > placed:
-                    open_packs[key].append((count - placed, pack))
+                    packs.put_back(space, count - placed, node)
                 todo -= placed * repeat
-                add(pack + [length] * repeat, placed, offset - (repeat - 1) * length)
-                if not open_packs[key]:
-                    del open_packs[key]
-                offset = 0  # the best fit may have changed
-            else:
-                offset += 1
-            if offset > max_len - length:  # fits in no open pack: start new packs
+                packs.add(packs.extend(node, length, repeat), placed, offset - (repeat - 1) * length)
+            else:  # fits in no open pack: start new packs
                 repeat = min(max_len // length, depth) if distribute else 1
                 repeat = max(1, min(repeat, todo))
                 placed = todo // repeat
-                add([length] * repeat, placed, max_len - length * repeat)
+                packs.add(packs.extend(0, length, repeat), placed, max_len - length * repeat)
                 todo -= placed * repeat
-    return _flatten(open_packs, closed_packs)
+                if todo:  # the reference scan does not look back: the rest starts one more pack
+                    packs.add(packs.extend(0, length, todo), 1, max_len - length * todo)
+                    todo = 0
+    return packs.mixture(), late

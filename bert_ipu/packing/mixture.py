@@ -4,38 +4,102 @@ A *strategy* is a pack recipe: the multiset of sequence lengths that go into one
 of strategies with repeat counts. It says nothing about which real sequences go where; that is
 `bert_ipu.packing.assign`'s job.
 
-Strategies are stored as one padded integer matrix so that everything downstream is vectorised:
+Strategies are stored ragged, because at long context and unlimited depth a few strategies hold thousands
+of sequences while most hold a handful (a padded matrix of 26,000 strategies x depth 2,494 is 0.5 GB):
 
-    strategies: (n_strategies, depth) int64, lengths sorted descending in each row, 0 = empty slot
-    counts:     (n_strategies,)       int64, how many packs follow each strategy
+    flat:    (total slots,)     int64 lengths, strategy after strategy, descending within each strategy
+    offsets: (n_strategies + 1,) int64, strategy i is flat[offsets[i]:offsets[i + 1]]
+    counts:  (n_strategies,)     int64, how many packs follow each strategy
+
+`strategies` gives the same as one zero-padded (n_strategies, depth) matrix, 0 = empty slot (built on
+first use; fine for depth-limited mixtures, avoid it for deep ones).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 
-@dataclass(frozen=True)
 class Mixture:
-    strategies: np.ndarray
-    counts: np.ndarray
+    """Pack strategies with repeat counts; see the module docstring. Build with `from_matrix`, `from_lists`,
+    `from_ragged` or `from_packs` (they normalise: rows sorted descending, equal strategies merged, zero
+    counts dropped, strategies in lexicographic order); `Mixture(matrix, counts)` keeps rows as given."""
 
-    def __post_init__(self):
-        if self.strategies.ndim != 2 or self.counts.shape != (self.strategies.shape[0],):
+    __slots__ = ("flat", "offsets", "counts", "_dense")
+
+    def __init__(self, strategies: np.ndarray, counts: np.ndarray):
+        strategies = np.asarray(strategies)
+        counts = np.asarray(counts, dtype=np.int64)
+        if strategies.ndim != 2 or counts.shape != (strategies.shape[0],):
             raise ValueError("strategies must be (n, depth) and counts (n,)")
+        filled = strategies > 0
+        self.flat = strategies[filled].astype(np.int64)
+        self.offsets = np.concatenate([[0], np.cumsum(filled.sum(axis=1))]).astype(np.int64)
+        self.counts = counts
+        self._dense = strategies.astype(np.int64)
+
+    @classmethod
+    def _raw(cls, flat: np.ndarray, offsets: np.ndarray, counts: np.ndarray, dense=None) -> "Mixture":
+        self = cls.__new__(cls)
+        self.flat, self.offsets, self.counts, self._dense = flat, offsets, counts, dense
+        return self
 
     # --- construction -------------------------------------------------------------------------------
 
     @classmethod
     def from_lists(cls, strategies: list[list[int]], counts) -> "Mixture":
         """Build from ragged Python lists; merges duplicate strategies and drops zero counts."""
-        depth = max((len(s) for s in strategies), default=1)
-        mat = np.zeros((len(strategies), max(depth, 1)), dtype=np.int64)
-        for i, s in enumerate(strategies):
-            mat[i, : len(s)] = s
-        return cls.from_matrix(mat, np.asarray(counts, dtype=np.int64))
+        sizes = np.array([len(s) for s in strategies], dtype=np.int64)
+        flat = np.fromiter((x for s in strategies for x in s), dtype=np.int64, count=int(sizes.sum()))
+        return cls.from_ragged(flat, np.concatenate([[0], np.cumsum(sizes)]), np.asarray(counts, dtype=np.int64))
+
+    @classmethod
+    def from_ragged(cls, flat, offsets, counts) -> "Mixture":
+        """Normalise ragged strategies (flat lengths and offsets; zero lengths are empty slots)."""
+        flat, offsets = np.asarray(flat, dtype=np.int64), np.asarray(offsets, dtype=np.int64)
+        counts = np.asarray(counts, dtype=np.int64)
+        if (counts < 0).any():
+            raise ValueError("strategy counts must be non-negative")
+        sizes = np.diff(offsets)
+        width = int(sizes.max()) if len(sizes) else 0
+        if len(sizes) * width <= 4 * len(flat) + 1024:  # not much padding: the vectorised matrix path
+            mat = np.zeros((len(sizes), max(width, 1)), dtype=np.int64)
+            row = np.repeat(np.arange(len(sizes)), sizes)
+            mat[row, np.arange(len(flat)) - offsets[row]] = flat
+            return cls.from_matrix(mat, counts)
+        # Deep and ragged: few strategies, so a dictionary over each strategy's bytes is cheap.
+        row = np.repeat(np.arange(len(sizes)), sizes)
+        order = np.lexsort((-flat, row))              # descending within each strategy
+        flat = flat[order]
+        keep = flat > 0
+        flat, row = flat[keep], row[order][keep]
+        sizes = np.bincount(row, minlength=len(counts))
+        offsets = np.concatenate([[0], np.cumsum(sizes)])
+        merged: dict[bytes, list] = {}
+        big_endian = flat.astype(">u4")               # bytes compare like the numbers, shorter prefix first
+        for i in np.nonzero((counts > 0) & (sizes > 0))[0]:
+            key = big_endian[offsets[i]:offsets[i + 1]].tobytes()
+            entry = merged.get(key)
+            if entry is None:
+                merged[key] = [i, int(counts[i])]
+            else:
+                entry[1] += int(counts[i])
+        keys = sorted(merged)
+        first = np.array([merged[k][0] for k in keys], dtype=np.int64)
+        new_counts = np.array([merged[k][1] for k in keys], dtype=np.int64)
+        if len(first) == 0:
+            return cls(np.zeros((0, 1), dtype=np.int64), new_counts)
+        new_sizes = sizes[first]
+        starts = np.repeat(offsets[first] - np.concatenate([[0], np.cumsum(new_sizes)[:-1]]), new_sizes)
+        new_flat = flat[np.arange(int(new_sizes.sum())) + starts]
+        return cls._raw(new_flat, np.concatenate([[0], np.cumsum(new_sizes)]), new_counts)
+
+    @classmethod
+    def concat(cls, mixtures: list["Mixture"]) -> "Mixture":
+        """The union of several mixtures (normalised: equal strategies merged)."""
+        sizes = np.concatenate([np.diff(m.offsets) for m in mixtures])
+        return cls.from_ragged(np.concatenate([m.flat for m in mixtures]), np.concatenate([[0], np.cumsum(sizes)]),
+                               np.concatenate([m.counts for m in mixtures]))
 
     @classmethod
     def from_matrix(cls, mat: np.ndarray, counts: np.ndarray) -> "Mixture":
@@ -55,12 +119,37 @@ class Mixture:
         first, group = _group_equal_rows(mat)
         merged = np.zeros(len(first), dtype=np.int64)
         np.add.at(merged, group, counts)
-        return cls(mat[first].astype(np.int64), merged)
+        mat = mat[first].astype(np.int64)
+        filled = mat > 0
+        offsets = np.concatenate([[0], np.cumsum(filled.sum(axis=1))]).astype(np.int64)
+        return cls._raw(mat[filled], offsets, merged, mat)
 
     @classmethod
     def from_packs(cls, packs: np.ndarray) -> "Mixture":
         """Each row of `packs` (lengths, 0 = empty) is one pack with count 1; equal rows are merged."""
         return cls.from_matrix(packs, np.ones(len(packs), dtype=np.int64))
+
+    # --- views ---------------------------------------------------------------------------------------
+
+    @property
+    def strategies(self) -> np.ndarray:
+        """(n_strategies, depth) int64, 0 = empty slot: the ragged strategies padded into one matrix."""
+        if self._dense is None:
+            sizes = self.sizes
+            mat = np.zeros((len(sizes), max(int(sizes.max()) if len(sizes) else 1, 1)), dtype=np.int64)
+            row = np.repeat(np.arange(len(sizes)), sizes)
+            mat[row, np.arange(len(self.flat)) - self.offsets[row]] = self.flat
+            self._dense = mat
+        return self._dense
+
+    @property
+    def sizes(self) -> np.ndarray:
+        """Sequences in each strategy: (n_strategies,)."""
+        return np.diff(self.offsets)
+
+    def strategy(self, i: int) -> np.ndarray:
+        """The lengths of strategy i, descending."""
+        return self.flat[self.offsets[i]:self.offsets[i + 1]]
 
     # --- statistics ----------------------------------------------------------------------------------
 
@@ -73,21 +162,37 @@ class Mixture:
         """The largest number of sequences in any pack of the mixture."""
         if len(self.counts) == 0:
             return 0
-        return int((self.strategies > 0).sum(axis=1).max())
+        return int(self.sizes.max())
 
     def pack_lengths(self) -> np.ndarray:
         """Filled tokens of each strategy: (n_strategies,)."""
-        return self.strategies.sum(axis=1)
+        cum = np.concatenate([[0], np.cumsum(self.flat)])
+        return cum[self.offsets[1:]] - cum[self.offsets[:-1]]
 
     def coverage(self, max_len: int) -> np.ndarray:
         """The length histogram the mixture packs: element i counts sequences of length i+1."""
-        rows, cols = np.nonzero(self.strategies)
-        lens = self.strategies[rows, cols]
-        return np.bincount(lens - 1, weights=self.counts[rows], minlength=max_len).astype(np.int64)
+        weights = np.repeat(self.counts, self.sizes)
+        if self.n_packs * max(self.depth, 1) < 2**53:  # float weights are exact below 2^53
+            return np.bincount(self.flat - 1, weights=weights, minlength=max_len).astype(np.int64)
+        out = np.zeros(max_len, dtype=np.int64)
+        np.add.at(out, self.flat - 1, weights)
+        return out
 
     def expand(self) -> np.ndarray:
-        """One row per pack: (n_packs, depth) lengths, in strategy order."""
+        """One row per pack: (n_packs, depth) lengths, in strategy order (dense; see `expand_ragged`)."""
         return np.repeat(self.strategies, self.counts, axis=0)
+
+    def expand_ragged(self) -> tuple[np.ndarray, np.ndarray]:
+        """One pack per repeat, ragged: (flat lengths, offsets (n_packs + 1,)), in strategy order."""
+        sizes = np.repeat(self.sizes, self.counts)
+        # slot s of pack p is flat[offsets_of_its_strategy + s]
+        strategy = np.repeat(np.arange(len(self.counts)), self.counts)
+        offsets = np.concatenate([[0], np.cumsum(sizes)])
+        within = np.arange(int(offsets[-1])) - np.repeat(offsets[:-1], sizes)
+        return self.flat[np.repeat(self.offsets[strategy], sizes) + within], offsets
+
+    def __repr__(self) -> str:
+        return f"Mixture({len(self.counts)} strategies, {self.n_packs} packs, depth {self.depth})"
 
 
 def _group_equal_rows(mat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -15,11 +15,22 @@ from __future__ import annotations
 import numpy as np
 from scipy import optimize
 
+from .bounds import past
+from .histogram import PackingInputError
 from .mixture import trim_to_histogram
 
 MAX_DEPTH = 3
 SHORT_LENGTH_CUTOFF = 8
 SHORT_LENGTH_WEIGHT = 0.09
+MAX_MATRIX_BYTES = 2 * 2**30  # the dense NNLS matrix: max_len x strategies float64 (Wikipedia-512: 90 MB)
+
+
+def strategy_count(max_len: int, depth: int) -> int:
+    """How many exact-fill strategies `exact_strategies` enumerates, without enumerating them."""
+    n = 1 + (max_len // 2 if depth >= 2 else 0)
+    if depth >= 3:  # a <= b <= c, a + b + c = max_len
+        n += sum((max_len - a) // 2 - a + 1 for a in range(1, max_len // 3 + 1))
+    return n
 
 
 def exact_strategies(max_len: int, depth: int) -> np.ndarray:
@@ -38,9 +49,17 @@ def exact_strategies(max_len: int, depth: int) -> np.ndarray:
     return np.concatenate(rows)[:, :depth]
 
 
-def nnlshp(histogram: np.ndarray, depth: int = 3):
-    """Returns the Mixture of the rounded NNLS solution plus padded leftovers."""
+def nnlshp(histogram: np.ndarray, depth: int = 3, deadline: float | None = None):
+    """Returns (the Mixture of the rounded NNLS solution plus padded leftovers, time limit reached). The
+    NNLS solve cannot be interrupted: past `deadline` before it, every sequence gets a pack of its own."""
     max_len = len(histogram)
+    needed = 8 * max_len * strategy_count(max_len, depth)
+    if needed > MAX_MATRIX_BYTES:
+        raise PackingInputError(f"nnlshp at pack length {max_len} and depth {depth} needs a {needed / 2**30:.1f} GiB "
+                                "matrix, more than this machine gives it; use cghp or lpfhp")
+    if past(deadline):
+        lengths = np.nonzero(histogram)[0] + 1
+        return trim_to_histogram(lengths[:, None], histogram[lengths - 1], histogram), True
     strategies = exact_strategies(max_len, depth)
     # packing matrix: A[l-1, s] = how often length l occurs in strategy s
     A = np.zeros((max_len, len(strategies)))
@@ -59,4 +78,4 @@ def nnlshp(histogram: np.ndarray, depth: int = 3):
     leftover_packs[:, 0] = left
     strategies = np.concatenate([strategies, leftover_packs])
     counts = np.concatenate([counts, residual[left - 1]])
-    return trim_to_histogram(strategies, counts, histogram)
+    return trim_to_histogram(strategies, counts, histogram), past(deadline)

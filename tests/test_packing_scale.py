@@ -1,0 +1,264 @@
+"""Packing at any pack length: the fast heuristics equal the paper's reference scan, ragged mixtures and
+assignments equal the dense ones, CGHP's shortcuts and bucketed path stay valid, every algorithm honours a
+time limit, and bad input is one clear error."""
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from bert_ipu.packing import (ALGORITHMS, EMPTY, Mixture, PackingInputError, applies, assign, assign_ragged,
+                              expand_histogram, histogram_of, lower_bound, pack)
+from bert_ipu.packing import cghp as cghp_module
+from bert_ipu.packing.__main__ import main
+from bert_ipu.packing.heuristics import lpfhp, spfhp
+from bert_ipu.packing.synthetic import long_context_lengths, stretch_histogram
+
+from test_packing_properties import brute_force_min_packs, histograms
+
+SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+# --- the reference code of Krell et al. (dictionary scans over every possible space left) ------------------
+
+def _reference(histogram, depth, best_fit):
+    from collections import defaultdict
+    max_len = len(histogram)
+    open_packs, closed = defaultdict(list), defaultdict(list)
+
+    def add(pack, count, space_left):
+        (closed if len(pack) >= depth or space_left == 0 else open_packs)[space_left].append((count, pack))
+
+    for length in range(max_len, 0, -1):
+        todo = int(histogram[length - 1])
+        offset = 0 if best_fit else max_len - length + 1
+        while todo > 0:
+            key = length + offset
+            if key in open_packs:
+                count, pack = open_packs[key].pop()
+                repeat = max(1, min(min(1 + offset // length, depth - len(pack)) if best_fit else 1, todo))
+                placed = min(count, todo // repeat)
+                if count > placed:
+                    open_packs[key].append((count - placed, pack))
+                todo -= placed * repeat
+                add(pack + [length] * repeat, placed, offset - (repeat - 1) * length)
+                if not open_packs[key]:
+                    del open_packs[key]
+                if best_fit:
+                    offset = 0
+            else:
+                offset += 1 if best_fit else -1
+            if best_fit and offset > max_len - length:
+                repeat = max(1, min(max_len // length, depth, todo))
+                add([length] * repeat, todo // repeat, max_len - length * repeat)
+                todo -= (todo // repeat) * repeat
+            elif not best_fit and offset < 0:
+                add([length], todo, max_len - length)
+                todo = 0
+    groups = [g for d in (open_packs, closed) for gs in d.values() for g in gs]
+    return Mixture.from_lists([p for _, p in groups], [c for c, _ in groups])
+
+
+@SETTINGS
+@given(hist=histograms(max_len_range=(2, 96), max_count=60), depth=st.sampled_from([1, 2, 3, 5, 8, None]))
+def test_heuristics_equal_the_reference_scan(hist, depth):
+    """SPFHP/LPFHP with bisection over open spaces give exactly the reference code's strategies and counts."""
+    d = depth or len(hist)
+    for fast, best_fit in ((spfhp, False), (lpfhp, True)):
+        ours, ref = fast(hist, d), _reference(hist, d, best_fit)
+        assert np.array_equal(ours.strategies, ref.strategies) and np.array_equal(ours.counts, ref.counts)
+
+
+@SETTINGS
+@given(hist=histograms(), depth=st.sampled_from([None, 2, 3]), seed=st.integers(0, 1000))
+def test_ragged_assignment_is_the_dense_one(hist, depth, seed):
+    """assign_ragged holds the same packs as assign (row by row, EMPTY dropped), and the ragged mixture the
+    same strategies as its padded matrix."""
+    mix = pack(hist, "lpfhp", depth).mixture
+    lengths = np.random.default_rng(seed).permutation(expand_histogram(hist))
+    dense = assign(lengths, mix, len(hist), seed=seed)
+    offsets, indices = assign_ragged(lengths, mix, len(hist), seed=seed)
+    assert np.array_equal(dense[dense != EMPTY], indices)
+    assert np.array_equal((dense != EMPTY).sum(axis=1), np.diff(offsets))
+    for i in range(len(mix.counts)):
+        row = mix.strategies[i]
+        assert np.array_equal(row[row > 0], mix.strategy(i))
+
+
+def test_deep_mixture_stays_ragged():
+    """Unlimited depth at long context: the mixture is stored ragged (memory ~ sequences in strategies, not
+    strategies x deepest pack), and normalised like the matrix path: sorted rows, merged duplicates."""
+    hist = histogram_of(long_context_lengths(20_000, 32768, seed=3), 32768)
+    mix = pack(hist, "lpfhp", None).mixture
+    assert mix.depth > 100 and mix._dense is None
+    assert len(mix.flat) < len(mix.counts) * mix.depth / 4
+    assert np.array_equal(mix.coverage(32768), hist)
+    rows = [tuple(mix.strategy(i)) for i in range(len(mix.counts))]
+    assert all(list(r) == sorted(r, reverse=True) for r in rows)
+    assert len(set(rows)) == len(rows) and rows == sorted(rows)
+    twice = Mixture.concat([mix, mix])
+    assert np.array_equal(twice.counts, 2 * mix.counts) and np.array_equal(twice.flat, mix.flat)
+
+
+def test_cghp_returns_best_fit_when_it_meets_the_cheap_bound():
+    """Long context at unlimited depth: best fit already reaches ceil(tokens / pack length), so CGHP returns
+    it without an LP, and says the bound is met."""
+    hist = histogram_of(long_context_lengths(50_000, 8192, seed=0), 8192)
+    result = cghp_module.cghp(hist, 8192)
+    assert result.strategy == "heuristic"
+    assert result.mixture.n_packs == result.lower_bound == lower_bound(hist, None)
+
+
+@pytest.mark.parametrize("depth", [None, 3])
+def test_bucketed_cghp_packs_the_real_lengths(monkeypatch, depth):
+    """Forced onto the bucketed path (coarse lengths), CGHP still packs exactly the real histogram within
+    the pack length and depth, is no worse than best fit, and its bound (cheap, or Farley's on lengths
+    rounded down) is no more than the exact CGHP's packs."""
+    rng = np.random.default_rng(1)
+    hist = np.zeros(600, dtype=np.int64)
+    hist[rng.integers(20, 600, 150)] += rng.integers(1, 30, 150)
+    exact = pack(hist, "cghp", depth)
+    monkeypatch.setattr(cghp_module, "EXACT_PRICING_SECONDS", 0.0)
+    monkeypatch.setattr(cghp_module, "GRID", 64)
+    result = cghp_module.cghp(hist, depth or 600)
+    assert result.strategy == "bucketed"
+    mix = result.mixture
+    assert np.array_equal(mix.coverage(600), hist)
+    assert (mix.pack_lengths() <= 600).all() and mix.depth <= (depth or 600)
+    assert mix.n_packs <= lpfhp(hist, depth or 600).n_packs
+    assert lower_bound(hist, depth) <= result.lower_bound <= exact.packs
+
+
+@settings(max_examples=20, deadline=None)
+@given(hist=histograms(max_len_range=(4, 12), max_count=3), depth=st.sampled_from([None, 2, 3]))
+def test_strengthened_cheap_bound_is_a_bound(hist, depth):
+    """The cheap bound (now with sequences that fit beside no other) never exceeds the exact optimum."""
+    exact = brute_force_min_packs(expand_histogram(hist).tolist(), len(hist), depth or len(hist))
+    assert lower_bound(hist, depth) <= exact
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_every_algorithm_returns_a_valid_packing_at_a_tiny_time_limit(algorithm):
+    """A time limit that has passed before the work starts: every algorithm still returns a packing of every
+    sequence within the pack length and depth, and the ones that search say they stopped early."""
+    hist = histogram_of(long_context_lengths(3000, 1024, seed=2), 1024)
+    depth = 3
+    if not applies(algorithm, depth):
+        return
+    result = pack(hist, algorithm, depth, time_limit=1e-9)
+    mix = result.mixture
+    assert np.array_equal(mix.coverage(1024), hist)
+    assert (mix.pack_lengths() <= 1024).all()
+    assert mix.depth <= (1 if algorithm in ("none", "sort") else depth)
+    assert result.packs >= result.lower_bound_packs
+    if algorithm in ("spfhp", "lpfhp", "nnlshp", "cghp"):
+        assert result.time_limit_reached
+
+
+def test_huge_pack_length_finishes_or_stops_at_the_limit():
+    """A histogram with a maximum length of 100,000 (3,000 distinct lengths): CGHP returns a valid packing
+    with a bound, at any depth, under a time limit."""
+    rng = np.random.default_rng(0)
+    hist = np.zeros(100_000, dtype=np.int64)
+    hist[rng.integers(0, 100_000, 3000)] += rng.integers(1, 50, 3000)
+    for depth in (None, 8):
+        result = pack(hist, "cghp", depth, time_limit=20)
+        assert np.array_equal(result.mixture.coverage(100_000), hist)
+        assert lower_bound(hist, depth) <= result.lower_bound_packs <= result.packs
+
+
+@pytest.mark.parametrize("limit, message", [(0, "must be > 0"), (-1.5, "must be > 0"), (float("nan"), "not a number"),
+                                             ("10", "not a number"), (True, "not a number")])
+def test_bad_time_limits_are_value_errors(limit, message):
+    with pytest.raises(ValueError, match=message):
+        pack(np.array([1, 2, 3]), "lpfhp", None, time_limit=limit)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--time-limit", "0"], "--time-limit is 0.0; it must be > 0"),
+    (["--time-limit", "-3"], "it must be > 0"),
+    (["--time-limit", "nan"], "it must be > 0"),
+])
+def test_cli_bad_time_limit_is_one_line_exit_2(tmp_path, capsys, args, message):
+    hist = tmp_path / "h.json"
+    hist.write_text("[1, 2, 3]")
+    assert main(["--histogram", str(hist), *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and message in err[0]
+
+
+def test_cli_time_limit_marks_stopped_rows(tmp_path, capsys):
+    """--time-limit reaches pack(); JSON rows say whether the limit stopped them."""
+    hist = tmp_path / "h.json"
+    hist.write_text(json.dumps(histogram_of(long_context_lengths(2000, 1024, seed=0), 1024).tolist()))
+    assert main(["--histogram", str(hist), "--algorithm", "lpfhp", "--time-limit", "1e-9", "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert rows and all(r["time_limit_reached"] for r in rows)
+
+
+def test_nnlshp_too_large_for_memory_is_an_input_error(tmp_path, capsys):
+    """NNLSHP's dense matrix at 2048 tokens and depth 3 would take GiBs: one-line error, not a MemoryError."""
+    with pytest.raises(PackingInputError, match="GiB matrix"):
+        pack(np.ones(2048, dtype=np.int64), "nnlshp", 3)
+    hist = tmp_path / "h.json"
+    hist.write_text(json.dumps([1] * 2048))
+    assert main(["--histogram", str(hist), "--algorithm", "nnlshp", "--max-sequences-per-pack", "3"]) == 2
+    assert "use cghp or lpfhp" in capsys.readouterr().err
+
+
+def test_generators_are_seeded_and_shaped():
+    """long_context_lengths: same seed, same lengths; median ~600 and ~1% above 16K before truncation.
+    stretch_histogram keeps the sequence count and spreads each length over its stretched range."""
+    a = long_context_lengths(200_000, 131072, seed=5)
+    assert np.array_equal(a, long_context_lengths(200_000, 131072, seed=5))
+    assert not np.array_equal(a, long_context_lengths(200_000, 131072, seed=6))
+    assert 570 <= np.median(a) <= 630 and 0.008 <= (a > 16384).mean() <= 0.012
+    assert a.max() <= 131072 and long_context_lengths(1000, 512, seed=0).max() <= 512
+    hist = np.array([0, 5, 0, 7])
+    wide = stretch_histogram(hist, 3, seed=0)
+    assert len(wide) == 12 and wide.sum() == 12 and wide[3:6].sum() == 5 and wide[9:].sum() == 7
+
+
+def test_cli_balance_report(tmp_path, capsys):
+    """--ranks adds the balance metrics to every packer's row: the balanced dealing never has a higher
+    attention balance ratio than the loader order (same packs, so the same mean; a lower or equal maximum)."""
+    hist = tmp_path / "h.json"
+    hist.write_text(json.dumps(histogram_of(long_context_lengths(5000, 512, seed=4), 512).tolist()))
+    assert main(["--histogram", str(hist), "--algorithm", "none", "lpfhp", "cghp", "--max-sequences-per-pack",
+                 "max", "--ranks", "4", "--packs-per-update", "16", "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert "abr_loader" not in rows[0]  # NONE is no packer
+    for r in rows[1:]:
+        assert r["updates"] == 100 and 0 <= r["abr_balanced"] <= r["abr_loader"] + 1e-12
+        assert r["abr_balanced"] < r["abr_loader"] and 0 <= r["padding_ratio"] < 1
+    assert main(["--histogram", str(hist), "--ranks", "0"]) == 2
+    assert "--ranks is 0" in capsys.readouterr().err
+    assert main(["--histogram", str(hist), "--ranks", "4", "--packs-per-update", "10"]) == 2
+    assert "multiple of --ranks 4" in capsys.readouterr().err
+
+
+def test_cli_max_len_auto_picks_the_most_efficient_candidate(tmp_path, capsys):
+    """--max-len auto tries 1..4 x the longest sequence and keeps the pack length with the best LPFHP
+    efficiency (the rows then use it); one long outlier makes a longer pack pay here."""
+    from bert_ipu.packing.__main__ import AUTO_FACTORS
+
+    lengths = np.concatenate([np.random.default_rng(0).integers(30, 61, 997), [100, 100, 100]])
+    path = tmp_path / "l.npy"
+    np.save(path, lengths)
+    candidates = {max(100, -(-int(100 * f) // 8) * 8) for f in AUTO_FACTORS}
+    effs = {c: pack(histogram_of(lengths, c), "lpfhp", None).efficiency for c in candidates}
+    best = min(c for c in candidates if effs[c] >= max(effs.values()) - 1e-12)
+    assert main(["--lengths", str(path), "--max-len", "auto", "--algorithm", "lpfhp",
+                 "--max-sequences-per-pack", "max", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert round(row["tokens"] / (row["efficiency"] * row["packs"])) == best  # computed tokens / packs
+    assert main(["--lengths", str(path), "--max-len", "auto", "--algorithm", "lpfhp",
+                 "--max-sequences-per-pack", "max"]) == 0
+    captured = capsys.readouterr()
+    assert f"--max-len auto: {best:,}" in captured.err and f"pack length {best}" in captured.out
+    assert best > 100
+    with pytest.raises(SystemExit):
+        main(["--lengths", str(path), "--max-len", "huge"])
+    assert "not a whole number or 'auto'" in capsys.readouterr().err
