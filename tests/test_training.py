@@ -20,16 +20,15 @@ from training_helpers import ROOT, final_weights, tiny, torchrun
 
 
 def test_every_config_loads():
-    from bert_ipu.config import GlueRunConfig, ProfilingRunConfig, SquadRunConfig
-
     names = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
     assert "pretrain_large_512_packed" in names and "pretrain_base_128" in names and "profile_quick" in names
     assert {"squad_base_384", "squad_base_384_packed", "squad_large_384", "squad_large_384_packed"} <= set(names)
     assert {"glue_base_128", "glue_base_128_packed", "glue_large_128", "glue_large_128_packed"} <= set(names)
-    roots = {"profile": ProfilingRunConfig, "squad": SquadRunConfig, "glue": GlueRunConfig}
+    assert {"causal_tiny_llama_packed", "sft_tiny_chat_packed", "sft_tiny_pairs_packed"} <= set(names)
+    kinds = {"profile": "profile", "squad": "squad", "glue": "glue", "causal": "causal_lm", "sft": "causal_lm"}
     for name in names:
-        cfg = load_config(name, root=roots.get(name.split("_")[0], RunConfig))
-        assert cfg.name == name
+        cfg = load_config(name)  # its kind: picks the root
+        assert cfg.name == name and cfg.kind == kinds.get(name.split("_")[0], "pretraining"), name
     large = load_config("pretrain_large_512_packed")
     assert large.train.micro_batch_size == 3 and large.model.num_hidden_layers == 24
 
