@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bert_ipu.config import CONFIG_DIR, ConfigError, RunConfig, load_config
+from bert_ipu.config import CONFIG_DIR, ConfigError, load_config
 from bert_ipu.engine import checkpoint
 from bert_ipu.engine.runtime import RunError as TrainingError
 from bert_ipu.tasks import pretraining
