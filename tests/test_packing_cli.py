@@ -123,3 +123,22 @@ def test_command_line_exit_code_and_no_traceback(tmp_path):
                           capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "Traceback" not in proc.stderr
+
+
+def test_pack_length_of_100000_with_the_default_algorithms(tmp_path, capsys):
+    """A pack length of 100,000 with the default algorithms finishes (NNLSHP, whose dense matrix would need
+    terabytes there, is left out of the default set); asked for by name it is a one-line error."""
+    rng = np.random.default_rng(0)
+    lengths = np.clip(rng.lognormal(np.log(600), 1.5, 2000).astype(int) + 1, 1, 100_000)
+    lengths[0] = 100_000
+    path = tmp_path / "l.npy"
+    np.save(path, lengths)
+    assert main(["--lengths", str(path), "--time-limit", "30", "--json"]) == 0
+    rows = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert {r["algorithm"] for r in rows} >= {"none", "spfhp", "lpfhp", "cghp"}
+    assert "nnlshp" not in {r["algorithm"] for r in rows}
+    cghp = [r for r in rows if r["algorithm"] == "cghp"]
+    assert cghp and all(r["packs"] >= r["lower_bound_packs"] > 0 for r in cghp)
+    assert main(["--lengths", str(path), "--algorithm", "nnlshp", "--max-sequences-per-pack", "3"]) == 2
+    err = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error")]
+    assert len(err) == 1 and "nnlshp at pack length 100000" in err[0]

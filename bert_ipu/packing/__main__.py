@@ -118,16 +118,19 @@ def load_input(args) -> tuple:
     return histogram_of(lengths, args.max_len or int(lengths.max())), Path(args.lengths).name
 
 
-def plan(algorithms, depths) -> list[tuple[str, int | None]]:
-    """The (algorithm, depth) rows to run: depth-free algorithms once, NNLSHP only where it applies
-    unless asked for by name (then a bad depth is an error)."""
+def plan(algorithms, depths, max_len: int | None = None) -> list[tuple[str, int | None]]:
+    """The (algorithm, depth) rows to run: depth-free algorithms once, NNLSHP only where it applies and its
+    dense matrix fits in memory at this pack length, unless asked for by name (then a bad depth or a pack
+    length too long for it is an error)."""
+    from .nnlshp import fits
+
     named = algorithms is not None
     rows = []
     for name in algorithms or ALGORITHMS:
         if name not in ALGORITHMS:
             raise PackingInputError(f"unknown algorithm {name!r}; choose from {' '.join(ALGORITHMS)}")
         for depth in ([depths[0]] if name in DEPTH_FREE else depths):
-            if applies(name, depth) or named:
+            if named or (applies(name, depth) and (name != "nnlshp" or max_len is None or fits(max_len, depth))):
                 rows.append((name, depth))
     return rows
 
@@ -211,7 +214,7 @@ def main(argv=None) -> int:
                                     f"--ranks {args.ranks}")
         if args.seed < 0:
             raise PackingInputError(f"--seed is {args.seed}; it must be >= 0")
-        rows = plan(args.algorithm, args.max_sequences_per_pack)
+        rows = plan(args.algorithm, args.max_sequences_per_pack, len(histogram))
         results, balance = [], {}
         for name, depth in rows:
             if not args.json:

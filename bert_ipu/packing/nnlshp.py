@@ -49,12 +49,17 @@ def exact_strategies(max_len: int, depth: int) -> np.ndarray:
     return np.concatenate(rows)[:, :depth]
 
 
+def fits(max_len: int, depth: int) -> bool:
+    """Whether NNLSHP's dense matrix at this pack length and depth fits in MAX_MATRIX_BYTES."""
+    return 8 * max_len * strategy_count(max_len, depth) <= MAX_MATRIX_BYTES
+
+
 def nnlshp(histogram: np.ndarray, depth: int = 3, deadline: float | None = None):
     """Returns (the Mixture of the rounded NNLS solution plus padded leftovers, time limit reached). The
     NNLS solve cannot be interrupted: past `deadline` before it, every sequence gets a pack of its own."""
     max_len = len(histogram)
     needed = 8 * max_len * strategy_count(max_len, depth)
-    if needed > MAX_MATRIX_BYTES:
+    if not fits(max_len, depth):
         raise PackingInputError(f"nnlshp at pack length {max_len} and depth {depth} needs a {needed / 2**30:.1f} GiB "
                                 "matrix, more than this machine gives it; use cghp or lpfhp")
     if past(deadline):
