@@ -84,3 +84,31 @@ def test_raw_seconds_accumulates_and_drops_the_validation_time():
     assert [s for s, _ in out] == [1, 2, 3, 4]
     median = 1.5  # of 1, 2, 20, 1 -> median of [1, 1, 2, 20] = 1.5
     assert [t for _, t in out] == pytest.approx([1.0, 3.0, 3.0 + median, 4.0 + median])
+
+
+def test_choose_batch_gives_both_layouts_one_micro_batch_shape():
+    """G >= the request (at most 2x), divisible by m in {8, 4}, and round(G/p/m) x m packs hold G sequences
+    within 2.5% on average; the smallest such G is taken, with the largest m that fits."""
+    def fits(g, m, p):
+        packs = round(g / p / m) * m
+        return g % m == 0 and packs >= m and abs(packs * p - g) <= 0.025 * g
+
+    for asked, p in ((16, 1.688), (32, 1.696), (20, 1.6), (256, 1.59)):
+        G, m = tta.choose_batch(asked, p)
+        assert asked <= G <= 2 * asked and m in (8, 4, 2) and fits(G, m, p)
+        assert not any(fits(g, mm, p) for g in range(asked, G) for mm in (8, 4, 2))
+        assert not any(fits(G, mm, p) for mm in (8, 4, 2) if mm > m)
+    assert tta.choose_batch(16, 1.688) == (20, 4)  # 12 packs x 1.688 = 20.3 sequences
+    assert tta.choose_batch(16, 1.604) == (16, 2)  # 10 packs x 1.604 = 16.04
+    assert tta.choose_batch(32, 1.604) == (32, 4)  # 20 packs x 1.604 = 32.08
+
+
+def test_loss_targets_run_downwards():
+    """For a loss the target lies between start and pilot on the way down, and a curve reaches it when it
+    falls to or below it; a pilot whose loss did not fall gives no target."""
+    assert tta.choose_target(10.0, 7.0, 0.8, higher_is_better=False) == pytest.approx(7.6)
+    with pytest.raises(ValueError):
+        tta.choose_target(7.0, 7.5, 0.8, higher_is_better=False)
+    curve = [(0, 10.0), (10, 8.0), (20, 7.0)]
+    assert tta.steps_to_target(curve, 7.6, higher_is_better=False) == pytest.approx(14.0)
+    assert tta.steps_to_target(curve, 6.0, higher_is_better=False) is None
