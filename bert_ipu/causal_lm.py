@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .modeling import IGNORE_INDEX, _flex_attention, _from_hf, _save_as_hf, attention_for
+from .modeling import IGNORE_INDEX, _flex_attention, _from_hf, _save_as_hf, attention_for, init_weights
 
 CAUSAL_BACKENDS = ("mask", "reference", "flex", "varlen")
 LOSS_MODES = ("token", "sequence", "sum")
@@ -253,7 +253,8 @@ class _PackedCausalLM(nn.Module):
     """What both families share: the document-causal attention of a pack, the LM head, the HF round trip."""
 
     hf_class_name: str
-    base: str  # the attribute of the decoder: transformer (GPT-2) or model (Llama)
+    base: str             # the attribute of the decoder: transformer (GPT-2) or model (Llama)
+    decoder_class: type   # GPT2Model or LlamaModel
 
     def __init__(self, config, attention_backend: str = "mask", max_sequences_per_pack: int | None = None):
         super().__init__()
@@ -263,22 +264,21 @@ class _PackedCausalLM(nn.Module):
         self.config = config
         self.attention_backend = attention_backend
         self.max_sequences_per_pack = max_sequences_per_pack  # K, for varlen (default: S)
+        setattr(self, self.base, self.decoder_class(config))
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self._tie_and_init()
 
     def _tie_and_init(self):
         """Tie the LM head to the input embeddings (unless the config says not to) and initialise as Hugging
         Face does: normal(initializer_range) weights, zero biases, unit norms."""
-        decoder = getattr(self, self.base)
-        embeddings = decoder.wte if self.base == "transformer" else decoder.embed_tokens
+        embeddings = getattr(self, self.base).get_submodule("wte" if self.base == "transformer" else "embed_tokens")
         if getattr(self.config, "tie_word_embeddings", True):
             self.lm_head.weight = embeddings.weight
         std = self.config.initializer_range
         for module in self.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)) or type(module).__name__ == "Conv1D":
+            init_weights(module, std)  # Linear, Embedding, LayerNorm as BERT's
+            if type(module).__name__ == "Conv1D":  # GPT-2's projections
                 nn.init.normal_(module.weight, std=std)
-                if getattr(module, "bias", None) is not None:
-                    nn.init.zeros_(module.bias)
-            elif isinstance(module, nn.LayerNorm):
-                nn.init.ones_(module.weight)
                 nn.init.zeros_(module.bias)
             elif type(module).__name__ == "LlamaRMSNorm":
                 nn.init.ones_(module.weight)
@@ -318,25 +318,13 @@ class _PackedCausalLM(nn.Module):
 class PackedGPT2LMHeadModel(_PackedCausalLM):
     """GPT-2 (learned positions, LayerNorm, GELU MLP, Conv1D projections); HF `GPT2LMHeadModel` names."""
 
-    hf_class_name, base = "GPT2LMHeadModel", "transformer"
-
-    def __init__(self, config, attention_backend: str = "mask", max_sequences_per_pack: int | None = None):
-        super().__init__(config, attention_backend, max_sequences_per_pack)
-        self.transformer = GPT2Model(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self._tie_and_init()
+    hf_class_name, base, decoder_class = "GPT2LMHeadModel", "transformer", GPT2Model
 
 
 class PackedLlamaForCausalLM(_PackedCausalLM):
     """Llama (RoPE, RMSNorm, SwiGLU, grouped-query attention); HF `LlamaForCausalLM` names."""
 
-    hf_class_name, base = "LlamaForCausalLM", "model"
-
-    def __init__(self, config, attention_backend: str = "mask", max_sequences_per_pack: int | None = None):
-        super().__init__(config, attention_backend, max_sequences_per_pack)
-        self.model = LlamaModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self._tie_and_init()
+    hf_class_name, base, decoder_class = "LlamaForCausalLM", "model", LlamaModel
 
 
 FAMILIES = {"gpt2": PackedGPT2LMHeadModel, "llama": PackedLlamaForCausalLM}

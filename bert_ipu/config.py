@@ -196,6 +196,12 @@ class RunConfig:
         _common_checks(self)
 
 
+def _single_stage(cfg, what: str) -> None:
+    """A task without a pipeline plan: one process or data parallel only."""
+    if cfg.parallel.pipeline_stages != 1:
+        raise ConfigError(f"{what} runs on one process or data parallel (torchrun); set parallel.pipeline_stages=1")
+
+
 def _common_checks(cfg) -> None:
     if cfg.output_dir is None:
         cfg.output_dir = f"runs/{cfg.name}"
@@ -341,9 +347,7 @@ class SquadRunConfig:
 
     def __post_init__(self):
         _common_checks(self)
-        if self.parallel.pipeline_stages != 1:
-            raise ConfigError("SQuAD fine-tuning runs on one process or data parallel (torchrun); "
-                              "set parallel.pipeline_stages=1")
+        _single_stage(self, "SQuAD fine-tuning")
 
 
 GLUE_TASKS = ("cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte", "wnli")
@@ -391,9 +395,7 @@ class GlueRunConfig:
 
     def __post_init__(self):
         _common_checks(self)
-        if self.parallel.pipeline_stages != 1:
-            raise ConfigError("GLUE fine-tuning runs on one process or data parallel (torchrun); "
-                              "set parallel.pipeline_stages=1")
+        _single_stage(self, "GLUE fine-tuning")
 
 
 @dataclass
@@ -515,9 +517,7 @@ class CausalLMRunConfig:
 
     def __post_init__(self):
         _common_checks(self)
-        if self.parallel.pipeline_stages != 1:
-            raise ConfigError("causal LM training runs on one process or data parallel (torchrun); "
-                              "set parallel.pipeline_stages=1")
+        _single_stage(self, "causal LM training")
 
 
 def check_algorithm(name: str) -> None:

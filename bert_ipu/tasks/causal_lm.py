@@ -31,7 +31,7 @@ from ..data.loader import ArraySource
 from ..engine.runtime import RunError, Runtime
 from ..modeling import IGNORE_INDEX
 from ..packing import PackingInputError
-from .finetune import pack_depth, require_checkpoint_folder
+from .finetune import pack_depth, packing_line, require_checkpoint_folder
 
 INPUTS = ("input_ids", "position_ids", "sequence_ids")
 NORMALIZER = {"token": "label_tokens", "sequence": "labelled_sequences", "sum": None}
@@ -83,9 +83,7 @@ class CausalLMTask:
         except (DataInputError, PackingInputError, OSError) as e:
             raise RunError(str(e)) from None
         for split, p in self.packed_splits.items():
-            say(f"{split}: {d.algorithm} packs {len(self.sequences[split]):,} sequences into {p.packs:,} rows of {S} "
-                f"(at most {p.max_sequences_per_pack} a row): packing factor {p.packing_factor:.3f}, "
-                f"efficiency {p.efficiency:.1%}")
+            say(packing_line(split, d.algorithm, "sequences", p, S))
         self.packing_factor = self.packed_splits["train"].packing_factor
         self.packed = self.depth > 1
 
@@ -94,9 +92,12 @@ class CausalLMTask:
         return pack_sequences(seqs.lengths, {"input_ids": seqs.input_ids, "labels": seqs.labels}, d.max_seq_length,
                               d.algorithm, self.depth, seed=self.cfg.train.seed, fill={"labels": IGNORE_INDEX})
 
-    def train_source(self):
-        return ArraySource({k: self.packed_splits["train"].rows[k] for k in (*INPUTS, "labels")},
+    def _source(self, split: str) -> ArraySource:
+        return ArraySource({k: self.packed_splits[split].rows[k] for k in (*INPUTS, "labels")},
                            label_fields=("labels",))
+
+    def train_source(self):
+        return self._source("train")
 
     def layout_record(self) -> dict:
         d = self.cfg.data
@@ -176,8 +177,7 @@ class CausalLMTask:
         if "validation" not in self.packed_splits:
             return {}
         t = self.cfg.train
-        rows = self.packed_splits["validation"].rows
-        source = ArraySource({k: rows[k] for k in (*INPUTS, "labels")}, label_fields=("labels",))
+        source = self._source("validation")
         mine = np.arange(rt.dp_rank, source.packs, rt.dp_world)
         per_rank = -(-source.packs // rt.dp_world)  # every rank runs as many batches (empty rows fill)
         batches = min(t.validation_batches, -(-per_rank // t.micro_batch_size))

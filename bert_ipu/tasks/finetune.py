@@ -34,6 +34,13 @@ def pack_depth(lengths: np.ndarray, max_len: int, algorithm: str, requested) -> 
     return requested
 
 
+def packing_line(split: str, algorithm: str, noun: str, packed, pack_len: int) -> str:
+    """What a task says of one split's packing (`packed`: data.contiguous.PackedSequences)."""
+    return (f"{split}: {algorithm} packs {len(packed.row):,} {noun} into {packed.packs:,} rows of {pack_len} (at most "
+            f"{packed.max_sequences_per_pack} a row): packing factor {packed.packing_factor:.3f}, efficiency "
+            f"{packed.efficiency:.1%}")
+
+
 def require_checkpoint_folder(init_checkpoint: str) -> None:
     if not (Path(init_checkpoint) / "config.json").is_file():
         raise RunError(f"model.init_checkpoint {init_checkpoint} is not a Hugging Face model folder (no "

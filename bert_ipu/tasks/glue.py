@@ -31,7 +31,8 @@ from ..data.loader import ArraySource
 from ..engine.runtime import RunError, Runtime, autocast
 from ..modeling import IGNORE_INDEX, PackedBertForSequenceClassification, classification_loss_sums
 from ..packing import PackingInputError
-from .finetune import card, check_model_fits, pack_depth, require_checkpoint_folder, resolve_vocab
+from .finetune import (card, check_model_fits, pack_depth, packing_line, require_checkpoint_folder,
+                       resolve_vocab)
 
 INPUTS = ("input_ids", "position_ids", "token_type_ids", "sequence_ids", "cls_positions")
 
@@ -88,9 +89,7 @@ class GlueTask:
         except (GlueInputError, DataInputError, PackingInputError, OSError) as e:
             raise RunError(str(e)) from None
         for split, p in self.by_split.items():
-            say(f"{split}: {d.algorithm} packs {len(self.features[split])} examples into {p.packs} rows of "
-                f"{d.max_seq_length} (at most {p.max_sequences_per_pack} a row): packing factor "
-                f"{p.packing_factor:.3f}, efficiency {p.efficiency:.1%}")
+            say(packing_line(split, d.algorithm, "examples", p, d.max_seq_length))
         main = self.by_split[d.train_split or splits[0]]
         self.packing_factor = main.packing_factor
         self.packed = depth > 1  # the engine's: packed data (betas ** p with batch_unit packs)

@@ -38,7 +38,8 @@ from ..packing import PackingInputError
 from ..squad import metrics, postprocess
 from ..squad.features import (SLOT_FIELDS, Features, PackedFeatures, SquadExample, SquadInputError, make_features,
                               micro_batches, pack_features, read_squad)
-from .finetune import card, check_model_fits, pack_depth, require_checkpoint_folder, resolve_vocab
+from .finetune import (card, check_model_fits, pack_depth, packing_line, require_checkpoint_folder,
+                       resolve_vocab)
 
 
 def build_model(cfg, vocab_size: int, depth: int) -> PackedBertForQuestionAnswering:
@@ -127,9 +128,7 @@ class SquadTask:
         except (SquadInputError, DataInputError, PackingInputError) as e:
             raise RunError(str(e)) from None
         for name, pf in self.packed_splits.items():
-            say(f"{name}: {d.algorithm} packs {len(pf.row)} features into {pf.packs} rows of {d.max_seq_length} "
-                f"(at most {pf.max_sequences_per_pack} a row): packing factor {pf.packing_factor:.3f}, "
-                f"efficiency {pf.efficiency:.1%}")
+            say(packing_line(name, d.algorithm, "features", pf, d.max_seq_length))
         main = self.packed_splits.get("train") or self.packed_splits["eval"]
         self.packing_factor = main.packing_factor
         self.packed = depth > 1
