@@ -9,8 +9,8 @@ NAME is a file in configs/ (without .yaml) or a path to a YAML file; KEY=VALUE p
 (section.key=value). The run writes OUTPUT/config.yaml (with the data layout it trained on), metrics.jsonl,
 tensorboard/, checkpoints/ (resumable on any number of processes) and, at the end, OUTPUT/hf (a folder
 transformers loads as it is: model, tokenizer and a model card). An OUTPUT that holds another run is an
-error unless --resume or --overwrite. A config with parallel.pipeline_stages N started without torchrun
-launches its N processes on this machine.
+error unless --resume or --overwrite. A config with parallel.pipeline_stages N and parallel.tensor_parallel T
+started without torchrun launches its N x T processes on this machine.
 """
 
 import argparse
@@ -32,12 +32,12 @@ def cli(argv=None) -> int:
     args = p.parse_args(argv)
     try:
         cfg = load_config(args.config, args.overrides, root=RunConfig)
-        stages = cfg.parallel.pipeline_stages
-        if stages > 1 and not launched():
+        processes = cfg.parallel.processes
+        if processes > 1 and not launched():
             m = cfg.model
             layer = 12 * m.hidden_size ** 2 + 2 * m.hidden_size * m.intermediate_size
-            check_capacity(stages, cfg.train.device, m.num_hidden_layers * layer + 30522 * m.hidden_size)
-            return launch(stages, __file__, argv)
+            check_capacity(processes, cfg.train.device, m.num_hidden_layers * layer + 30522 * m.hidden_size)
+            return launch(processes, __file__, argv)
         from bert_ipu.tasks.pretraining import main
 
         result = main(cfg, resume=args.resume, overwrite=args.overwrite)

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .modeling import IGNORE_INDEX, _flex_attention, _from_hf, _save_as_hf, attention_for, init_weights
+from .modeling import IGNORE_INDEX, _flex_attention, _from_hf, _save_as_hf, attention_for, init_weights, whole
 
 CAUSAL_BACKENDS = ("mask", "reference", "flex", "varlen")
 LOSS_MODES = ("token", "sequence", "sum")
@@ -101,8 +101,8 @@ def causal_lm_loss_sums(logits, labels, sequence_ids, slots: int) -> dict:
     least float32, also under bf16 autocast."""
     dtype = torch.promote_types(logits.dtype, torch.float32)
     B, S = labels.shape
-    each = F.cross_entropy(logits.flatten(0, 1).to(dtype), labels.flatten(), ignore_index=IGNORE_INDEX,
-                           reduction="none").view(B, S)
+    each = whole(F.cross_entropy(logits.flatten(0, 1).to(dtype), labels.flatten(), ignore_index=IGNORE_INDEX,
+                                 reduction="none")).view(B, S)
     has = (labels != IGNORE_INDEX).to(dtype)
     ids = sequence_ids.long()
     per_sum = torch.zeros(B, slots + 1, dtype=dtype, device=logits.device).scatter_add(1, ids, each)[:, 1:]
@@ -203,9 +203,9 @@ class LlamaAttention(nn.Module):
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
         B, S, _ = hidden.shape
-        q = self.q_proj(hidden).view(B, S, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(hidden).view(B, S, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(hidden).view(B, S, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        # (B, heads, S, hd): this rank's heads under tensor parallelism (the projections hold whole heads)
+        q, k, v = (proj(hidden).view(B, S, -1, self.head_dim).transpose(1, 2)
+                   for proj in (self.q_proj, self.k_proj, self.v_proj))
         q, k = apply_rotary_pos_emb(q, k, cos, sin)  # rotated by the restarting positions
         groups = self.num_heads // self.num_kv_heads
         out = attend(q, repeat_kv(k, groups), repeat_kv(v, groups), attention,

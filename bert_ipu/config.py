@@ -173,10 +173,21 @@ class ParallelConfig:
     """encoder layers of each stage (default: as even as possible)"""
     schedule: str = "1f1b"
     """1f1b or gpipe; the micro-batches of a pipeline update are its gradient-accumulation steps"""
+    tensor_parallel: int = 1
+    """> 1: split every layer over this many processes (Megatron-style, torch.distributed.tensor): attention
+    heads and the MLP's hidden units, and the vocabulary of the embeddings and the tied output layer; the
+    processes are data-parallel replicas x pipeline stages x this (bert_ipu/engine/tensor.py)"""
 
     def __post_init__(self):
         if self.pipeline_stages < 1 or self.schedule not in ("1f1b", "gpipe"):
             raise ConfigError("parallel.pipeline_stages must be >= 1 and parallel.schedule 1f1b or gpipe")
+        if not isinstance(self.tensor_parallel, int) or self.tensor_parallel < 1:
+            raise ConfigError(f"parallel.tensor_parallel must be an integer >= 1, got {self.tensor_parallel!r}")
+
+    @property
+    def processes(self) -> int:
+        """Processes of one data-parallel replica: pipeline stages x tensor-parallel ranks."""
+        return self.pipeline_stages * self.tensor_parallel
 
 
 @dataclass
@@ -207,9 +218,9 @@ def _common_checks(cfg) -> None:
         cfg.output_dir = f"runs/{cfg.name}"
     if not isinstance(cfg.output_dir, str) or not cfg.output_dir.strip():
         raise ConfigError(f"output_dir {cfg.output_dir!r}: give a folder path")
-    if cfg.parallel.pipeline_stages > 1 and cfg.train.precision != "fp32":
-        raise ConfigError("train.precision=bf16 is not supported with pipeline stages yet; use fp32 or "
-                          "parallel.pipeline_stages=1")
+    if cfg.parallel.processes > 1 and cfg.train.precision != "fp32":
+        raise ConfigError("train.precision=bf16 is not supported with pipeline stages or tensor parallelism yet; "
+                          "use fp32, or parallel.pipeline_stages=1 and parallel.tensor_parallel=1")
 
 
 @dataclass

@@ -79,8 +79,9 @@ class BertSelfAttention(nn.Module):
     def forward(self, hidden, attention):
         # hidden: (B, S, H); attention: an additive mask (B, 1, S, S) or a flex BlockMask
         B, S, _ = hidden.shape
-        q, k, v = (proj(hidden).view(B, S, self.num_heads, self.head_dim).transpose(1, 2)
-                   for proj in (self.query, self.key, self.value))  # (B, nh, S, hd)
+        # (B, nh, S, hd); nh = this rank's heads under tensor parallelism (the projections hold whole heads)
+        q, k, v = (proj(hidden).view(B, S, -1, self.head_dim).transpose(1, 2)
+                   for proj in (self.query, self.key, self.value))
         if isinstance(attention, torch.Tensor):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=attention.to(q.dtype),
                                                  dropout_p=self.dropout_p if self.training else 0.0)
@@ -270,13 +271,21 @@ class BertPreTrainingHeads(nn.Module):
         return self.predictions(mlm_hidden), self.seq_relationship(pooled)
 
 
+def whole(x: torch.Tensor) -> torch.Tensor:
+    """Under tensor parallelism (bert_ipu/engine/tensor.py) the logits are split along the vocabulary (a DTensor)
+    and so is what is computed from them: a cross-entropy (under loss_parallel, a replicated DTensor: the same
+    value on every rank) or an argmax. Returned whole as a plain tensor (differentiable), so that it adds to the
+    rest of a loss; any other tensor passes unchanged."""
+    return x.full_tensor() if hasattr(x, "full_tensor") else x
+
+
 def pretraining_loss_sums(mlm_logits, nsp_logits, masked_lm_labels, next_sentence_labels, next_sentence_weights):
     """The pretraining losses as sums and counts (one definition for the model and every training engine):
     (MLM cross-entropy summed over masked tokens, masked tokens, NSP cross-entropy summed over present
     sequences, present sequences). In at least float32, also under bf16 autocast."""
     loss_dtype = torch.promote_types(mlm_logits.dtype, torch.float32)
-    mlm_sum = F.cross_entropy(mlm_logits.flatten(0, 1).to(loss_dtype), masked_lm_labels.flatten(),
-                              ignore_index=IGNORE_INDEX, reduction="sum")
+    mlm_sum = whole(F.cross_entropy(mlm_logits.flatten(0, 1).to(loss_dtype), masked_lm_labels.flatten(),
+                                    ignore_index=IGNORE_INDEX, reduction="sum"))
     mlm_count = (masked_lm_labels != IGNORE_INDEX).sum()
     weights = next_sentence_weights.flatten().to(loss_dtype)
     nsp_each = F.cross_entropy(nsp_logits.flatten(0, 1).to(loss_dtype), next_sentence_labels.flatten(),

@@ -7,8 +7,9 @@ torch.distributed.checkpoint (DCP) into safetensors files, and everything else i
                                                     loader position, RNG states, the topology it was saved on
 
 Every rank saves what it holds under the full model's names (a pipeline stage is the model with modules
-deleted, so its names are the full model's); replicas hold equal copies and DCP writes one. Loading asks for
-the names this rank holds now, so a checkpoint saved on any (replicas x stages) grid loads on any other.
+deleted, so its names are the full model's), whole (a weight split over tensor-parallel ranks is gathered);
+replicas hold equal copies and DCP writes one. Loading asks for
+the names this rank holds now, so a checkpoint saved on any (replicas x stages x tensor) grid loads on any other.
 Nothing is unpickled: safetensors and JSON only. A checkpoint is written into step-N.partial, fsynced, and
 renamed when complete; the newest `keep` are kept, by step number. A write that fails (a full disk) removes
 step-N.partial and is one RunError: the earlier checkpoints stay as they were, and --resume starts from them.
@@ -30,6 +31,7 @@ import torch.distributed as dist
 
 from ..files import describe_os_error, fsync_dir, fsync_tree
 from .runtime import RunError
+from .tensor import full, is_distributed, like, local
 
 # DCP warns that it saves "in a single process" whenever no process group is up: that is what we mean
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
@@ -121,9 +123,11 @@ def save(path: Path, module: torch.nn.Module, opt, state: dict, keep: int, main:
         error = box[0]
     if error:
         raise RunError(error)
-    tensors = {f"model.{k}": v.detach() for k, v in module.state_dict().items()}
+    # whole tensors: a weight split over tensor-parallel ranks is gathered (every rank of the split then holds an
+    # equal copy, written once), so the files are the same on every topology
+    tensors = {f"model.{k}": full(v.detach()) for k, v in module.state_dict().items()}
     optim, other = _optimizer_tensors(module, opt)
-    tensors |= optim
+    tensors |= {k: full(v) for k, v in optim.items()}
     try:  # DCP agrees on the outcome across ranks: every rank raises when one fails
         dcp.save(_unshared(tensors),
                  storage_writer=HuggingFaceStorageWriter(str(partial), save_distributed=True),
@@ -186,7 +190,9 @@ def load(path: Path, module: torch.nn.Module, opt, rank: int = 0) -> dict:
     state = read_state(path)
     reader = HuggingFaceStorageReader(str(path))
     saved = reader.read_metadata().state_dict_metadata
-    model_sd = {f"model.{k}": v for k, v in module.state_dict().items()}
+    current = {f"model.{k}": v for k, v in module.state_dict().items()}
+    # a split weight is read whole into a plain tensor, then this rank keeps its slice (below)
+    model_sd = {k: torch.empty(v.shape, dtype=v.dtype) if is_distributed(v) else v for k, v in current.items()}
     missing = [k for k in model_sd if k not in saved]
     wrong = [k for k in model_sd if k in saved and tuple(saved[k].size) != tuple(model_sd[k].shape)]
     problem = None
@@ -220,12 +226,16 @@ def load(path: Path, module: torch.nn.Module, opt, rank: int = 0) -> dict:
     except Exception as e:  # DCP reports every rank's failure with tracebacks: one line is what the user needs
         raise RunError(f"{path} could not be loaded into this model ({str(e).strip().splitlines()[-1]}); resume "
                        "with the config it was saved with") from None
+    with torch.no_grad():
+        for k, v in current.items():
+            if is_distributed(v):
+                local(v).copy_(local(like(model_sd[k].to(local(v).device), v)))
     params = {id(p): p for g in opt.param_groups for p in g["params"]}
     opt.state.clear()
     other = state.get("optimizer_other", {})
     for p_id, (name, keys) in where.items():
         p = params[p_id]
-        entry = {k[len(f"optim.{name}."):]: templates[k].to(p.device) for k in keys}
+        entry = {k[len(f"optim.{name}."):]: _state_like(templates[k].to(local(p).device), p) for k in keys}
         entry |= {k[len(name) + 1:]: v for k, v in other.items() if k.startswith(f"{name}.")}
         opt.state[p] = entry
     for group, saved_group in zip(opt.param_groups, groups):
@@ -240,6 +250,11 @@ def load(path: Path, module: torch.nn.Module, opt, rank: int = 0) -> dict:
         if mine.get("cuda") and torch.cuda.is_available():
             torch.cuda.set_rng_state(_rng_from_text(mine["cuda"]))
     return state
+
+
+def _state_like(value: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """An optimizer state read whole, split as its parameter is when it has the parameter's shape (moments)."""
+    return like(value, p) if is_distributed(p) and tuple(value.shape) == tuple(p.shape) else value
 
 
 def load_weights(path: Path) -> dict[str, torch.Tensor]:

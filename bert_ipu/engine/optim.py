@@ -27,11 +27,60 @@ def param_groups(module: torch.nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def build_optimizer(module: torch.nn.Module, t, total_steps: int, warmup_steps: int, betas: tuple):
-    """LAMB (pytorch_optimizer) or AdamW without weight decay on biases and LayerNorm; linear warm-up over
-    `warmup_steps`, then polynomial decay (`t.decay_power`) to 0 at `total_steps`."""
+class ShardedLamb(torch.optim.Optimizer):
+    """pytorch_optimizer's LAMB for parameters split over tensor-parallel ranks (DTensors): the same update with
+    its defaults (decoupled weight decay, gradient averaging, first moment bias-corrected, weight norm clamped
+    at 10, trust ratio 1 when a norm is 0), but every norm taken over the whole parameter, not this rank's
+    shard. pytorch_optimizer's LAMB cannot run on DTensors (it clamps a partial norm in place); on plain
+    tensors this class computes what it computes (tests/test_tensor_parallel.py)."""
+
+    clamp = 10.0
+
+    def __init__(self, params, lr: float, betas: tuple, eps: float, weight_decay: float):
+        super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        from .tensor import full, is_distributed
+
+        for group in self.param_groups:
+            group["step"] = group.get("step", 0) + 1
+            (beta1, beta2), lr, eps, decay = group["betas"], group["lr"], group["eps"], group["weight_decay"]
+            step_size = lr / (1.0 - beta1 ** group["step"])
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if "exp_avg" not in state:
+                    state["exp_avg"], state["exp_avg_sq"] = torch.zeros_like(p), torch.zeros_like(p)
+                exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+                exp_avg.mul_(beta1).add_(p.grad, alpha=1.0 - beta1)
+                exp_avg_sq.mul_(beta2).addcmul_(p.grad, p.grad, value=1.0 - beta2)
+                if decay:
+                    p.mul_(1.0 - decay * lr)
+                update = exp_avg / (exp_avg_sq.sqrt() + eps)
+                weight_norm = full(torch.linalg.vector_norm(p)).clamp(max=self.clamp)  # whole-parameter norms
+                update_norm = full(torch.linalg.vector_norm(update))
+                ratio = torch.where((weight_norm != 0) & (update_norm != 0), weight_norm / (update_norm + eps),
+                                    torch.ones_like(weight_norm))
+                state["trust_ratio"] = ratio
+                if is_distributed(p):  # the same scalar on every rank: a replicated DTensor to scale a shard
+                    from torch.distributed.tensor import DTensor, Replicate
+
+                    ratio = DTensor.from_local(ratio, p.device_mesh, [Replicate()] * p.device_mesh.ndim,
+                                               run_check=False)
+                p.add_(update * ratio, alpha=-step_size)
+
+
+def build_optimizer(module: torch.nn.Module, t, total_steps: int, warmup_steps: int, betas: tuple,
+                    sharded: bool = False):
+    """LAMB (pytorch_optimizer; ShardedLamb when the parameters are split over tensor-parallel ranks) or AdamW,
+    without weight decay on biases and LayerNorm; linear warm-up over `warmup_steps`, then polynomial decay
+    (`t.decay_power`) to 0 at `total_steps`."""
     groups = param_groups(module, t.weight_decay)
-    if t.optimizer == "lamb":
+    if t.optimizer == "lamb" and sharded:
+        opt = ShardedLamb(groups, lr=t.learning_rate, betas=betas, eps=t.eps, weight_decay=t.weight_decay)
+    elif t.optimizer == "lamb":
         from pytorch_optimizer import Lamb
 
         opt = Lamb(groups, lr=t.learning_rate, betas=betas, eps=t.eps, weight_decay=t.weight_decay)

@@ -1,5 +1,6 @@
 """How one update's forward and backward run: on this process (and data parallel with DDP), or as a pipeline
-stage (torch.distributed.pipelining), possibly data parallel over pipeline replicas.
+stage (torch.distributed.pipelining), possibly data parallel over pipeline replicas; either split over
+tensor-parallel ranks too (`tensor_parallel` > 1: engine/tensor.py, the task's `tensor_plan`).
 
 Both take the same task: `task.loss(output, targets, normalizers) -> (loss, sums)` is the one loss function,
 called by the local step and by the pipeline schedule alike, and both return the update's named sums
@@ -19,6 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from . import tensor
 from .runtime import Runtime, RunError
 
 StepSums = dict  # name -> float: the sums a task reports for a step (loss sums, counts, tokens, ...)
@@ -80,19 +82,52 @@ def global_counts(task, engine, micro: list[dict]) -> StepSums:
 
 def stack_sums(sums: dict[str, torch.Tensor], names) -> torch.Tensor:
     """Named sums as one float64 CPU vector in `names` order: stacked where they live, copied once."""
-    values = [torch.as_tensor(sums[n]).detach() for n in names]
+    values = [tensor.full(torch.as_tensor(sums[n]).detach()) for n in names]
     device = next((v.device for v in values if v.device.type != "cpu"), torch.device("cpu"))
     return torch.stack([v.to(device, torch.float64) for v in values]).cpu()
 
 
+def tensor_plan(task, model: nn.Module, size: int) -> tensor.TensorPlan:
+    """The task's tensor-parallel plan for `model`; a RunError when it has none or it cannot split `size` ways."""
+    plan = task.tensor_plan(model) if hasattr(task, "tensor_plan") else None
+    if plan is None:
+        raise RunError(f"the {task.name} task has no tensor-parallel plan for {type(model).__name__}; set "
+                       "parallel.tensor_parallel=1")
+    try:
+        tensor.check(model, plan, size)
+    except ValueError as e:
+        raise RunError(str(e)) from None
+    return plan
+
+
+def split_tensors(model: nn.Module, task, rt: Runtime, seed: int) -> None:
+    """Split `model` (a whole model or a pipeline stage) over this process's tensor-parallel ranks, following the
+    task's plan for it (in place)."""
+    tensor.parallelize(model, rt.mesh()["tp"], tensor_plan(task, model, rt.tensor), seed)
+
+
+def sum_gradients(params, group) -> None:
+    """What DDP does, for any parameters: each gradient (this rank's shard of it) summed over `group`."""
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        dist.all_reduce(tensor.local(p.grad), group=group)
+
+
 class LocalParallel:
-    """The whole model on this process; data parallel with DDP when there are several replicas."""
+    """The whole model on this process (or split over tensor-parallel ranks); data parallel over replicas: DDP,
+    or (tensor parallel) the gradient shards summed over the replicas of each tensor-parallel rank."""
 
     eval_group = 1  # micro-batches evaluated together
 
-    def __init__(self, model: nn.Module, task, rt: Runtime, precision: str = "fp32"):
+    def __init__(self, model: nn.Module, task, rt: Runtime, precision: str = "fp32", seed: int = 0):
         self.model, self.task, self.rt, self.precision = model, task, rt, precision
-        self.ddp = nn.parallel.DistributedDataParallel(model) if rt.dp_world > 1 else model
+        self.tensor = rt.tensor
+        if self.tensor > 1:
+            split_tensors(model, task, rt, seed)
+        self.use_ddp = rt.dp_world > 1 and self.tensor == 1
+        self.ddp = nn.parallel.DistributedDataParallel(model) if self.use_ddp else model
+        self.dp_group = rt.mesh()["dp"].get_group() if rt.dp_world > 1 and not self.use_ddp else None
         self.writes_model = True
 
     @property
@@ -101,7 +136,10 @@ class LocalParallel:
         return self.model
 
     def dp_sum(self, values: torch.Tensor) -> torch.Tensor:
-        return self.rt.all_sum(values) if self.rt.dp_world > 1 else values
+        """Sum over the data-parallel replicas (a sum over tensor-parallel ranks would count each value T times)."""
+        if self.rt.dp_world == 1:
+            return values
+        return self.rt.all_sum(values, group=None if self.tensor == 1 else self.dp_group)
 
     def _forward(self, model, batch):
         with self.rt.autocast(self.precision):
@@ -111,12 +149,17 @@ class LocalParallel:
         names = self.task.stat_names
         total = torch.zeros(len(names), dtype=torch.float64)
         for i, batch in enumerate(micro):
-            sync = self.ddp.no_sync() if self.rt.dp_world > 1 and i < len(micro) - 1 else nullcontext()
-            with sync:
+            sync = self.ddp.no_sync() if self.use_ddp and i < len(micro) - 1 else nullcontext()
+            with sync, tensor.loss_context(self.tensor):
                 out = self._forward(self.ddp, batch)
                 loss, sums = self.task.loss(out, {k: batch[k] for k in self.task.target_fields}, normalizers)
-                (loss * self.rt.dp_world).backward()  # DDP averages gradients over replicas; we want their sum
+                # DDP averages gradients over replicas; we want their sum
+                (loss * self.rt.dp_world if self.use_ddp else loss).backward()
             total += stack_sums(sums, names)
+        if self.tensor > 1:
+            tensor.align_gradients(self.model.parameters())
+        if self.dp_group is not None:
+            sum_gradients(self.model.parameters(), self.dp_group)
         return dict(zip(names, self.dp_sum(total).tolist()))
 
     @torch.no_grad()
@@ -124,16 +167,23 @@ class LocalParallel:
         names = self.task.stat_names
         total = torch.zeros(len(names), dtype=torch.float64)
         for batch in batches:
-            out = self._forward(self.model, batch)
-            total += stack_sums(self.task.loss(out, {k: batch[k] for k in self.task.target_fields}, normalizers)[1],
-                                names)
+            with tensor.loss_context(self.tensor):
+                out = self._forward(self.model, batch)
+                sums = self.task.loss(out, {k: batch[k] for k in self.task.target_fields}, normalizers)[1]
+            total += stack_sums(sums, names)
         return dict(zip(names, self.dp_sum(total).tolist()))
 
     def clip(self, max_norm: float) -> float:
-        return float(nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+        """Clip by the global gradient norm (of whole parameters, also when they are split)."""
+        return float(tensor.full(nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)))
 
     def full_model(self) -> nn.Module:
-        return self.model
+        """The model with whole weights (split ones gathered: a collective under tensor parallelism)."""
+        if self.tensor == 1:
+            return self.model
+        whole = self.task.build_model()
+        whole.load_state_dict(tensor.full_state_dict(self.model), strict=True)
+        return whole.to(self.rt.device)
 
 
 def _pack_targets(targets: dict[str, torch.Tensor]) -> tuple[torch.Tensor, list]:
@@ -172,30 +222,37 @@ class PipelineParallel:
     """This process's pipeline stage, data parallel over replicas of the pipeline when there are more processes
     than stages. The micro-batches of an update are the schedule's (1F1B or GPipe).
 
-    The processes form a (replicas x stages) grid (Runtime): activations move within a replica (its pipeline
-    group); the gradients of a stage are summed over the replicas (its data-parallel group), as DDP does."""
+    The processes form a (replicas x stages x tensor) grid (Runtime): activations move within a replica
+    between the same tensor-parallel rank of each stage (its pipeline group); the gradients of a stage are
+    summed over the replicas (its data-parallel group), as DDP does. Under tensor parallelism the stage is
+    split like a whole model (its inputs and outputs are whole tensors on every tensor-parallel rank)."""
 
     def __init__(self, model: nn.Module, task, rt: Runtime, micro_batches: int, schedule: str = "1f1b",
-                 layers_per_stage: list[int] | None = None):
+                 layers_per_stage: list[int] | None = None, seed: int = 0):
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
         plan = getattr(task, "pipeline_plan", None)
         if plan is None:
             raise RunError(f"the {task.name} task has no pipeline plan; set parallel.pipeline_stages=1")
         self.task, self.rt, self.plan = task, rt, plan
-        stages, replicas = rt.stages, rt.dp_world
+        stages, replicas, self.tensor = rt.stages, rt.dp_world, rt.tensor
         self.replica, self.stage = rt.dp_rank, rt.stage
-        # every process takes part in creating every group
-        pipelines = [dist.new_group([r * stages + i for i in range(stages)]) for r in range(replicas)]
-        dps = [dist.new_group([r * stages + i for r in range(replicas)]) for i in range(stages)]
-        tied = [dist.new_group([r * stages, r * stages + stages - 1]) for r in range(replicas)]
-        self.pp_group, self.dp_group, self.tied_group = pipelines[self.replica], dps[self.stage], tied[self.replica]
-        self.last_rank = self.replica * stages + stages - 1  # global rank of this replica's last stage
+        mesh = rt.mesh()
+        self.pp_group, self.dp_group = mesh["pp"].get_group(), mesh["dp"].get_group()
+        # the tied weight's first and last stage, per replica and tensor-parallel rank (every process takes part
+        # in creating every group)
+        tied = {(r, t): dist.new_group([rt.grid_rank(r, 0, t), rt.grid_rank(r, stages - 1, t)])
+                for r in range(replicas) for t in range(self.tensor)}
+        self.tied_group = tied[(self.replica, rt.tp_rank)]
+        self.first_rank = rt.grid_rank(self.replica, 0, rt.tp_rank)  # this replica's first and last stage
+        self.last_rank = rt.grid_rank(self.replica, stages - 1, rt.tp_rank)
         self.first, self.last = self.stage == 0, self.stage == stages - 1
         self.writes_model = True
         num_layers = len(model.get_submodule(plan.layers))
         layers = split_layers(num_layers, stages, layers_per_stage)
         self.model = make_stage(model, plan, self.stage, stages, layers[self.stage])
+        if self.tensor > 1:
+            split_tensors(self.model, task, rt, seed)
         self.micro_batches = micro_batches
         self.eval_group = micro_batches  # the schedule always runs all of its micro-batches
         self._sums: list[torch.Tensor] = []
@@ -222,13 +279,14 @@ class PipelineParallel:
     def _run(self, call, micro: list[dict]) -> None:
         """The schedule's step or eval: inputs on the first stage, targets on the last."""
         batch = {k: torch.cat([b[k] for b in micro]) for k in micro[0]}
-        if self.first:
-            call(*[batch[f] for f in self.task.input_fields])
-        elif self.last:
-            target, self._spec = _pack_targets({k: batch[k] for k in self.task.target_fields})
-            call(target=target, losses=[])
-        else:
-            call()
+        with tensor.loss_context(self.tensor):  # the last stage's loss and its backward run inside the schedule
+            if self.first:
+                call(*[batch[f] for f in self.task.input_fields])
+            elif self.last:
+                target, self._spec = _pack_targets({k: batch[k] for k in self.task.target_fields})
+                call(target=target, losses=[])
+            else:
+                call()
 
     def _collect(self) -> StepSums:
         """The named sums of the last step (last stage of every replica, summed), on every rank.
@@ -246,12 +304,11 @@ class PipelineParallel:
     def train_step(self, micro: list[dict], normalizers: dict) -> StepSums:
         self._normalizers = normalizers
         self._run(self.schedule.step, micro)
+        if self.tensor > 1:
+            tensor.align_gradients(self.model.parameters())
         self._sum_tied_gradients()
         if self.rt.dp_world > 1:  # what DDP would do: sum each gradient over the replicas
-            for p in self.model.parameters():
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-                dist.all_reduce(p.grad, group=self.dp_group)
+            sum_gradients(self.model.parameters(), self.dp_group)
         return self._collect()
 
     @torch.no_grad()
@@ -274,17 +331,15 @@ class PipelineParallel:
     def _sum_tied_gradients(self) -> None:
         weight = self._tied()
         if weight is not None and self.rt.stages > 1:
-            if weight.grad is None:
-                weight.grad = torch.zeros_like(weight)
-            dist.all_reduce(weight.grad, group=self.tied_group)
+            sum_gradients([weight], self.tied_group)
 
     def clip(self, max_norm: float) -> float:
         """Global gradient norm over all stages, the tied weight counted once (on the first stage)."""
         squares = torch.zeros((), dtype=torch.float64)
         twin = self._tied() if self.last and not self.first else None
         for p in self.model.parameters():
-            if p.grad is not None and p is not twin:
-                squares += p.grad.double().pow(2).sum()
+            if p.grad is not None and p is not twin:  # a split gradient's squares summed over its ranks
+                squares += tensor.full(p.grad.double().pow(2).sum())
         dist.all_reduce(squares, group=self.pp_group)  # gradients are equal across replicas by now
         norm = squares.sqrt().item()
         scale = max_norm / (norm + 1e-6)
@@ -297,10 +352,9 @@ class PipelineParallel:
     def full_model(self) -> nn.Module | None:
         """Every stage's weights gathered into a whole model on rank 0 of each replica (a collective;
         None elsewhere)."""
-        state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+        state = {k: v.cpu() for k, v in tensor.full_state_dict(self.model).items()}
         parts = [None] * self.rt.stages
-        first_rank = self.replica * self.rt.stages
-        dist.gather_object(state, parts if self.first else None, dst=first_rank, group=self.pp_group)
+        dist.gather_object(state, parts if self.first else None, dst=self.first_rank, group=self.pp_group)
         if not self.first:
             return None
         merged = {}

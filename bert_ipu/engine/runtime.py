@@ -1,6 +1,6 @@
 """What every run needs before it trains: the device, the process grid, the precision, and the error type.
 
-    rt = Runtime.start("auto", pipeline_stages=1)   # joins torchrun's process group when there is one
+    rt = Runtime.start("auto", pipeline_stages=1, tensor_parallel=1)   # joins torchrun's process group
     rt.say("...")                                   # rank 0 speaks for the run
     with rt.autocast("bf16"): ...
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -53,17 +53,22 @@ def autocast(device: torch.device, precision: str):
 
 @dataclass
 class Runtime:
-    """This process's place in the run: device, global rank and world, and the (replicas x stages) grid.
+    """This process's place in the run: device, global rank and world, and the (replicas x stages x tensor)
+    grid.
 
-    Global rank = replica * stages + stage, so the stages of one pipeline replica are consecutive ranks and
-    read the same micro-batches; `dp_rank` / `dp_world` index the data-parallel replicas."""
+    Global rank = (replica * stages + stage) * tensor + tp_rank: the tensor-parallel ranks of a stage are
+    consecutive (as Megatron's: the most communication on the closest links), then the stages of one
+    pipeline replica; all of a replica's ranks read the same micro-batches. `dp_rank` / `dp_world` index the
+    data-parallel replicas."""
     device: torch.device
     rank: int = 0
     world: int = 1
     stages: int = 1
+    tensor: int = 1
+    _mesh: object = field(default=None, repr=False, compare=False)
 
     @classmethod
-    def start(cls, device: str = "auto", pipeline_stages: int = 1) -> "Runtime":
+    def start(cls, device: str = "auto", pipeline_stages: int = 1, tensor_parallel: int = 1) -> "Runtime":
         dev = pick_device(device)
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if world > 1 and not dist.is_initialized():
@@ -73,10 +78,11 @@ class Runtime:
             else:
                 dist.init_process_group("gloo")
         rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-        if world % pipeline_stages:
-            raise RunError(f"parallel.pipeline_stages={pipeline_stages} needs a multiple of {pipeline_stages} "
-                           f"processes (stages x data-parallel replicas); got {world}")
-        return cls(dev, rank, world, pipeline_stages)
+        per_replica = pipeline_stages * tensor_parallel
+        if world % per_replica:
+            raise RunError(f"parallel.pipeline_stages={pipeline_stages} x parallel.tensor_parallel={tensor_parallel} "
+                           f"needs a multiple of {per_replica} processes (x data-parallel replicas); got {world}")
+        return cls(dev, rank, world, pipeline_stages, tensor_parallel)
 
     @property
     def main(self) -> bool:
@@ -85,15 +91,33 @@ class Runtime:
 
     @property
     def dp_rank(self) -> int:
-        return self.rank // self.stages
+        return self.rank // (self.stages * self.tensor)
 
     @property
     def dp_world(self) -> int:
-        return self.world // self.stages
+        return self.world // (self.stages * self.tensor)
 
     @property
     def stage(self) -> int:
-        return self.rank % self.stages
+        return self.rank // self.tensor % self.stages
+
+    @property
+    def tp_rank(self) -> int:
+        return self.rank % self.tensor
+
+    def grid_rank(self, replica: int, stage: int, tp_rank: int) -> int:
+        """The global rank at a place of the grid."""
+        return (replica * self.stages + stage) * self.tensor + tp_rank
+
+    def mesh(self):
+        """The (dp, pp, tp) device mesh of the grid, built once (a collective: every process builds every group);
+        `mesh()["tp"]` is this process's tensor-parallel ranks, `mesh()["dp"].get_group()` its replicas."""
+        if self._mesh is None:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            self._mesh = init_device_mesh(self.device.type, (self.dp_world, self.stages, self.tensor),
+                                          mesh_dim_names=("dp", "pp", "tp"))
+        return self._mesh
 
     def say(self, msg: str, tag: str = "run") -> None:
         if self.main:

@@ -25,8 +25,9 @@ from ..files import write_atomic
 from . import checkpoint
 from .metrics import MetricsLogger
 from .optim import build_optimizer, packing_betas, packs_per_update, schedule_length
-from .parallel import LocalParallel, PipelineParallel, global_counts
+from .parallel import LocalParallel, PipelineParallel, global_counts, tensor_plan
 from .runtime import Runtime, RunError
+from .tensor import local
 
 RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "tensorboard", "hf", "results.json",
              "predictions*.json")
@@ -120,6 +121,8 @@ def train(task, cfg, rt: Runtime, resume: bool = False, overwrite: bool = False,
                        f"{accumulation}; raise train.global_batch_size or lower train.micro_batch_size")
     torch.manual_seed(t.seed)
     model = task.build_model().to(rt.device).train()
+    if rt.tensor > 1:
+        tensor_plan(task, model, rt.tensor)  # a model that cannot be split is refused before anything is written
     lock = prepare_run_dir(out, resume, overwrite, rt, dataclasses.asdict(cfg) | {"data_layout": task.layout_record()})
     try:
         return _train(task, cfg, rt, out, resume, progress, loader, model, P, total, warmup)
@@ -132,10 +135,11 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, load
            total: int, warmup: int) -> dict:
     t, p, stages, accumulation = cfg.train, task.packing_factor, rt.stages, loader.accumulation
     parameters = sum(q.numel() for q in model.parameters())
-    engine = (PipelineParallel(model, task, rt, accumulation, cfg.parallel.schedule, cfg.parallel.layers_per_stage)
-              if stages > 1 else LocalParallel(model, task, rt, t.precision))
+    engine = (PipelineParallel(model, task, rt, accumulation, cfg.parallel.schedule, cfg.parallel.layers_per_stage,
+                               seed=t.seed)
+              if stages > 1 else LocalParallel(model, task, rt, t.precision, seed=t.seed))
     betas = packing_betas(t, task.packed, p)
-    opt, sched = build_optimizer(engine.module, t, total, warmup, betas)
+    opt, sched = build_optimizer(engine.module, t, total, warmup, betas, sharded=rt.tensor > 1)
 
     step, seen, last = 0, 0.0, {}
     if resume:
@@ -156,10 +160,11 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, load
         step, seen = state["step"], state["sequences_seen"]
         last = state.get("metrics", {})  # what a finished run reported, if it is resumed at its end
         rt.say(f"resumed from {newest} at step {step} (saved on {state['replicas']} replica(s) x {state['stages']} "
-               f"stage(s), now {rt.dp_world} x {stages})")
+               f"stage(s) x {state.get('tensor', 1)} tensor-parallel, now {rt.dp_world} x {stages} x {rt.tensor})")
     rt.say(f"{cfg.name}: {parameters / 1e6:.1f} M parameters, {task.describe()}, {P} packs/update = "
            f"{t.micro_batch_size} x {rt.dp_world} replica(s) x {accumulation} accumulation"
            + (f", {stages} pipeline stages ({cfg.parallel.schedule})" if stages > 1 else "")
+           + (f", tensor parallel over {rt.tensor}" if rt.tensor > 1 else "")
            + f", {total} updates, betas {tuple(round(b, 6) for b in betas)}, {rt.device}")
 
     def stop_non_finite(what: str, at_step: int) -> None:
@@ -170,11 +175,12 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, load
 
     def save(at_step: int) -> Path:
         # never write a checkpoint of weights an update made non-finite: the last good one must stay the newest
-        bad = float(not all(bool(torch.isfinite(q).all()) for q in engine.module.parameters()))
+        bad = float(not all(bool(torch.isfinite(local(q)).all()) for q in engine.module.parameters()))
         if rt.all_sum(torch.tensor([bad])).item() > 0:  # every rank (stage) checks its own part
             stop_non_finite("the weights are not finite after the update", at_step)
         state = {"step": at_step, "sequences_seen": seen, "scheduler": sched.state_dict(),
                  "loader": loader.state_dict(), "world": rt.world, "replicas": rt.dp_world, "stages": stages,
+                 "tensor": rt.tensor,
                  "config": cfg.name, "learning_rate": t.learning_rate, "metrics": last}
         return checkpoint.save(out / "checkpoints" / f"step-{at_step:07d}", engine.module, opt, state,
                                t.keep_checkpoints, rt.main)

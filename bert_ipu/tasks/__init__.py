@@ -6,6 +6,7 @@ A task supplies:
     prepare(rt)       read or create its packed data; a config that disagrees with the data is an error
     packed, packing_factor, drop_last, train_source(), layout_record(), describe()
     build_model()     the full model (a pipeline stage is made from it by deleting modules: pipeline_plan)
+    tensor_plan(model)  how tensor parallelism splits it (plans.py), or None
     counts(micro)     data-only sums of an update: what the loss divides by, "sequences", "tokens"
     normalizers(counts), loss(output, targets, normalizers) -> (loss, sums)   one loss for every engine
     summarize(sums)   means for people ("loss" at least)

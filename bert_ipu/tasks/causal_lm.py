@@ -23,14 +23,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..causal_lm import FAMILIES, causal_lm_loss, causal_lm_loss_sums, packed_causal_lm_class
+from ..causal_lm import (FAMILIES, PackedLlamaForCausalLM, causal_lm_loss, causal_lm_loss_sums,
+                         packed_causal_lm_class)
 from ..data.causal import (CausalReport, load_tokenizer, sft_sequences, source_texts, text_sequences,
                            train_tokenizer)
 from ..data.contiguous import pack_sequences
 from ..data.loader import ArraySource
 from ..engine.runtime import RunError, Runtime
-from ..modeling import IGNORE_INDEX
+from ..modeling import IGNORE_INDEX, whole
 from ..packing import PackingInputError
+from . import plans
 from .finetune import pack_depth, packing_line, require_checkpoint_folder
 
 INPUTS = ("input_ids", "position_ids", "sequence_ids")
@@ -135,6 +137,9 @@ class CausalLMTask:
                            "positions; lower data.max_seq_length")
         return model
 
+    def tensor_plan(self, model):
+        return plans.LLAMA if isinstance(model, PackedLlamaForCausalLM) else None
+
     def counts(self, micro: list[dict]) -> dict:
         K = self.depth
         labelled = []
@@ -156,7 +161,7 @@ class CausalLMTask:
         labels = targets["labels"]
         sums = causal_lm_loss_sums(logits, labels, targets["sequence_ids"], self.depth)
         with torch.no_grad():
-            correct = ((logits.argmax(-1) == labels) & (labels != IGNORE_INDEX)).sum()
+            correct = ((whole(logits.argmax(-1)) == labels) & (labels != IGNORE_INDEX)).sum()
         loss = causal_lm_loss(sums, self.cfg.data.loss_mode, normalizers)
         return loss, {"token_loss_sum": sums["token_loss_sum"], "sequence_loss_sum": sums["sequence_loss_sum"],
                       "correct": correct}
@@ -219,5 +224,5 @@ def main(cfg, resume: bool = False, overwrite: bool = False, progress: bool = Tr
     """Train as `cfg` says; returns the result (final metrics, paths) and writes OUTPUT/results.json."""
     from ..engine.trainer import train
 
-    rt = Runtime.start(cfg.train.device, cfg.parallel.pipeline_stages)
+    rt = Runtime.start(cfg.train.device, cfg.parallel.pipeline_stages, cfg.parallel.tensor_parallel)
     return train(CausalLMTask(cfg, progress), cfg, rt, resume=resume, overwrite=overwrite, progress=progress)

@@ -31,6 +31,7 @@ from ..data.loader import ArraySource
 from ..engine.runtime import RunError, Runtime, autocast
 from ..modeling import IGNORE_INDEX, PackedBertForSequenceClassification, classification_loss_sums
 from ..packing import PackingInputError
+from . import plans
 from .finetune import (card, check_model_fits, pack_depth, packing_line, require_checkpoint_folder,
                        resolve_vocab)
 
@@ -120,6 +121,9 @@ class GlueTask:
                 f"K={self.depth}, p={p.packing_factor:.3f})")
 
     # --- model and loss ------------------------------------------------------------------------------------
+    def tensor_plan(self, model):
+        return plans.BERT
+
     def build_model(self) -> PackedBertForSequenceClassification:
         m, d = self.cfg.model, self.cfg.data
         id2label = None if self.regression else dict(enumerate(self.spec.labels))
@@ -241,7 +245,7 @@ def main(cfg, resume: bool = False, overwrite: bool = False, progress: bool = Tr
 
     from ..engine.trainer import prepare_run_dir, train, write_json
 
-    rt = Runtime.start(cfg.train.device, cfg.parallel.pipeline_stages)
+    rt = Runtime.start(cfg.train.device, cfg.parallel.pipeline_stages, cfg.parallel.tensor_parallel)
     task = GlueTask(cfg, progress)
     if cfg.data.train_split:
         result = train(task, cfg, rt, resume=resume, overwrite=overwrite, progress=progress)

@@ -25,7 +25,8 @@ from ..packing import PackingInputError
 from ..engine.parallel import PipelinePlan, global_counts
 from ..engine.runtime import RunError, Runtime
 from .finetune import require_checkpoint_folder
-from ..modeling import IGNORE_INDEX, PackedBertForPreTraining, pretraining_loss_sums
+from ..modeling import IGNORE_INDEX, PackedBertForPreTraining, pretraining_loss_sums, whole
+from . import plans
 
 
 class PretrainingTask:
@@ -120,6 +121,9 @@ class PretrainingTask:
         config = m.bert_config(self.data.manifest["vocab"]["size"], lay.pack_len)
         return PackedBertForPreTraining(config, **kwargs)
 
+    def tensor_plan(self, model):
+        return plans.BERT
+
     # --- loss ----------------------------------------------------------------------------------------------
     def counts(self, micro: list[dict]) -> dict:
         return {"mlm_count": sum((b["masked_lm_labels"] != IGNORE_INDEX).sum() for b in micro),
@@ -138,7 +142,7 @@ class PretrainingTask:
         mlm_sum, _, nsp_sum, _ = pretraining_loss_sums(mlm_logits, nsp_logits, labels,
                                                       targets["next_sentence_labels"], weights)
         with torch.no_grad():
-            mlm_correct = ((mlm_logits.argmax(-1) == labels) & (labels != IGNORE_INDEX)).sum()
+            mlm_correct = ((whole(mlm_logits.argmax(-1)) == labels) & (labels != IGNORE_INDEX)).sum()
             nsp_correct = ((nsp_logits.argmax(-1) == targets["next_sentence_labels"]).float() * weights.float()).sum()
         loss = mlm_sum / normalizers["mlm"] + nsp_sum / normalizers["nsp"]
         return loss, {"mlm_loss_sum": mlm_sum, "mlm_correct": mlm_correct, "nsp_loss_sum": nsp_sum,
@@ -203,5 +207,5 @@ def main(cfg, resume: bool = False, overwrite: bool = False, progress: bool = Tr
     from ..engine.runtime import Runtime
     from ..engine.trainer import train
 
-    rt = Runtime.start(cfg.train.device, cfg.parallel.pipeline_stages)
+    rt = Runtime.start(cfg.train.device, cfg.parallel.pipeline_stages, cfg.parallel.tensor_parallel)
     return train(PretrainingTask(cfg), cfg, rt, resume=resume, overwrite=overwrite, progress=progress)

@@ -38,6 +38,7 @@ from ..packing import PackingInputError
 from ..squad import metrics, postprocess
 from ..squad.features import (SLOT_FIELDS, Features, PackedFeatures, SquadExample, SquadInputError, make_features,
                               micro_batches, pack_features, read_squad)
+from . import plans
 from .finetune import (card, check_model_fits, pack_depth, packing_line, require_checkpoint_folder,
                        resolve_vocab)
 
@@ -146,6 +147,9 @@ class SquadTask:
                 f"p={pf.packing_factor:.3f})")
 
     # --- model and loss ------------------------------------------------------------------------------------
+    def tensor_plan(self, model):
+        return plans.BERT
+
     def build_model(self) -> PackedBertForQuestionAnswering:
         return build_model(self.cfg, len(self.wp), self.depth)
 
@@ -218,7 +222,7 @@ def main(cfg, resume: bool = False, overwrite: bool = False, progress: bool = Tr
 
     from ..engine.trainer import prepare_run_dir, train, write_json
 
-    rt = Runtime.start(cfg.train.device, cfg.parallel.pipeline_stages)
+    rt = Runtime.start(cfg.train.device, cfg.parallel.pipeline_stages, cfg.parallel.tensor_parallel)
     task = SquadTask(cfg, progress)
     if cfg.data.train_file:
         result = train(task, cfg, rt, resume=resume, overwrite=overwrite, progress=progress)

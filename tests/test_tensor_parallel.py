@@ -1,0 +1,182 @@
+"""Tensor parallelism (bert_ipu/engine/tensor.py): a model split over 2 processes (gloo, CPU) computes what the
+whole model computes; training at tensor 2, alone or with data or pipeline parallelism, ends where one process
+ends; checkpoints resume across tensor-parallel sizes.
+
+Tolerances: the model-level comparison runs in float64 (tests/tensor_parallel_worker.py), so a split model
+must agree to rounding (1e-10 relative; measured 1e-14 to 1e-16). Training runs are float32 through the
+whole engine; weights after 4 LAMB steps agree to 1e-4 relative, as the pipeline tests explain
+(tests/test_training.py): LAMB divides each gradient by its RMS, so parameters whose gradient is nearly zero
+(attention key biases) move by rounding noise of order lr in any two summation orders.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from bert_ipu.config import ConfigError, load_config
+from bert_ipu.engine.optim import ShardedLamb
+from bert_ipu.engine.runtime import RunError
+from bert_ipu.tasks.pretraining import main
+from training_helpers import ROOT, final_weights, run_cli, tiny, torchrun
+
+COMMON = ["model.max_position_embeddings=64", "data.max_seq_length=64", "train.max_steps=4",
+          "train.checkpoint_every=2", "train.validate_every=2"]
+
+
+def assert_close_runs(one, other, weights=1e-4, losses=1e-5, keys=("loss", "val_loss", "val_mlm_accuracy")):
+    a, b = final_weights(one), final_weights(other)
+    assert a.keys() == b.keys()
+    for name in a:
+        scale = a[name].abs().max().clamp_min(1e-3)
+        assert ((a[name] - b[name]).abs().max() / scale).item() < weights, name
+    la = [json.loads(x) for x in (one / "metrics.jsonl").read_text().splitlines()]
+    lb = [json.loads(x) for x in (other / "metrics.jsonl").read_text().splitlines()]
+    assert len(la) == len(lb)
+    for x, y in zip(la, lb):
+        for key in keys:
+            if key in x:
+                assert abs(x[key] - y[key]) <= losses * abs(x[key]) + 1e-7, (key, x[key], y[key])
+
+
+def test_sharded_lamb_equals_pytorch_optimizer():
+    """On whole (plain) tensors ShardedLamb is pytorch_optimizer's LAMB: weights and trust ratios after 3 steps
+    with weight decay on one group and not the other, float64, to rounding."""
+    from pytorch_optimizer import Lamb
+
+    torch.manual_seed(0)
+    params = [torch.randn(5, 3, dtype=torch.float64), torch.randn(7, dtype=torch.float64), torch.zeros(4, dtype=torch.float64)]
+    a = [p.clone().requires_grad_() for p in params]
+    b = [p.clone().requires_grad_() for p in params]
+    lib = Lamb([{"params": a[:2], "weight_decay": 0.01}, {"params": a[2:], "weight_decay": 0.0}], lr=0.02,
+               betas=(0.8, 0.99), eps=1e-6)
+    ours = ShardedLamb([{"params": b[:2], "weight_decay": 0.01}, {"params": b[2:], "weight_decay": 0.0}], lr=0.02,
+                       betas=(0.8, 0.99), eps=1e-6, weight_decay=0.01)
+    for step in range(3):
+        grads = [torch.randn_like(p) for p in params]
+        for group, opt in ((a, lib), (b, ours)):
+            for p, g in zip(group, grads):
+                p.grad = g.clone()
+            opt.step()
+        for p, q in zip(a, b):
+            torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-14)
+            torch.testing.assert_close(torch.as_tensor(lib.state[p]["trust_ratio"], dtype=torch.float64),
+                                       ours.state[q]["trust_ratio"], rtol=1e-12, atol=0)
+
+
+def test_split_models_equal_whole_models(tmp_path):
+    """BERT for pretraining (vocabulary of 99 rows: split 50 + 49, nothing padded; the padding id and both
+    sides of the split among the tokens) and a Llama causal LM with grouped-query attention, split over 2
+    processes, give the whole model's loss, every gradient, LAMB's trust ratios (ShardedLamb on the split
+    model vs pytorch_optimizer's LAMB on the whole one) and weights after 2 steps, float64, to 1e-10
+    relative; the tied embedding and decoder stay one parameter. Left out of gradients, trust ratios and
+    weights, and checked by name: the only parameters whose gradient is zero up to rounding (BERT's attention
+    key biases; softmax is invariant to them). With dropout on, the loss and every replicated gradient are
+    bitwise equal on both ranks, and the attention cores' dropout leaves the shared generator untouched (it
+    draws from each rank's own)."""
+    out = tmp_path / "result.json"
+    run_cli(str(out), nproc=2, port=29541, script="tests/tensor_parallel_worker.py")
+    result = json.loads(out.read_text())
+    for model in ("bert", "llama"):
+        r = result[model]
+        assert r["loss"] < 1e-12, (model, r)
+        for key in ("gradients", "trust_ratios", "weights"):
+            assert r[key] < 1e-10, (model, key, r)
+        assert r["tied"], model
+    assert result["bert"]["null"] == ["bert.encoder.layer.0.attention.self.key.bias",
+                                      "bert.encoder.layer.1.attention.self.key.bias"]
+    assert result["llama"]["null"] == []
+    assert result["dropout_replicated_equal"]
+    assert result["shared_generator_untouched"]
+
+
+def test_tensor_parallel_training_equals_one_process_and_resumes_across_sizes(dataset, tmp_path):
+    """test_tiny pretrained at tensor 2 (2 processes, 8 packs per update in 2 micro-batches) ends with the
+    weights (1e-4 relative) and losses (1e-5) of one process. Checkpoints hold whole tensors: the tensor-2 run
+    resumed from its step-2 checkpoint on one process, and the one-process run resumed from its step-2
+    checkpoint at tensor 2, each end where the uninterrupted runs end (1e-4)."""
+    common = [f"data.dataset={dataset}", *COMMON]
+    one = tmp_path / "one"
+    main(load_config("test_tiny", [*common, f"output_dir={one}"]), progress=False)
+    two = tmp_path / "two"
+    stdout = torchrun(2, 29543, "--config", "test_tiny", *common, f"output_dir={two}", "parallel.tensor_parallel=2")
+    assert "tensor parallel over 2" in stdout
+    assert_close_runs(one, two)
+
+    def resumed_copy(src, name):
+        dst = tmp_path / name
+        shutil.copytree(src, dst)
+        shutil.rmtree(dst / "checkpoints" / "step-0000004")
+        (dst / "results.json").unlink()
+        return dst
+
+    down = resumed_copy(two, "two_to_one")
+    main(load_config("test_tiny", [*common, f"output_dir={down}"]), resume=True, progress=False)
+    assert_close_runs(two, down, keys=())
+    up = resumed_copy(one, "one_to_two")
+    stdout = torchrun(2, 29545, "--config", "test_tiny", *common, f"output_dir={up}", "parallel.tensor_parallel=2",
+                      "--resume")
+    assert "now 1 x 1 x 2" in stdout
+    assert_close_runs(one, up, keys=())
+
+
+@pytest.mark.parametrize("other", ["data", "pipeline"])
+def test_tensor_times_data_or_pipeline_equals_one_process(dataset, tmp_path, other):
+    """Tensor 2 x data 2 and tensor 2 x pipeline 2 (4 processes each) give the weights (3e-4 relative, one more
+    summation order, as the pipeline x data test explains) and training losses (1e-5) of one process on the
+    same 16 packs per update."""
+    common = [f"data.dataset={dataset}", *COMMON[:2], "train.max_steps=3", "train.checkpoint_every=3",
+              "train.validate_every=3", "train.micro_batch_size=4", "train.global_batch_size=16"]
+    one = tmp_path / "one"
+    main(load_config("test_tiny", [*common, f"output_dir={one}"]), progress=False)
+    grid = tmp_path / "grid"
+    extra = ["parallel.pipeline_stages=2"] if other == "pipeline" else []
+    stdout = torchrun(4, 29547 + (other == "pipeline"), "--config", "test_tiny", *common, f"output_dir={grid}",
+                      "parallel.tensor_parallel=2", *extra)
+    assert "tensor parallel over 2" in stdout
+    assert ("2 replica(s)" in stdout) == (other == "data")
+    # (validation is split over replicas, or runs whole pipeline schedules of 4 micro-batches: other packs than
+    # one process's 2 validation batches, so it is not compared)
+    assert_close_runs(one, grid, weights=3e-4, keys=("loss", "sequences", "mlm_accuracy"))
+    hf = grid / "hf"  # the export holds whole weights that transformers loads as they are
+    from transformers import BertForPreTraining
+
+    model = BertForPreTraining.from_pretrained(str(hf))
+    assert model.bert.embeddings.word_embeddings.weight.shape[0] == model.config.vocab_size
+
+
+def test_tensor_parallel_bad_settings_are_one_line(dataset, tmp_path):
+    """A tensor-parallel size below 1 is a config error; a size that does not divide the attention heads, or a
+    model without a plan (GPT-2's fused c_attn), is a one-line RunError before anything is written."""
+    from transformers import GPT2Config
+
+    from bert_ipu.causal_lm import PackedGPT2LMHeadModel
+    from bert_ipu.engine.parallel import tensor_plan
+    from bert_ipu.tasks.causal_lm import CausalLMTask
+    from bert_ipu.tasks.pretraining import PretrainingTask
+
+    with pytest.raises(ConfigError, match="parallel.tensor_parallel must be an integer >= 1"):
+        tiny(dataset, tmp_path / "x", "parallel.tensor_parallel=0")
+    cfg = tiny(dataset, tmp_path / "x")
+    task = PretrainingTask(cfg)
+    from transformers import BertConfig
+
+    from bert_ipu.modeling import PackedBertForPreTraining
+
+    model = PackedBertForPreTraining(BertConfig(vocab_size=30, hidden_size=12, num_attention_heads=2,
+                                                num_hidden_layers=1, intermediate_size=24))
+    with pytest.raises(RunError, match=r"num_attention_heads \(2\) does not divide by parallel.tensor_parallel \(3\)"):
+        tensor_plan(task, model, 3)
+    gpt2 = PackedGPT2LMHeadModel(GPT2Config(vocab_size=30, n_embd=12, n_head=2, n_layer=1, n_positions=16))
+    with pytest.raises(RunError, match="no tensor-parallel plan for PackedGPT2LMHeadModel"):
+        tensor_plan(CausalLMTask.__new__(CausalLMTask), gpt2, 2)
+    assert not (tmp_path / "x").exists()
+    proc = run_cli("--config", "test_tiny", f"data.dataset={dataset}", f"output_dir={tmp_path / 'y'}", *COMMON,
+                   "parallel.tensor_parallel=3", "model.num_attention_heads=2", nproc=3, port=29549, check=False)
+    assert proc.returncode != 0  # each rank exits with 2; torchrun itself with 1
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error")]
+    assert len(errors) == 1 and errors[0].startswith("error: the model's num_attention_heads (2)"), proc.stderr[-2000:]
+    assert not (tmp_path / "y").exists()
