@@ -180,3 +180,20 @@ def test_tensor_parallel_bad_settings_are_one_line(dataset, tmp_path):
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error")]
     assert len(errors) == 1 and errors[0].startswith("error: the model's num_attention_heads (2)"), proc.stderr[-2000:]
     assert not (tmp_path / "y").exists()
+
+
+def test_glue_at_tensor_two_equals_one_process(tmp_path):
+    """A fine-tuning task on the same plan (BERT, replicated classification head): GLUE SST-2 fixture, 3 updates
+    at tensor 2 end with the weights of one process (1e-4 relative) and predict the same dev labels (the
+    evaluation gathers the whole model on every rank, then rank 0 scores it)."""
+    common = ["--config", "glue_tiny_packed", "train.max_steps=3", "train.num_train_epochs=1",
+              "model.hidden_dropout_prob=0.0", "model.attention_probs_dropout_prob=0.0"]  # the same numbers: no dropout
+    run_cli(*common, f"output_dir={tmp_path / 'one'}", script="run_glue.py")
+    run_cli(*common, f"output_dir={tmp_path / 'two'}", "parallel.tensor_parallel=2", nproc=2, port=29551,
+            script="run_glue.py")
+    a, b = final_weights(tmp_path / "one"), final_weights(tmp_path / "two")
+    for name in a:
+        scale = a[name].abs().max().clamp_min(1e-3)
+        assert ((a[name] - b[name]).abs().max() / scale).item() < 1e-4, name
+    for path in sorted((tmp_path / "one").glob("predictions*.json")):
+        assert json.loads(path.read_text()) == json.loads((tmp_path / "two" / path.name).read_text()), path.name

@@ -183,7 +183,7 @@ class LocalParallel:
             return self.model
         whole = self.task.build_model()
         whole.load_state_dict(tensor.full_state_dict(self.model), strict=True)
-        return whole.to(self.rt.device)
+        return whole.to(self.rt.device).train(self.model.training)
 
 
 def _pack_targets(targets: dict[str, torch.Tensor]) -> tuple[torch.Tensor, list]:

@@ -50,6 +50,11 @@ class TensorPlan:
     vocab_embedding: str | None = None
     vocab_output: str | None = None
     rng_region: tuple[str, ...] = ()
+    shared_input: tuple[tuple[str, int], ...] = ()
+    """(module, its number of positional inputs): a module whose first input feeds several column-parallel
+    projections (attention: query, key and value). That input becomes one replicated DTensor, so autograd
+    sums the projections' input gradients on each rank and all-reduces once, as Megatron's fused QKV does,
+    instead of once per projection"""
     head_counts: tuple[str, ...] = ()
     """attributes of `model.config` that must divide by the tensor-parallel size (each rank holds whole heads)"""
 
@@ -134,7 +139,8 @@ def parallelize(model: nn.Module, mesh, plan: TensorPlan, seed: int) -> nn.Modul
     """Split `model` over the one-dimensional `mesh` following `plan` (in place; returned). Every process of the
     mesh must hold the same weights before (they do: same seed, same checkpoint)."""
     from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                                   parallelize_module)
 
     check(model, plan, mesh.size())
     aliases: dict[int, list[str]] = {}
@@ -148,6 +154,11 @@ def parallelize(model: nn.Module, mesh, plan: TensorPlan, seed: int) -> nn.Modul
                 styles[name] = style()
     if plan.vocab_embedding and _matching(model, plan.vocab_embedding):
         styles[plan.vocab_embedding] = RowwiseParallel(input_layouts=Replicate())
+    for pattern, inputs in plan.shared_input:
+        layouts = (Replicate(),) + (None,) * (inputs - 1)
+        for name in _matching(model, pattern):
+            styles[name] = PrepareModuleInput(input_layouts=layouts, desired_input_layouts=layouts,
+                                              use_local_output=False)
     if plan.vocab_output and _matching(model, plan.vocab_output):
         styles[plan.vocab_output] = ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)
     parallelize_module(model, mesh, styles)
@@ -186,9 +197,10 @@ def parallelize(model: nn.Module, mesh, plan: TensorPlan, seed: int) -> nn.Modul
 
 def align_gradients(params) -> None:
     """Each gradient laid out as its parameter is. Autograd may leave a split parameter's gradient in another
-    placement (the vocabulary-split embedding's comes back Partial: every rank a full-size partial sum); a
-    reduce-scatter makes it the parameter's shard, so that sums over replicas or tied stages, norms and the
-    optimizer all see the same layout on every rank."""
+    placement: DTensor's embedding backward gives the vocabulary-split word embeddings a Replicate gradient
+    (the full V x h on every rank, computed locally from replicated inputs; tied to the decoder it is
+    accumulated into the decoder's shard instead). Slicing it to the shard costs no communication, and then
+    sums over replicas or tied stages, norms and the optimizer see the same layout on every rank."""
     for p in params:
         g = p.grad
         if is_distributed(g) and g.placements != p.placements:

@@ -196,9 +196,10 @@ class GlueTask:
 
     def evaluate(self, engine, rt: Runtime, step: int) -> dict:
         """GLUE metrics on the dev split(s), on rank 0 (the others wait); writes predictions_<split>.json."""
+        model = engine.full_model()  # a collective under tensor parallelism: every rank takes part
         if not rt.main:
             return {}
-        return self._evaluate(engine.full_model())
+        return self._evaluate(model)
 
     def _evaluate(self, model) -> dict:
         from ..engine.trainer import write_json

@@ -22,6 +22,7 @@ BERT = TensorPlan(
     vocab_embedding="bert.embeddings.word_embeddings",
     vocab_output="cls.predictions.decoder",
     rng_region=(_BERT_LAYER + "attention.self",),
+    shared_input=((_BERT_LAYER + "attention.self", 2),),
     head_counts=("num_attention_heads",),
 )
 
@@ -34,5 +35,6 @@ LLAMA = TensorPlan(
     vocab_embedding="model.embed_tokens",
     vocab_output="lm_head",
     rng_region=(_LLAMA_LAYER + "self_attn",),
+    shared_input=((_LLAMA_LAYER + "self_attn", 4), (_LLAMA_LAYER + "mlp", 1)),
     head_counts=("num_attention_heads", "num_key_value_heads"),
 )

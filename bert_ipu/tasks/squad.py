@@ -177,9 +177,10 @@ class SquadTask:
 
     def evaluate(self, engine, rt: Runtime, step: int) -> dict:
         """EM/F1 on the evaluation file, on rank 0 (the others wait); writes predictions.json."""
+        model = engine.full_model() if rt.stages == 1 else None  # a collective under tensor parallelism
         if not rt.main:
             return {}
-        return self._evaluate(engine.full_model() if rt.stages == 1 else None)
+        return self._evaluate(model)
 
     def _evaluate(self, model) -> dict:
         from ..engine.trainer import write_json
