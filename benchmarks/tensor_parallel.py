@@ -7,8 +7,8 @@ at tensor 2 against one process (issue 16).
 It starts 2 processes (gloo). Per shape:
 
 1. Communication: one training step (forward, backward, gradient alignment) of the split model under a
-   dispatch mode that records every collective DTensor issues (`_c10d_functional` ops: all_reduce,
-   reduce_scatter, all_gather) with its payload in bytes. Run at L and 2L layers, the difference / L is what
+   dispatch mode that records every collective DTensor issues (all-reduce, all-gather, reduce-scatter,
+   all-to-all; also those an op is desugared into) with its payload in bytes. Run at L and 2L layers, the difference / L is what
    one layer costs. Megatron's count for one layer with tensor parallelism and no sequence parallelism: two
    all-reduces of the (b, s, h) activations forward (after the attention output and the second MLP
    projection) and two backward (the gradients of the attention and MLP inputs): 4 x b x s x h elements.
@@ -40,7 +40,8 @@ SHAPES = {  # hidden, layers, heads, intermediate, vocab, pack length, micro-bat
     "tiny": dict(hidden=128, layers=2, heads=2, intermediate=512, vocab=30522, seq=128, batch=8, mlm=20, cls=3),
     "base": dict(hidden=768, layers=12, heads=12, intermediate=3072, vocab=30522, seq=128, batch=2, mlm=20, cls=3),
 }
-COLLECTIVES = ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "all_to_all_single")
+COLLECTIVES = ("all_reduce", "all_reduce_", "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single",
+               "shard_dim_alltoall", "allreduce_", "allgather_", "reduce_scatter_", "alltoall_base_")
 
 
 def make_model(shape: dict, layers: int):
@@ -87,16 +88,24 @@ def step(model, opt, batch: dict, tensor_parallel: int) -> None:
 
 
 class CollectiveBytes(torch.utils._python_dispatch.TorchDispatchMode):
-    """Records (operation, bytes of its input) of every functional collective dispatched inside it."""
+    """Records (operation, bytes of its input) of every collective dispatched inside it. As torch's CommDebugMode
+    does, it lets DTensor run first (NotImplemented for DTensor arguments), so the collectives an op is
+    desugared into (an argmax's all-gather, loss_parallel's all-reduces) reach it too."""
 
     def __init__(self):
         super().__init__()
         self.calls: list[tuple[str, int]] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        from torch.distributed.tensor import DTensor
+
+        if isinstance(func, torch._ops.HigherOrderOperator):
+            return func(*args, **(kwargs or {}))
+        if any(t is DTensor for t in types):
+            return NotImplemented
         name = func.__name__.split(".")[0]
-        if func.namespace == "_c10d_functional" and name in COLLECTIVES:
-            t = args[0]
+        if func.namespace in ("_c10d_functional", "_dtensor", "c10d") and name in COLLECTIVES:
+            t = args[0][0] if isinstance(args[0], (list, tuple)) else args[0]
             self.calls.append((name, t.numel() * t.element_size()))
         return func(*args, **(kwargs or {}))
 
