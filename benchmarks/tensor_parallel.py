@@ -118,9 +118,15 @@ def split_model(shape: dict, layers: int, mesh):
 
 
 def communication(shape: dict, mesh) -> dict:
+    """Bytes of forward + backward at L and 2L layers; and, at L, of the optimizer step (ShardedLamb: two norms of
+    each split parameter) and of the MLM accuracy's argmax over the split logits (as the pretraining task's
+    loss computes it)."""
+    from bert_ipu.engine.optim import ShardedLamb
+    from bert_ipu.modeling import whole
+
     batch = make_batch(shape)
     totals = {}
-    for layers in (shape["layers"], 2 * shape["layers"]):
+    for layers in (2 * shape["layers"], shape["layers"]):
         model = split_model(shape, layers, mesh)
         step(model, None, batch, 2)  # warm-up: DTensor caches its sharding decisions
         model.zero_grad(set_to_none=True)
@@ -130,13 +136,23 @@ def communication(shape: dict, mesh) -> dict:
         for name, n in mode.calls:
             by_op[name] += n
         totals[layers] = (sum(n for _, n in mode.calls), dict(by_op), len(mode.calls))
+    opt = ShardedLamb(model.parameters(), lr=1e-4, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01)
+    with CollectiveBytes() as optimizer:
+        opt.step()
+    with torch.no_grad():
+        mlm, _ = model(batch["input_ids"], batch["position_ids"], batch["token_type_ids"], batch["sequence_ids"],
+                       mlm_slots=batch["mlm_labels"].shape[1])
+        with CollectiveBytes() as accuracy:
+            whole(mlm.argmax(-1))
     L = shape["layers"]
     per_layer = (totals[2 * L][0] - totals[L][0]) / L
     b, s, h = shape["batch"], shape["seq"], shape["hidden"]
     megatron = 4 * b * s * h * 4  # fp32 bytes
     return {"per_layer_bytes": per_layer, "megatron_per_layer_bytes": megatron, "total_bytes": totals[L][0],
             "by_op": totals[L][1], "collectives": totals[L][2],
-            "fixed_bytes": totals[L][0] - L * per_layer}
+            "fixed_bytes": totals[L][0] - L * per_layer,
+            "optimizer": (sum(n for _, n in optimizer.calls), len(optimizer.calls)),
+            "accuracy": (sum(n for _, n in accuracy.calls), len(accuracy.calls))}
 
 
 def timing(shape: dict, mesh, rounds: int) -> dict:
@@ -189,13 +205,16 @@ def worker(rank: int, args) -> None:
             ratio = comm["per_layer_bytes"] / comm["megatron_per_layer_bytes"]
             print(f"   per layer per step: {comm['per_layer_bytes'] / 2**20:.3f} MiB all-reduced; Megatron 4 x b x s x h "
                   f"= {comm['megatron_per_layer_bytes'] / 2**20:.3f} MiB (ratio {ratio:.3f})")
-            print(f"   whole step: {comm['total_bytes'] / 2**20:.3f} MiB in {comm['collectives']} collectives; not "
-                  f"per layer: {comm['fixed_bytes'] / 2**20:.3f} MiB")
+            print(f"   forward + backward: {comm['total_bytes'] / 2**20:.3f} MiB in {comm['collectives']} collectives; "
+                  f"not per layer: {comm['fixed_bytes'] / 2**20:.3f} MiB")
+            print(f"   LAMB step: {comm['optimizer'][0]} bytes in {comm['optimizer'][1]} collectives (whole-parameter "
+                  f"norms); MLM accuracy's argmax: {comm['accuracy'][0]} bytes in {comm['accuracy'][1]} collectives")
             for op, n in sorted(comm["by_op"].items()):
                 print(f"     {op:24s} {n / 2**20:10.3f} MiB")
-            print(f"   not per layer, expected: the embedding output's all-reduce b x s x h = {b * s * h * 4 / 2**20:.3f} "
-                  f"MiB + the MLM decoder's input gradient b x M x h = {b * shape['mlm'] * h * 4 / 2**20:.3f} MiB + the "
-                  "parallel cross-entropy's max, sum and target logit (3 x b x M floats)")
+            expected = (b * s * h + b * shape["mlm"] * h + 3 * b * shape["mlm"]) * 4
+            print(f"   not per layer, expected {expected / 2**20:.3f} MiB: the embedding output's all-reduce b x s x h + the "
+                  "MLM decoder's input gradient b x M x h + the parallel cross-entropy's max, sum and target logit "
+                  "(3 x b x M floats)")
             one1, one2 = t["one process, 1 thread(s)"], t["one process, 2 thread(s)"]
             tp = t["tensor 2 (1 thread each)"]
             print(f"   step (forward + backward + LAMB), median of {args.rounds}: one process 1 thread {one1 * 1e3:.1f} ms, "

@@ -50,20 +50,24 @@ def compare(whole: torch.nn.Module, loss_of, mesh, plan, steps: int = 2) -> dict
     split = parallelize(copy.deepcopy(whole), mesh, plan, seed=0)
     optimizers = {"whole": Lamb(whole.parameters(), lr=0.01, weight_decay=0.01),
                   "split": ShardedLamb(split.parameters(), lr=0.01, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01)}
-    out = {"loss": 0.0, "gradients": 0.0, "trust_ratios": 0.0, "weights": 0.0}
+    out = {"loss": 0.0, "gradients": 0.0, "trust_ratios": 0.0, "weights": 0.0, "clipped_norm": 0.0}
     for _ in range(steps):
-        losses, grads, ratios = {}, {}, {}
+        losses, grads, ratios, norms = {}, {}, {}, {}
         for name, model in (("whole", whole), ("split", split)):
             with loss_context(2 if name == "split" else 1):
                 loss = loss_of(model)
                 loss.backward()
             losses[name] = loss.detach()
+            # clipping by the global norm: the norm of whole gradients, and every gradient scaled alike
+            norms[name] = float(full(torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1)))
             grads[name] = {k: full(p.grad) for k, p in model.named_parameters()}
             optimizers[name].step()
             optimizers[name].zero_grad()
             ratios[name] = {k: torch.as_tensor(optimizers[name].state[p]["trust_ratio"], dtype=torch.float64)
                             for k, p in model.named_parameters()}
         out["loss"] = max(out["loss"], abs(losses["whole"] - losses["split"]).item() / abs(losses["whole"]).item())
+        out["clipped_norm"] = max(out["clipped_norm"], abs(norms["whole"] - norms["split"]) / norms["whole"])
+        out["norm"] = norms["whole"]
         if "null" not in out:
             top = max(g.norm() for g in grads["whole"].values())
             out["null"] = sorted(k for k, g in grads["whole"].items() if g.norm() < 1e-10 * top)
@@ -145,6 +149,17 @@ def main(path: str) -> None:
             bert_loss(model)
         states.append(torch.get_rng_state())
     result["shared_generator_untouched"] = bool(torch.equal(states[0], states[1]))
+    # one generator for the attention cores, advancing from layer to layer: each layer, and each rank, its own
+    # masks (the state at entry to every attention core differs from layer to layer and from rank to rank)
+    entries = []
+    for layer in probe.bert.encoder.layer.values():
+        layer.attention.self.register_forward_pre_hook(lambda module, args: entries.append(torch.get_rng_state()))
+    with loss_context(2):
+        bert_loss(probe)
+    result["layers_draw_apart"] = not torch.equal(entries[0], entries[1])
+    gathered = [torch.empty_like(entries[0]) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, entries[0])
+    result["ranks_draw_apart"] = not torch.equal(gathered[0], gathered[1])
     if dist.get_rank() == 0:
         with open(path, "w") as f:
             json.dump(result, f)

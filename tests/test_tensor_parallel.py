@@ -72,25 +72,29 @@ def test_split_models_equal_whole_models(tmp_path):
     sides of the split among the tokens) and a Llama causal LM with grouped-query attention, split over 2
     processes, give the whole model's loss, every gradient, LAMB's trust ratios (ShardedLamb on the split
     model vs pytorch_optimizer's LAMB on the whole one) and weights after 2 steps, float64, to 1e-10
-    relative; the tied embedding and decoder stay one parameter. Left out of gradients, trust ratios and
+    relative, and so does the global gradient norm that clipping uses (active: above max_norm); the tied
+    embedding and decoder stay one parameter. Left out of gradients, trust ratios and
     weights, and checked by name: the only parameters whose gradient is zero up to rounding (BERT's attention
     key biases; softmax is invariant to them). With dropout on, the loss and every replicated gradient are
-    bitwise equal on both ranks, and the attention cores' dropout leaves the shared generator untouched (it
-    draws from each rank's own)."""
+    bitwise equal on both ranks, and the attention cores' dropout leaves the shared generator untouched: it
+    draws from each rank's own generator, which advances from layer to layer (other masks in every layer, on
+    every rank)."""
     out = tmp_path / "result.json"
     run_cli(str(out), nproc=2, port=29541, script="tests/tensor_parallel_worker.py")
     result = json.loads(out.read_text())
     for model in ("bert", "llama"):
         r = result[model]
         assert r["loss"] < 1e-12, (model, r)
-        for key in ("gradients", "trust_ratios", "weights"):
+        for key in ("gradients", "trust_ratios", "weights", "clipped_norm"):
             assert r[key] < 1e-10, (model, key, r)
+        assert r["norm"] > 0.1, r  # the clipping was active (the norm above max_norm)
         assert r["tied"], model
     assert result["bert"]["null"] == ["bert.encoder.layer.0.attention.self.key.bias",
                                       "bert.encoder.layer.1.attention.self.key.bias"]
     assert result["llama"]["null"] == []
     assert result["dropout_replicated_equal"]
     assert result["shared_generator_untouched"]
+    assert result["layers_draw_apart"] and result["ranks_draw_apart"]
 
 
 def test_tensor_parallel_training_equals_one_process_and_resumes_across_sizes(dataset, tmp_path):
@@ -141,11 +145,11 @@ def test_tensor_times_data_or_pipeline_equals_one_process(dataset, tmp_path, oth
     # (validation is split over replicas, or runs whole pipeline schedules of 4 micro-batches: other packs than
     # one process's 2 validation batches, so it is not compared)
     assert_close_runs(one, grid, weights=3e-4, keys=("loss", "sequences", "mlm_accuracy"))
-    hf = grid / "hf"  # the export holds whole weights that transformers loads as they are
-    from transformers import BertForPreTraining
+    from transformers import BertForPreTraining  # the export holds the whole weights, as transformers loads them
 
-    model = BertForPreTraining.from_pretrained(str(hf))
-    assert model.bert.embeddings.word_embeddings.weight.shape[0] == model.config.vocab_size
+    exported = BertForPreTraining.from_pretrained(str(grid / "hf")).state_dict()
+    for name, weight in final_weights(grid).items():
+        assert torch.equal(exported[name], weight), name
 
 
 def test_tensor_parallel_bad_settings_are_one_line(dataset, tmp_path):
@@ -197,3 +201,26 @@ def test_glue_at_tensor_two_equals_one_process(tmp_path):
         assert ((a[name] - b[name]).abs().max() / scale).item() < 1e-4, name
     for path in sorted((tmp_path / "one").glob("predictions*.json")):
         assert json.loads(path.read_text()) == json.loads((tmp_path / "two" / path.name).read_text()), path.name
+
+
+def test_tensor_parallel_dropout_resumes_bitwise_and_replicas_stay_equal(dataset, tmp_path):
+    """With dropout on (0.1): a tensor-2 run resumed from its step-2 checkpoint ends bitwise equal to the
+    uninterrupted run (the shared generator and each rank's attention-core generator are checkpointed); and a
+    2-stage pipeline checkpoint (whose stages hold different generator states) resumed at tensor 2 gives both
+    tensor ranks the same shared state: the replicated weights stay bitwise equal on both (the engine checks
+    it at every checkpoint and stops if not)."""
+    common = ["--config", "test_tiny", f"data.dataset={dataset}", *COMMON, "model.hidden_dropout_prob=0.1",
+              "model.attention_probs_dropout_prob=0.1"]
+    straight = tmp_path / "straight"
+    torchrun(2, 29553, *common, f"output_dir={straight}", "parallel.tensor_parallel=2")
+    resumed = tmp_path / "resumed"
+    shutil.copytree(straight, resumed)
+    shutil.rmtree(resumed / "checkpoints" / "step-0000004")
+    torchrun(2, 29555, *common, f"output_dir={resumed}", "parallel.tensor_parallel=2", "--resume")
+    a, b = final_weights(straight), final_weights(resumed)
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    staged = tmp_path / "staged"
+    torchrun(2, 29557, *common, f"output_dir={staged}", "parallel.pipeline_stages=2", "train.max_steps=2")
+    stdout = torchrun(2, 29559, *common, f"output_dir={staged}", "parallel.tensor_parallel=2", "--resume")
+    assert "now 1 x 1 x 2" in stdout and (staged / "checkpoints" / "step-0000004").is_dir()

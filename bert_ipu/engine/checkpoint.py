@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 from ..files import describe_os_error, fsync_dir, fsync_tree
 from .runtime import RunError
-from .tensor import full, is_distributed, like, local
+from .tensor import full, is_distributed, like, local, region_generator
 
 # DCP warns that it saves "in a single process" whenever no process group is up: that is what we mean
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
@@ -125,9 +125,13 @@ def save(path: Path, module: torch.nn.Module, opt, state: dict, keep: int, main:
         raise RunError(error)
     # whole tensors: a weight split over tensor-parallel ranks is gathered (every rank of the split then holds an
     # equal copy, written once), so the files are the same on every topology
-    tensors = {f"model.{k}": full(v.detach()) for k, v in module.state_dict().items()}
+    # (on the CPU as soon as gathered: never a whole model's weights and moments at once on the device)
+    def whole(v):
+        return full(v).cpu() if is_distributed(v) else v
+
+    tensors = {f"model.{k}": whole(v.detach()) for k, v in module.state_dict().items()}
     optim, other = _optimizer_tensors(module, opt)
-    tensors |= {k: full(v) for k, v in optim.items()}
+    tensors |= {k: whole(v) for k, v in optim.items()}
     try:  # DCP agrees on the outcome across ranks: every rank raises when one fails
         dcp.save(_unshared(tensors),
                  storage_writer=HuggingFaceStorageWriter(str(partial), save_distributed=True),
@@ -138,6 +142,10 @@ def save(path: Path, module: torch.nn.Module, opt, state: dict, keep: int, main:
         raise _write_failed(final, e) from None
     rng = {"cpu": _rng_to_text(torch.get_rng_state()),
            "cuda": _rng_to_text(torch.cuda.get_rng_state()) if torch.cuda.is_available() else None}
+    region = region_generator(module)  # tensor parallelism: this rank's attention-dropout generator
+    if region is not None:
+        cpu, cuda = region.state
+        rng["tensor_region"] = {"cpu": _rng_to_text(cpu), "cuda": None if cuda is None else _rng_to_text(cuda)}
     rngs = [None] * dist.get_world_size() if dist.is_initialized() else [rng]
     others = [None] * len(rngs)
     if dist.is_initialized():
@@ -180,9 +188,12 @@ def read_state(path: Path) -> dict:
         raise RunError(f"{path} is not a checkpoint of this project ({e}); resume from another or start anew") from None
 
 
-def load(path: Path, module: torch.nn.Module, opt, rank: int = 0) -> dict:
+def load(path: Path, module: torch.nn.Module, opt, rank: int = 0, shared_rank: int | None = None) -> dict:
     """Load this rank's model part and optimizer state (by name) from a checkpoint saved on any topology;
-    returns the JSON state (step, counters, scheduler, loader). Sets this rank's RNG state."""
+    returns the JSON state (step, counters, scheduler, loader). Sets the RNG state: the shared generator's from
+    `shared_rank` (default `rank`; under tensor parallelism the group's first rank, so that all ranks of a
+    group draw the same replicated-region masks whatever rank saved it), the attention cores' own generator
+    from `rank`, when the checkpoint was saved on as many processes (else from rank 0, or left as seeded)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import HuggingFaceStorageReader
 
@@ -242,13 +253,20 @@ def load(path: Path, module: torch.nn.Module, opt, rank: int = 0) -> dict:
         # the optimizer's own progress comes back; its settings (betas, eps, weight decay) stay the config's
         group.update({k: tuple(v) if isinstance(v, list) else v for k, v in saved_group.items()
                       if k not in ("betas", "eps", "weight_decay")})
-    rngs = state.get("rng") or []
+    rngs = [r if isinstance(r, dict) else {"cpu": r, "cuda": None} for r in state.get("rng") or []]
     if rngs:
-        mine = rngs[rank] if rank < len(rngs) and len(rngs) == state.get("world", 1) else rngs[0]
-        mine = mine if isinstance(mine, dict) else {"cpu": mine, "cuda": None}
-        torch.set_rng_state(_rng_from_text(mine["cpu"]))
-        if mine.get("cuda") and torch.cuda.is_available():
-            torch.cuda.set_rng_state(_rng_from_text(mine["cuda"]))
+        same = len(rngs) == state.get("world", 1)
+
+        def saved(r):
+            return rngs[r] if same and r < len(rngs) else rngs[0]
+
+        shared = saved(rank if shared_rank is None else shared_rank)
+        torch.set_rng_state(_rng_from_text(shared["cpu"]))
+        if shared.get("cuda") and torch.cuda.is_available():
+            torch.cuda.set_rng_state(_rng_from_text(shared["cuda"]))
+        region, own = region_generator(module), saved(rank).get("tensor_region")
+        if region is not None and own is not None:
+            region.state = (_rng_from_text(own["cpu"]), None if own["cuda"] is None else _rng_from_text(own["cuda"]))
     return state
 
 

@@ -102,8 +102,8 @@ def tensor_plan(task, model: nn.Module, size: int) -> tensor.TensorPlan:
 
 def split_tensors(model: nn.Module, task, rt: Runtime, seed: int) -> None:
     """Split `model` (a whole model or a pipeline stage) over this process's tensor-parallel ranks, following the
-    task's plan for it (in place)."""
-    tensor.parallelize(model, rt.mesh()["tp"], tensor_plan(task, model, rt.tensor), seed)
+    task's plan for it (in place). The attention cores' dropout seed differs per stage too (Megatron's +100)."""
+    tensor.parallelize(model, rt.mesh()["tp"], tensor_plan(task, model, rt.tensor), seed + 100 * rt.stage)
 
 
 def sum_gradients(params, group) -> None:
@@ -177,12 +177,18 @@ class LocalParallel:
         """Clip by the global gradient norm (of whole parameters, also when they are split)."""
         return float(tensor.full(nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)))
 
-    def full_model(self) -> nn.Module:
-        """The model with whole weights (split ones gathered: a collective under tensor parallelism)."""
+    def full_model(self) -> nn.Module | None:
+        """The model with whole weights. Under tensor parallelism a collective: the split weights are gathered
+        on every rank and a whole model is built on rank 0 (None elsewhere), without touching the shared
+        random generator (the ranks must keep drawing the same dropout masks)."""
         if self.tensor == 1:
             return self.model
-        whole = self.task.build_model()
-        whole.load_state_dict(tensor.full_state_dict(self.model), strict=True)
+        state = {k: v.cpu() for k, v in tensor.full_state_dict(self.model).items()}
+        if not self.rt.main:
+            return None
+        with torch.random.fork_rng(devices=[self.rt.device] if self.rt.device.type == "cuda" else []):
+            whole = self.task.build_model()
+        whole.load_state_dict(state, strict=True)
         return whole.to(self.rt.device).train(self.model.training)
 
 

@@ -27,9 +27,11 @@ global norm. Tied weights stay tied (the embedding and the decoder share one sha
 
 Dropout, as Megatron: in the replicated regions every tensor-parallel rank draws the same mask (they share the
 seed and consume the generator alike, so replicated activations stay equal); inside the modules named in
-`rng_region` (the attention cores, where each rank holds other heads) a rank draws from its own generator,
-seeded `seed + 2718 + tp_rank` (Megatron's model-parallel seed), so heads on different ranks get independent
-masks.
+`rng_region` (the attention cores, where each rank holds other heads) a rank draws from a generator of its own,
+one for the whole (stage of the) model, advancing from layer to layer, seeded `seed + 2718 + tp_rank`
+(Megatron's model-parallel seed; the engine adds 100 x the pipeline stage to `seed`), so heads on different
+ranks and different layers get independent masks. `region_generator(model)` is that generator, whose state
+the checkpoints keep.
 """
 
 from __future__ import annotations
@@ -98,8 +100,9 @@ def _matching(model: nn.Module, pattern: str) -> list[str]:
 
 
 class _RankGenerator:
-    """Forward hooks that let a module draw random numbers from this rank's own generator state (CPU, and the
-    module's CUDA device when it has one), leaving the shared generator as it was."""
+    """Forward hooks that let modules draw random numbers from this rank's own generator state (CPU, and the
+    model's CUDA device when it has one), leaving the shared generator as it was. `state` is
+    (CPU state, CUDA state or None): what a checkpoint keeps."""
 
     def __init__(self, seed: int, device: torch.device):
         self.device = device
@@ -184,15 +187,19 @@ def parallelize(model: nn.Module, mesh, plan: TensorPlan, seed: int) -> nn.Modul
         if own and not any(isinstance(p, DTensor) for p in own):
             distribute_module(module, mesh, input_fn=replicate_inputs, output_fn=local_outputs)
 
-    rank = mesh.get_local_rank()
-    device = next(model.parameters()).device
+    generator = _RankGenerator(seed + 2718 + mesh.get_local_rank(), next(model.parameters()).device)
     for pattern in plan.rng_region:
         for name in _matching(model, pattern):
-            generator = _RankGenerator(seed + 2718 + rank, device)
             module = model.get_submodule(name)
             module.register_forward_pre_hook(generator.enter)
             module.register_forward_hook(generator.leave)
+    model._tensor_parallel_generator = generator
     return model
+
+
+def region_generator(model: nn.Module):
+    """The generator of a split model's attention cores (None for a model that is not split)."""
+    return getattr(model, "_tensor_parallel_generator", None)
 
 
 def align_gradients(params) -> None:
@@ -205,6 +212,22 @@ def align_gradients(params) -> None:
         g = p.grad
         if is_distributed(g) and g.placements != p.placements:
             p.grad = g.redistribute(p.device_mesh, p.placements)
+
+
+def replicas_agree(model: nn.Module, mesh) -> bool:
+    """Whether every rank of `mesh` holds bitwise the same replicated weights (a collective): a checksum of each
+    rank's replicated parameters, gathered. They can only drift apart through a bug (ranks drawing different
+    dropout masks outside the attention cores, or a rank updating alone); a checkpoint must never hide it,
+    since it saves one rank's copy."""
+    import torch.distributed as dist
+
+    values = [local(p.detach()).double() for p in model.parameters()
+              if is_distributed(p) and all(q.is_replicate() for q in p.placements)]
+    mine = torch.stack([torch.stack([v.sum(), v.square().sum()]) for v in values]).flatten().cpu() if values \
+        else torch.zeros(1, dtype=torch.float64)
+    gathered = [torch.empty_like(mine) for _ in range(mesh.size())]
+    dist.all_gather(gathered, mine, group=mesh.get_group())
+    return all(torch.equal(gathered[0], g) for g in gathered)
 
 
 def full_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:

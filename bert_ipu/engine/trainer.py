@@ -27,7 +27,7 @@ from .metrics import MetricsLogger
 from .optim import build_optimizer, packing_betas, packs_per_update, schedule_length
 from .parallel import LocalParallel, PipelineParallel, global_counts, tensor_plan
 from .runtime import Runtime, RunError
-from .tensor import local
+from .tensor import local, replicas_agree
 
 RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "tensorboard", "hf", "results.json",
              "predictions*.json")
@@ -144,7 +144,7 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, load
     step, seen, last = 0, 0.0, {}
     if resume:
         newest = checkpoint.checkpoints(out)[-1]
-        state = checkpoint.load(newest, engine.module, opt, rt.rank)
+        state = checkpoint.load(newest, engine.module, opt, rt.rank, shared_rank=rt.rank - rt.tp_rank)
         sched.load_state_dict(state["scheduler"])
         saved_lr = state.get("learning_rate", t.learning_rate)
         if saved_lr != t.learning_rate:  # the user asks for a new peak learning rate: the schedule keeps its place
@@ -178,6 +178,11 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, load
         bad = float(not all(bool(torch.isfinite(local(q)).all()) for q in engine.module.parameters()))
         if rt.all_sum(torch.tensor([bad])).item() > 0:  # every rank (stage) checks its own part
             stop_non_finite("the weights are not finite after the update", at_step)
+        if rt.tensor > 1:  # a checkpoint keeps one rank's copy of a replicated weight: all copies must be equal
+            apart = float(not replicas_agree(engine.module, rt.mesh()["tp"]))
+            if rt.all_sum(torch.tensor([apart])).item() > 0:
+                raise RunError(f"step {at_step}: the replicated weights differ between tensor-parallel ranks (a bug: "
+                               "please report it with the config); the last checkpoint is intact")
         state = {"step": at_step, "sequences_seen": seen, "scheduler": sched.state_dict(),
                  "loader": loader.state_dict(), "world": rt.world, "replicas": rt.dp_world, "stages": stages,
                  "tensor": rt.tensor,
