@@ -21,6 +21,7 @@ import argparse
 import sys
 
 from bert_ipu.config import CausalLMRunConfig, ConfigError, load_config
+from bert_ipu.engine.launch import launch_if_needed
 from bert_ipu.engine.runtime import RunError, report_error
 
 
@@ -34,6 +35,9 @@ def cli(argv=None) -> int:
     args = p.parse_args(argv)
     try:
         cfg = load_config(args.config, args.overrides, root=CausalLMRunConfig)
+        code = launch_if_needed(cfg, __file__, sys.argv[1:] if argv is None else list(argv))
+        if code is not None:  # parallel.tensor_parallel > 1 without torchrun: its processes were launched here
+            return code
         from bert_ipu.tasks.causal_lm import main
 
         result = main(cfg, resume=args.resume, overwrite=args.overwrite)

@@ -17,7 +17,7 @@ import argparse
 import sys
 
 from bert_ipu.config import ConfigError, RunConfig, load_config
-from bert_ipu.engine.launch import check_capacity, launch, launched
+from bert_ipu.engine.launch import launch_if_needed
 from bert_ipu.engine.runtime import RunError, report_error
 
 
@@ -32,12 +32,11 @@ def cli(argv=None) -> int:
     args = p.parse_args(argv)
     try:
         cfg = load_config(args.config, args.overrides, root=RunConfig)
-        processes = cfg.parallel.processes
-        if processes > 1 and not launched():
-            m = cfg.model
-            layer = 12 * m.hidden_size ** 2 + 2 * m.hidden_size * m.intermediate_size
-            check_capacity(processes, cfg.train.device, m.num_hidden_layers * layer + 30522 * m.hidden_size)
-            return launch(processes, __file__, argv)
+        m = cfg.model
+        layer = 12 * m.hidden_size ** 2 + 2 * m.hidden_size * m.intermediate_size
+        code = launch_if_needed(cfg, __file__, argv, m.num_hidden_layers * layer + 30522 * m.hidden_size)
+        if code is not None:
+            return code
         from bert_ipu.tasks.pretraining import main
 
         result = main(cfg, resume=args.resume, overwrite=args.overwrite)

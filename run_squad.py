@@ -21,6 +21,7 @@ import argparse
 import sys
 
 from bert_ipu.config import ConfigError, SquadRunConfig, load_config
+from bert_ipu.engine.launch import launch_if_needed
 from bert_ipu.engine.runtime import RunError, report_error
 
 
@@ -37,6 +38,9 @@ def cli(argv=None) -> int:
     try:
         overrides = list(args.overrides) + (["data.train_file=null"] if args.eval_only else [])
         cfg = load_config(args.config, overrides, root=SquadRunConfig)
+        code = launch_if_needed(cfg, __file__, sys.argv[1:] if argv is None else list(argv))
+        if code is not None:  # parallel.tensor_parallel > 1 without torchrun: its processes were launched here
+            return code
         from bert_ipu.tasks.squad import main
 
         result = main(cfg, resume=args.resume, overwrite=args.overwrite)

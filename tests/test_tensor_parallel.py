@@ -188,13 +188,15 @@ def test_tensor_parallel_bad_settings_are_one_line(dataset, tmp_path):
 
 def test_glue_at_tensor_two_equals_one_process(tmp_path):
     """A fine-tuning task on the same plan (BERT, replicated classification head): GLUE SST-2 fixture, 3 updates
-    at tensor 2 end with the weights of one process (1e-4 relative) and predict the same dev labels (the
-    evaluation gathers the whole model on every rank, then rank 0 scores it)."""
+    at tensor 2 (`run_glue.py` started without torchrun launches its 2 processes) end with the weights of one
+    process (1e-4 relative) and predict the same dev labels (the evaluation gathers the whole model on every
+    rank, then rank 0 scores it)."""
     common = ["--config", "glue_tiny_packed", "train.max_steps=3", "train.num_train_epochs=1",
               "model.hidden_dropout_prob=0.0", "model.attention_probs_dropout_prob=0.0"]  # the same numbers: no dropout
     run_cli(*common, f"output_dir={tmp_path / 'one'}", script="run_glue.py")
-    run_cli(*common, f"output_dir={tmp_path / 'two'}", "parallel.tensor_parallel=2", nproc=2, port=29551,
-            script="run_glue.py")
+    # started with plain python: the entry point launches its 2 processes itself
+    stdout = run_cli(*common, f"output_dir={tmp_path / 'two'}", "parallel.tensor_parallel=2", script="run_glue.py").stdout
+    assert "starting 2 processes" in stdout
     a, b = final_weights(tmp_path / "one"), final_weights(tmp_path / "two")
     for name in a:
         scale = a[name].abs().max().clamp_min(1e-3)

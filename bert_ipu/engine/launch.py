@@ -51,6 +51,17 @@ def launched() -> bool:
     return "WORLD_SIZE" in os.environ
 
 
+def launch_if_needed(cfg, script: str, argv: list[str], parameters: int | None = None) -> int | None:
+    """A config of several processes per replica (pipeline stages x tensor-parallel ranks) started with plain
+    `python`: launch them here and return their exit code; None when this process should run the job itself
+    (one process per replica, or already under torchrun)."""
+    processes = cfg.parallel.processes
+    if processes == 1 or launched():
+        return None
+    check_capacity(processes, cfg.train.device, parameters)
+    return launch(processes, script, argv)
+
+
 def launch(processes: int, script: str, argv: list[str]) -> int:
     """Run `python script argv...` in `processes` processes on this machine (elastic launch, as torchrun
     --standalone); returns 0, or the exit code of the first process that failed (it printed its error)."""
