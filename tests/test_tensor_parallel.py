@@ -226,3 +226,19 @@ def test_tensor_parallel_dropout_resumes_bitwise_and_replicas_stay_equal(dataset
     torchrun(2, 29557, *common, f"output_dir={staged}", "parallel.pipeline_stages=2", "train.max_steps=2")
     stdout = torchrun(2, 29559, *common, f"output_dir={staged}", "parallel.tensor_parallel=2", "--resume")
     assert "now 1 x 1 x 2" in stdout and (staged / "checkpoints" / "step-0000004").is_dir()
+
+
+def test_causal_lm_at_tensor_two_equals_one_process(tmp_path):
+    """The causal LM task (Llama, grouped-query attention with 2 key/value heads, tied lm_head split along the
+    vocabulary, AdamW on DTensors) on the SFT chat fixture: 4 updates at tensor 2 end with the weights of one
+    process (1e-4 relative: AdamW divides by the gradients' RMS, as LAMB) and the same validation loss (1e-5)."""
+    from test_causal_lm import TINY
+
+    common = ["--config", "sft_tiny_chat_packed", *TINY, "model.num_key_value_heads=2", "train.micro_batch_size=2",
+              "train.batch_unit=packs", "train.global_batch_size=8"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    run_cli(*common, f"output_dir={one}", script="run_causal_lm.py")
+    proc = run_cli(*common, f"output_dir={two}", "parallel.tensor_parallel=2", nproc=2, port=29561,
+                   script="run_causal_lm.py")
+    assert "tensor parallel over 2" in proc.stdout
+    assert_close_runs(one, two, keys=("loss", "val_loss"))
