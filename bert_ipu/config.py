@@ -176,7 +176,7 @@ class ParallelConfig:
     tensor_parallel: int = 1
     """> 1: split every layer over this many processes (Megatron-style, torch.distributed.tensor): attention
     heads and the MLP's hidden units, and the vocabulary of the embeddings and the tied output layer; the
-    processes are data-parallel replicas x pipeline stages x this (bert_ipu/engine/tensor.py)"""
+    processes are data-parallel replicas x pipeline stages x this (bert_ipu/engine/tensor.py); fp32 or bf16"""
 
     def __post_init__(self):
         if self.pipeline_stages < 1 or self.schedule not in ("1f1b", "gpipe"):
@@ -218,9 +218,9 @@ def _common_checks(cfg) -> None:
         cfg.output_dir = f"runs/{cfg.name}"
     if not isinstance(cfg.output_dir, str) or not cfg.output_dir.strip():
         raise ConfigError(f"output_dir {cfg.output_dir!r}: give a folder path")
-    if cfg.parallel.processes > 1 and cfg.train.precision != "fp32":
-        raise ConfigError("train.precision=bf16 is not supported with pipeline stages or tensor parallelism yet; "
-                          "use fp32, or parallel.pipeline_stages=1 and parallel.tensor_parallel=1")
+    if cfg.parallel.pipeline_stages > 1 and cfg.train.precision != "fp32":
+        raise ConfigError("train.precision=bf16 is not supported with pipeline stages yet; use fp32 or "
+                          "parallel.pipeline_stages=1")
 
 
 @dataclass
