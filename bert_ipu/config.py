@@ -131,8 +131,15 @@ class TrainConfig:
     checkpoint_every: int | None = 100
     """checkpoint every this many updates (and at the end); null: at the end only"""
     keep_checkpoints: int = 2
+    balance: str = "none"
+    """none: each replica takes its share of an update's packs in the loader's (shuffled) order; attention:
+    the update's packs are dealt to replicas and micro-batches so that each gets the same attention cost (sum
+    of squared sequence lengths, read from the data's sequence ids; bert_ipu.packing.balance). The same packs
+    per update either way (only who computes which changes); deterministic"""
 
     def __post_init__(self):
+        if self.balance not in ("none", "attention"):
+            raise ConfigError(f"train.balance {self.balance!r}: choose none or attention")
         self.betas = tuple(self.betas) if isinstance(self.betas, (list, tuple)) else self.betas
         if not (isinstance(self.betas, tuple) and len(self.betas) == 2
                 and all(isinstance(b, (int, float)) and 0 <= b < 1 for b in self.betas)):
