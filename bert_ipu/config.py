@@ -252,9 +252,17 @@ class ProfileConfig:
     """PNG of the Section E study (packing vs un-padded batches over data-parallel devices); None = no study"""
     scaling_batches: int = 40
     """batches of each kind timed for the scaling study"""
+    ranks: int | None = None
+    """data-parallel ranks for the balance metrics (ABR, DBR, padding ratio; README "Balance across devices")
+    of updates of ranks x micro_batch_size packs drawn from each packing, dealt in order and balanced; None = none"""
+    balance_updates: int = 200
+    """updates drawn for the balance metrics"""
 
     def __post_init__(self):
         from .packing import ALGORITHMS
+
+        if self.ranks is not None and self.ranks < 1 or self.balance_updates < 1:
+            raise ConfigError("profile.ranks must be >= 1 (or null) and profile.balance_updates >= 1")
 
         if self.precision not in ("fp32", "bf16"):
             raise ConfigError(f"profile.precision {self.precision!r}: choose fp32 or bf16")
