@@ -54,6 +54,9 @@ EXACT_PRICING_SECONDS = 0.1
 GRID = 4096           # bucketed: lengths in units of ceil(max_len / GRID) tokens ...
 BUCKET_STEP = 1 / 128  # ... and buckets at most 1/128 of their length wide
 WARM_START_ROUNDS = 30
+COARSE_START_LENGTHS = 600  # depth-limited, more distinct lengths than this: start from the LP's patterns on
+                            # lengths rounded up to units of 2 tokens (recursively)
+COARSE_VARIANTS = 27        # real-length combinations tried per coarse pattern
 
 
 @dataclass(frozen=True)
@@ -266,7 +269,18 @@ def _solve_relaxation(histogram: np.ndarray, depth: int, patterns: list[np.ndarr
     patterns = [p[index_of[p] >= 0] for p in patterns] + [np.array([l]) for l in lengths]
     patterns = list({tuple(p): p for p in patterns if len(p)}.values())
     centre, pre_bound = None, 0.0
-    if warm and depth < max_len // int(lengths.min()):
+    limited = depth < max_len // int(lengths.min())
+    if warm and limited and len(lengths) > COARSE_START_LENGTHS:
+        # Many lengths: start from the support of the same LP on lengths rounded up to units of 2 tokens
+        # (solved the same way, so recursively down to at most COARSE_START_LENGTHS lengths), each coarse
+        # pattern expanded into the real lengths of its units (any choice fits: the rounded-up total does).
+        # The restricted LP then starts near its optimum instead of at best fit's depth-limited patterns
+        # (11.6% above it on Wikipedia-style 1024, depth 3, where exact column generation then spent 13 ever
+        # slower rounds): 9.6 s -> 1.9 s there, 60+ s -> 5.9 s at 2048. It replaces the unlimited-depth warm
+        # start (with both, 1024 took 5.7 s). At unlimited depth it did not help (2048: 4.0 s -> 4.8 s).
+        patterns += _coarse_columns(histogram, depth, deadline)
+        warm = False
+    if warm and limited:
         # The unlimited-depth LP is cheap, and its duals are a strong start for the limited one: they give
         # a Farley bound close to the final one and price out good first columns. Only worth it on the full
         # histogram: on the small residuals of iterated rounding it was re-solved to a 0.5-pack gap every
@@ -288,6 +302,38 @@ def _solve_relaxation(histogram: np.ndarray, depth: int, patterns: list[np.ndarr
     x, _, value, bound, stopped, point = column_generation(demand, lengths, max_len, pricer, patterns,
                                                            centre=centre, deadline=deadline)
     return patterns, x, value, max(bound, pre_bound if stopped else 0.0), stopped, point
+
+
+def _coarse_columns(histogram: np.ndarray, depth: int, deadline) -> list[np.ndarray]:
+    """Patterns of the real lengths from the LP on lengths rounded up to units of 2 tokens (see
+    `_solve_relaxation`): every support pattern of the coarse LP with each unit replaced by the real lengths
+    of that unit, all combinations up to COARSE_VARIANTS a pattern (beyond that, each unit's longest and
+    shortest real length, then its longest only)."""
+    import itertools
+
+    max_len = len(histogram)
+    g = 2
+    present = np.nonzero(histogram)[0] + 1
+    up = -(-present // g)
+    coarse = np.zeros(max_len // g, dtype=np.int64)
+    np.add.at(coarse, up - 1, histogram[present - 1])
+    patterns, x, *_ = _solve_relaxation(coarse, depth, [], True, deadline)
+    if x is None:
+        return []
+    options: dict[int, list[int]] = {}
+    for length, unit in zip(present.tolist(), up.tolist()):
+        options.setdefault(unit, []).append(length)
+    out = []
+    for pattern, xi in zip(patterns, x):
+        if xi <= 1e-9:
+            continue
+        choices = [options[int(u)] for u in pattern]
+        if math.prod(len(c) for c in choices) > COARSE_VARIANTS:
+            choices = [sorted({c[0], c[-1]}) for c in choices]
+            if math.prod(len(c) for c in choices) > COARSE_VARIANTS:
+                choices = [[c[-1]] for c in choices]
+        out += [np.array(sorted(combo, reverse=True)) for combo in itertools.product(*choices)]
+    return out
 
 
 def _as_matrix(patterns: list[np.ndarray]) -> np.ndarray:
