@@ -131,6 +131,19 @@ def test_bucketed_cghp_packs_the_real_lengths(monkeypatch, depth):
     assert lower_bound(hist, depth) <= result.lower_bound <= exact.packs
 
 
+def test_iterated_rounding_stops_once_it_meets_the_full_bound(monkeypatch, wikipedia_512):
+    """Wikipedia-512 / 1000 at unlimited depth: the first LP's rounding plus best fit on its residual already
+    meets the LP bound, so that packing (optimal) is returned without solving the residual's LP (which
+    was solved before, only to confirm it)."""
+    hist = wikipedia_512 // 1000
+    solved = []
+    real = cghp_module._solve_relaxation
+    monkeypatch.setattr(cghp_module, "_solve_relaxation", lambda h, *a: solved.append(h.sum()) or real(h, *a))
+    result = cghp_module.cghp(hist, 512)
+    assert solved == [hist.sum()] and result.mixture.n_packs == result.lower_bound == 8011
+    assert np.array_equal(result.mixture.coverage(512), hist)
+
+
 def test_depth_limited_cghp_with_many_lengths_starts_from_the_coarse_lp(monkeypatch, wikipedia_512):
     """More than 600 distinct lengths at depth 3 (Wikipedia-style 1024, 54,000 sequences): CGHP starts from
     the LP's patterns on lengths rounded up to 2-token units, each expanded into present real lengths that fit
