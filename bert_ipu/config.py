@@ -263,7 +263,6 @@ class ProfileConfig:
 
         if self.ranks is not None and self.ranks < 1 or self.balance_updates < 1:
             raise ConfigError("profile.ranks must be >= 1 (or null) and profile.balance_updates >= 1")
-
         if self.precision not in ("fp32", "bf16"):
             raise ConfigError(f"profile.precision {self.precision!r}: choose fp32 or bf16")
         if min(self.micro_batch_size, self.steps, self.sort_batch_size) < 1 or self.rounds < 2:
