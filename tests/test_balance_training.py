@@ -16,7 +16,7 @@ from bert_ipu.config import ConfigError
 from bert_ipu.data.loader import ArraySource, ShardSource, UpdateLoader, sequence_lengths, source_pack_costs
 from bert_ipu.data.shards import PackedDataset
 from bert_ipu.engine import checkpoint
-from bert_ipu.packing.balance import balance_ratio
+from bert_ipu.packing.balance import balance_ratio, pack_costs
 from bert_ipu.tasks.pretraining import main
 
 from training_helpers import final_weights, tiny
@@ -25,7 +25,8 @@ from training_helpers import final_weights, tiny
 # 64-token sequence, a single short pack is an imbalance no dealing can remove)
 STEPS = 3
 DDP = [f"train.max_steps={STEPS}", "train.global_batch_size=16", "train.micro_batch_size=4",
-       f"train.validate_every={STEPS}", f"train.checkpoint_every={STEPS}", "train.log_every=1"]
+       f"train.validate_every={STEPS}", f"train.checkpoint_every={STEPS}", "train.log_every=1",
+       "train.validation_batches=1"]
 
 
 def test_pack_costs_are_read_from_the_sequence_ids():
@@ -63,8 +64,8 @@ def _free_port() -> int:
 
 
 def _ddp_rank(rank: int, world: int, port: int, dataset: str, out: str) -> None:
-    """One data-parallel rank (spawned): train with balance none, then attention, recording per update the
-    packs this rank was dealt and their attention cost (sum of squared sequence lengths of what it read)."""
+    """One data-parallel rank (spawned): train with train.balance=attention, recording per update the packs
+    this rank was dealt and their attention cost (sum of squared sequence lengths of what it read)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")
     torch.set_num_threads(1)
@@ -78,39 +79,38 @@ def _ddp_rank(rank: int, world: int, port: int, dataset: str, out: str) -> None:
         log.append({"rows": rows.ravel().tolist(), "attention": cost})
         return micro
     UpdateLoader.next_update = record
-    for mode in ("none", "attention"):
-        log.clear()
-        main(tiny(dataset, f"{out}/{mode}", *DDP, f"train.balance={mode}"), progress=False)
-        with open(f"{out}/{mode}-rank{rank}.json", "w") as f:
-            json.dump(log, f)
+    main(tiny(dataset, f"{out}/run", *DDP, "train.balance=attention"), progress=False)
+    with open(f"{out}/rank{rank}.json", "w") as f:
+        json.dump(log, f)
 
 
 def test_two_ddp_ranks_get_more_equal_attention_with_the_same_packs(dataset, tmp_path):
-    """Two gloo data-parallel ranks: with train.balance=attention the attention costs the ranks really read
-    are more equal (mean ABR over the updates at most half of the plain loader's), every update holds the
-    same packs as without balancing (so the same sequences, and weights equal up to float32 summation order:
-    1e-4 relative, LAMB on near-zero gradients as in the topology tests), and each rank's packs are exactly
-    those an in-process loader deals from (seed, data): the dealing is deterministic."""
+    """Two gloo data-parallel ranks training with train.balance=attention read packs whose attention costs
+    are more equal than the plain loader deals them (mean ABR over the updates at most half; the plain
+    order is what UpdateLoader without costs gives each rank, the only thing that decides it), every update
+    holds the same packs as without balancing (so the same sequences), and each rank's packs are exactly
+    those an in-process loader deals from (seed, data): the dealing is deterministic. (One DDP run, not two:
+    the test stays near 15 s on an idle 2-core machine.)"""
     torch.multiprocessing.spawn(_ddp_rank, args=(2, _free_port(), str(dataset), str(tmp_path)), nprocs=2)
-    logs = {(mode, r): json.loads((tmp_path / f"{mode}-rank{r}.json").read_text())
-            for mode in ("none", "attention") for r in (0, 1)}
-    abr = {}
-    for mode in ("none", "attention"):
-        per_update = zip(logs[mode, 0], logs[mode, 1])
-        abr[mode] = np.mean([balance_ratio([a["attention"], b["attention"]]) for a, b in per_update])
-    assert abr["attention"] <= 0.5 * abr["none"], abr
-    for u in range(STEPS):
-        assert (sorted(logs["none", 0][u]["rows"] + logs["none", 1][u]["rows"])
-                == sorted(logs["attention", 0][u]["rows"] + logs["attention", 1][u]["rows"]))
+    logs = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     source = ShardSource(PackedDataset(dataset), "train")
     costs = source_pack_costs(source)
-    for r in (0, 1):
-        loader = UpdateLoader(source, 16, 4, r, 2, seed=tiny(dataset, tmp_path).train.seed, pack_costs=costs)
-        for u in range(STEPS):
-            assert loader.update_rows().ravel().tolist() == logs["attention", r][u]["rows"]
-            loader.update_in_epoch += 1
-    a, b = final_weights(tmp_path / "none"), final_weights(tmp_path / "attention")
-    assert max(((a[k] - b[k]).abs().max() / a[k].abs().max().clamp_min(1e-3)).item() for k in a) < 1e-4
+    attention = pack_costs(*sequence_lengths(source.sequence_ids(0, source.packs)))
+    seed = tiny(dataset, tmp_path).train.seed
+    plain = [UpdateLoader(source, 16, 4, r, 2, seed=seed) for r in (0, 1)]
+    fair = [UpdateLoader(source, 16, 4, r, 2, seed=seed, pack_costs=costs) for r in (0, 1)]
+    abr_plain, abr_run = [], []
+    for u in range(STEPS):
+        rows = [loader.update_rows().ravel().tolist() for loader in plain]
+        for r in (0, 1):
+            assert fair[r].update_rows().ravel().tolist() == logs[r][u]["rows"]
+            fair[r].update_in_epoch += 1
+            plain[r].update_in_epoch += 1
+        assert sorted(rows[0] + rows[1]) == sorted(logs[0][u]["rows"] + logs[1][u]["rows"])
+        abr_plain.append(balance_ratio([attention[rows[0]].sum(), attention[rows[1]].sum()]))
+        abr_run.append(balance_ratio([logs[0][u]["attention"], logs[1][u]["attention"]]))
+    assert np.mean(abr_run) <= 0.5 * np.mean(abr_plain), (abr_run, abr_plain)
+    assert (tmp_path / "run" / "hf").is_dir()
 
 
 def test_balanced_run_resumes_bitwise(dataset, tmp_path, monkeypatch):
