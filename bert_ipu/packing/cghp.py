@@ -309,8 +309,8 @@ def _solve_relaxation(histogram: np.ndarray, depth: int, patterns: list[np.ndarr
 def _coarse_columns(histogram: np.ndarray, depth: int, deadline) -> list[np.ndarray]:
     """Patterns of the real lengths from the LP on lengths rounded up to units of 2 tokens (see
     `_solve_relaxation`): every support pattern of the coarse LP with each unit replaced by the real lengths
-    of that unit, all combinations up to COARSE_VARIANTS a pattern (beyond that, each unit's longest and
-    shortest real length, then its longest only)."""
+    of that unit, all combinations up to COARSE_VARIANTS a pattern (beyond that, a staircase: the first i
+    units at their shortest real length and the rest at their longest, for every i)."""
     import itertools
 
     max_len = len(histogram)
@@ -330,11 +330,11 @@ def _coarse_columns(histogram: np.ndarray, depth: int, deadline) -> list[np.ndar
         if xi <= 1e-9:
             continue
         choices = [options[int(u)] for u in pattern]
-        if math.prod(len(c) for c in choices) > COARSE_VARIANTS:
-            choices = [sorted({c[0], c[-1]}) for c in choices]
-            if math.prod(len(c) for c in choices) > COARSE_VARIANTS:
-                choices = [[c[-1]] for c in choices]
-        out += [np.array(sorted(combo, reverse=True)) for combo in itertools.product(*choices)]
+        if math.prod(len(c) for c in choices) <= COARSE_VARIANTS:
+            out += [np.array(sorted(combo, reverse=True)) for combo in itertools.product(*choices)]
+        else:  # deep patterns: a staircase, the first i slots at their unit's shortest length, the rest longest
+            out += [np.array(sorted([c[0] for c in choices[:i]] + [c[-1] for c in choices[i:]], reverse=True))
+                    for i in range(len(choices) + 1)]
     return out
 
 
