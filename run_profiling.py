@@ -9,7 +9,9 @@ Columns: EFF (real / computed tokens), p (sequences per pack), theory (speed-up 
 (measured sequences/s over NONE's), OH (step time over NONE's at the same shape, minus 1), sequences/s,
 tokens/s, median step time with its min-max spread, FLOPs per step (torch.utils.flop_counter), shapes
 (distinct batch shapes: SORT compiles one graph per shape), peak memory (GPU only), and with --compile the
-seconds torch.compile spends on each algorithm's batches (a recompilation per new shape).
+seconds torch.compile spends on each algorithm's batches (a recompilation per new shape). With --ranks N, a
+second table: the attention and data balance ratios (ABR, DBR) of updates dealt to N ranks in loader order
+and balanced, and the padding ratio (README, "Balance across devices").
 """
 
 import argparse
@@ -41,13 +43,15 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--hf-baseline", action="store_true", help="also time transformers' BertForPreTraining on "
                     "NONE's rows (row 'hf'): the model a user would otherwise run; OH of the others is still over "
                     "our NONE")
+    ap.add_argument("--ranks", type=int, help="also the balance of updates of RANKS x micro-batch packs over RANKS "
+                    "data-parallel ranks, dealt in order and balanced: ABR, DBR, padding ratio per algorithm")
     ap.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
     return ap
 
 
 # every flag (argparse dest) sets the profile field of its name, so a YAML file alone can say the same
 FLAGS = ("algorithms", "max_sequences_per_pack", "json", "trace_dir", "plot", "scaling", "scaling_batches", "compile",
-         "backends", "hf_baseline")
+         "backends", "hf_baseline", "ranks")
 
 
 def parse(argv=None) -> tuple[str, list[str]]:

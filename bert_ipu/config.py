@@ -131,8 +131,15 @@ class TrainConfig:
     checkpoint_every: int | None = 100
     """checkpoint every this many updates (and at the end); null: at the end only"""
     keep_checkpoints: int = 2
+    balance: str = "none"
+    """none: each replica takes its share of an update's packs in the loader's (shuffled) order; attention:
+    the update's packs are dealt to replicas and micro-batches so that each gets the same attention cost (sum
+    of squared sequence lengths, read from the data's sequence ids; bert_ipu.packing.balance). The same packs
+    per update either way (only who computes which changes); deterministic"""
 
     def __post_init__(self):
+        if self.balance not in ("none", "attention"):
+            raise ConfigError(f"train.balance {self.balance!r}: choose none or attention")
         self.betas = tuple(self.betas) if isinstance(self.betas, (list, tuple)) else self.betas
         if not (isinstance(self.betas, tuple) and len(self.betas) == 2
                 and all(isinstance(b, (int, float)) and 0 <= b < 1 for b in self.betas)):
@@ -256,10 +263,17 @@ class ProfileConfig:
     """PNG of the Section E study (packing vs un-padded batches over data-parallel devices); None = no study"""
     scaling_batches: int = 40
     """batches of each kind timed for the scaling study"""
+    ranks: int | None = None
+    """data-parallel ranks for the balance metrics (ABR, DBR, padding ratio; README "Balance across devices")
+    of updates of ranks x micro_batch_size packs drawn from each packing, dealt in order and balanced; None = none"""
+    balance_updates: int = 200
+    """updates drawn for the balance metrics"""
 
     def __post_init__(self):
         from .packing import ALGORITHMS
 
+        if self.ranks is not None and self.ranks < 1 or self.balance_updates < 1:
+            raise ConfigError("profile.ranks must be >= 1 (or null) and profile.balance_updates >= 1")
         if self.precision not in ("fp32", "bf16"):
             raise ConfigError(f"profile.precision {self.precision!r}: choose fp32 or bf16")
         if min(self.micro_batch_size, self.steps, self.sort_batch_size) < 1 or self.rounds < 2:

@@ -16,6 +16,11 @@ interleaved round by round; the first round is warm-up. Reported per algorithm:
     FLOPs      per step, counted by torch.utils.flop_counter: deterministic, noise-free
     shapes     distinct batch shapes: 1 for every packer; SORT needs one compiled graph per shape
 
+With `profile.ranks` N (no measurement, packing arithmetic only): updates of N x micro-batch packs drawn
+from each packing (NONE: single sequences) dealt to N data-parallel ranks, one micro-batch each, in loader
+order and by `bert_ipu.packing.balance.balanced_order`; the mean attention balance ratio (ABR), data balance
+ratio (DBR) of both and the padding ratio (`balance_of`; SORT: n/a, its rows differ in length).
+
 `summarize` holds the arithmetic; `profile` the measurement; `run` a whole profile from its config
 (`ProfilingRunConfig`: run_profiling.py is its command line).
 """
@@ -163,6 +168,35 @@ def _instance(n: int, vocab: int, rng: np.random.Generator) -> Instance:
         where = rng.choice(np.arange(1, n), size=min(n - 1, max(1, round(0.15 * n))), replace=False)
         labels[where] = ids[where]
     return Instance(ids, types, labels, int(rng.integers(0, 2)))
+
+
+BALANCE_KEYS = ("abr_loader", "abr_balanced", "dbr_loader", "dbr_balanced", "padding_ratio")
+
+
+def balance_of(mixture, pack_length: int, ranks: int, micro_batch: int, updates: int, seed: int) -> dict:
+    """Balance of `updates` updates of ranks x micro_batch packs drawn from the mixture (strategies in
+    proportion to their counts, as the profiled batches are): `bert_ipu.packing.balance.update_balance`'s
+    means (keys BALANCE_KEYS and "updates"), each rank taking one micro-batch."""
+    from .packing.balance import update_balance
+
+    packs = ranks * micro_batch
+    picks = np.random.default_rng(seed).choice(len(mixture.counts), size=packs * updates,
+                                               p=mixture.counts / mixture.counts.sum())
+    sizes = np.diff(mixture.offsets)[picks]
+    ends = np.cumsum(sizes)
+    flat = mixture.flat[np.repeat(mixture.offsets[picks], sizes) + np.arange(ends[-1]) - np.repeat(ends - sizes, sizes)]
+    return update_balance(flat, np.concatenate([[0], ends]), ranks, packs, pack_length, updates, micro_batch)
+
+
+def format_balance(rows, ranks: int, micro_batch: int) -> str:
+    """The balance columns of the rows (one per algorithm) as a fixed-width text table."""
+    lines = [f"balance over {ranks} ranks, updates of {ranks} x {micro_batch} packs (mean over the updates; 0 = "
+             "balanced)", f"{'algorithm':>9}  {'ABR order':>9}  {'ABR bal.':>9}  {'DBR order':>9}  {'DBR bal.':>9}  "
+             f"{'padding':>8}"]
+    for r in rows:
+        cells = ["n/a" if r.get(k) is None else f"{r[k]:.4f}" for k in BALANCE_KEYS]
+        lines.append(f"{r['algorithm']:>9}  " + "  ".join(f"{c:>9}" for c in cells[:4]) + f"  {cells[4]:>8}")
+    return "\n".join(lines)
 
 
 def padded_batch(lengths, M: int, K: int, vocab: int, rng) -> dict:
@@ -417,7 +451,16 @@ def run(cfg, say=print) -> dict:
         raise ProfilingError(f"no backend could be measured on {device}: "
                              f"profile.backends={prof.backends or [cfg.model.attention_backend]}; "
                              "add mask or reference")
+    if prof.ranks:
+        balance = {name: dict.fromkeys(BALANCE_KEYS) if name == "sort" else
+                   balance_of(results[name].mixture, S, prof.ranks, prof.micro_batch_size, prof.balance_updates,
+                              prof.seed) for name in algorithms}
+        balance["hf"] = balance["none"]
+        rows = [r | {k: balance[r["algorithm"]][k] for k in BALANCE_KEYS} for r in rows]
     say(format_table(rows))
+    if prof.ranks:
+        say(format_balance([r for r in rows if r["backend"] == rows[0]["backend"]], prof.ranks,
+                           prof.micro_batch_size))
     measured = list(dict.fromkeys(r["backend"] for r in rows))
     if len(measured) > 1:  # the harness's choice: the backend with the most sequences/s per algorithm
         for name in algorithms:

@@ -131,6 +131,41 @@ def test_bucketed_cghp_packs_the_real_lengths(monkeypatch, depth):
     assert lower_bound(hist, depth) <= result.lower_bound <= exact.packs
 
 
+def test_iterated_rounding_stops_once_it_meets_the_full_bound(monkeypatch, wikipedia_512):
+    """Wikipedia-512 / 1000 at unlimited depth: the first LP's rounding plus best fit on its residual already
+    meets the LP bound, so that packing (optimal) is returned without solving the residual's LP (which
+    was solved before, only to confirm it)."""
+    hist = wikipedia_512 // 1000
+    solved = []
+    real = cghp_module._solve_relaxation
+    monkeypatch.setattr(cghp_module, "_solve_relaxation", lambda h, *a: solved.append(h.sum()) or real(h, *a))
+    result = cghp_module.cghp(hist, 512)
+    assert solved == [hist.sum()] and result.mixture.n_packs == result.lower_bound == 8011
+    assert np.array_equal(result.mixture.coverage(512), hist)
+
+
+def test_depth_limited_cghp_with_many_lengths_starts_from_the_coarse_lp(monkeypatch, wikipedia_512):
+    """More than 600 distinct lengths at depth 3 (Wikipedia-style 1024, 54,000 sequences): CGHP starts from
+    the LP's patterns on lengths rounded up to 2-token units, each expanded into present real lengths that fit
+    the pack length and the depth; the packing holds every sequence once and is within 0.1% of its proven
+    bound (measured 27,049 packs, bound 27,030; 2.2 s, against 15 s without the coarse start)."""
+    hist = stretch_histogram(wikipedia_512 // 300, 2, seed=0)
+    assert np.count_nonzero(hist) > cghp_module.COARSE_START_LENGTHS
+    seen = []
+    real = cghp_module._coarse_columns
+
+    def spy(histogram, depth, deadline):
+        seen.append(real(histogram, depth, deadline))
+        return seen[-1]
+    monkeypatch.setattr(cghp_module, "_coarse_columns", spy)
+    result = pack(hist, "cghp", 3)
+    assert len(seen) == 1 and len(seen[0]) > 100
+    for pattern in seen[0]:
+        assert pattern.sum() <= 1024 and len(pattern) <= 3 and (hist[pattern - 1] > 0).all()
+    assert np.array_equal(result.mixture.coverage(1024), hist) and result.mixture.depth <= 3
+    assert result.lower_bound_packs <= result.packs <= 1.001 * result.lower_bound_packs
+
+
 @settings(max_examples=20, deadline=None)
 @given(hist=histograms(max_len_range=(4, 12), max_count=3), depth=st.sampled_from([None, 2, 3]))
 def test_strengthened_cheap_bound_is_a_bound(hist, depth):

@@ -105,6 +105,24 @@ def test_backends_hf_baseline_and_bf16(tmp_path, capsys):
     assert all(r["mfu"] is None for r in rows)  # no known peak on a CPU
 
 
+def test_balance_of_a_hand_worked_mixture():
+    """Packs [64] (attention 4096) and [32, 32] (2048), equally likely, pack length 64, 2 ranks x 2 packs:
+    every pack is full (DBR 0, padding 0). Balanced, an update of 2 + 2 splits evenly (ABR 0); 3 costly + 1
+    cannot (8192 against 6144: ABR 1/8), nor can 1 + 3 (6144 against 4096: ABR 1/6), each with probability
+    1/4: mean ABR 1/32 + 1/24 = 7/96. In loader order a 2 + 2 update (probability 3/8) also puts both costly
+    packs on one rank with probability 1/3 (8192 against 4096: ABR 1/4): mean 7/96 + 1/32 = 10/96. Sampled
+    over 2,000 updates: within 4 standard errors (0.008)."""
+    from bert_ipu.packing.mixture import Mixture
+    from bert_ipu.profiling import balance_of
+
+    got = balance_of(Mixture.from_lists([[64], [32, 32]], [5, 5]), 64, 2, 2, 2000, seed=0)
+    assert got["updates"] == 2000 and got["dbr_loader"] == got["dbr_balanced"] == got["padding_ratio"] == 0
+    assert got["abr_balanced"] == pytest.approx(7 / 96, abs=0.008)
+    assert got["abr_loader"] == pytest.approx(10 / 96, abs=0.008)
+    one = balance_of(Mixture.from_lists([[32]], [3]), 64, 4, 1, 10, seed=0)  # NONE-like: one half-full row each
+    assert one["padding_ratio"] == 0.5 and one["abr_loader"] == one["abr_balanced"] == 0
+
+
 def test_expected_max_of_draws():
     """E[max of n draws] from {1, 2, 3, 4}: n=1 -> 2.5; n=2 -> sum x ((i/4)^2 - ((i-1)/4)^2) = 50/16."""
     from bert_ipu.profiling import expected_max
@@ -135,11 +153,16 @@ def test_profile_runs_from_yaml_alone(tmp_path):
     path = tmp_path / "p.yaml"
     path.write_text(f"name: tiny\n{TINY_MODEL}profile: {{histogram: {hist}, json: {out}, backends: [reference], "
                     f"algorithms: [none, cghp], steps: 1, rounds: 2, micro_batch_size: 2, device: cpu, "
-                    f"trace_dir: {traces}}}\n")
+                    f"trace_dir: {traces}, ranks: 2}}\n")
     cfg = load_config(str(path), root=ProfilingRunConfig)
-    result = profiling.run(cfg, say=lambda m: None)
+    said = []
+    result = profiling.run(cfg, say=said.append)
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     assert [(r["algorithm"], r["backend"]) for r in rows] == [("none", "reference"), ("cghp", "reference")]
+    # profile.ranks: the balance of each packing's updates over 2 ranks, in the rows and a table of its own
+    assert all(0 <= r["abr_balanced"] <= r["abr_loader"] and 0 <= r["padding_ratio"] < 1 for r in rows)
+    assert rows[0]["padding_ratio"] > rows[1]["padding_ratio"]  # NONE pads each sequence to the pack length
+    assert any(m.startswith("balance over 2 ranks") for m in said)
     assert rows == json.loads(json.dumps(result["rows"])) and result["scaling"] is None
     assert (traces / "cghp.trace.json").is_file()
     for written in (tmp_path / "rows.jsonl.config.yaml", traces / "config.yaml"):
@@ -157,12 +180,12 @@ def test_flags_and_yaml_fields_give_the_same_config(tmp_path):
     by_flags = run_profiling.config([
         "--config", str(bare), "--algorithms", "sort", "cghp", "profile.steps=2", "--max-sequences-per-pack", "2",
         "--json", out, "--trace-dir", traces, "--plot", png, "--scaling", scaling, "--compile",
-        "--backends", "mask", "reference", "--hf-baseline", "profile.algorithms=[greedy]"])
+        "--backends", "mask", "reference", "--hf-baseline", "--ranks", "4", "profile.algorithms=[greedy]"])
     fields = tmp_path / "fields.yaml"
     fields.write_text(f"name: tiny\n{TINY_MODEL}profile: {{histogram: {hist}, algorithms: [sort, cghp], steps: 2, "
                       f"max_sequences_per_pack: 2, json: '{out}', trace_dir: '{traces}', plot: '{png}', "
                       f"scaling: '{scaling}', scaling_batches: 7, compile: true, backends: [mask, reference], "
-                      f"hf_baseline: true}}\n")
+                      f"hf_baseline: true, ranks: 4}}\n")
     by_yaml = load_config(str(fields), root=ProfilingRunConfig)
     assert dataclasses.asdict(by_flags) == dataclasses.asdict(by_yaml)
     assert by_yaml.profile.scaling == scaling and by_yaml.profile.backends == ["mask", "reference"]
@@ -179,7 +202,8 @@ def test_bad_profile_input_is_a_clear_error(tmp_path, capsys):
     path.write_text(f"name: tiny\n{TINY_MODEL}profile: {{histogram: {hist}, steps: 1, rounds: 2, "
                     f"micro_batch_size: 2, device: cpu}}\n")
     for override in ("profile.backends=[bogus]", "profile.backends=mask", "profile.scaling_batches=1",
-                     "profile.algorithms=[nope]", "profile.compile=maybe", "profile.max_sequences_per_pack=0"):
+                     "profile.algorithms=[nope]", "profile.compile=maybe", "profile.max_sequences_per_pack=0",
+                     "profile.ranks=0", "profile.balance_updates=0"):
         with pytest.raises(ConfigError):
             load_config(str(path), [override], root=ProfilingRunConfig)
     bad = tmp_path / "bad.json"

@@ -73,6 +73,10 @@ class ShardSource:
     def gather(self, rows: np.ndarray) -> dict[str, np.ndarray]:
         return with_empty_rows(np.asarray(rows), self._fetch, self.LABELS)
 
+    def sequence_ids(self, start: int, stop: int) -> np.ndarray:
+        """Packs [start, stop)'s `sequence_ids` (read alone, not the other fields)."""
+        return gather(self.sizes, self.shards.__getitem__, np.arange(start, stop), ("sequence_ids",))["sequence_ids"]
+
 
 class ArraySource:
     """Rows held in memory: a dict of (P, ...) arrays (e.g. SQuAD features packed on the fly)."""
@@ -84,6 +88,38 @@ class ArraySource:
     def gather(self, rows: np.ndarray) -> dict[str, np.ndarray]:
         return with_empty_rows(np.asarray(rows), lambda r: {k: v[r] for k, v in self.rows.items()},
                                self.label_fields)
+
+    def sequence_ids(self, start: int, stop: int) -> np.ndarray:
+        if "sequence_ids" not in self.rows:
+            raise ValueError("these rows have no sequence_ids: their sequences' lengths are unknown")
+        return self.rows["sequence_ids"][start:stop]
+
+
+def sequence_lengths(sequence_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The sequences of packed rows, ragged: (flat lengths, offsets); row p's sequences (ids 1..k, in id order)
+    have lengths flat[offsets[p]:offsets[p + 1]]. sequence_ids: (P, S) int, 0 = padding."""
+    ids = np.asarray(sequence_ids)
+    P, top = len(ids), int(ids.max(initial=0))
+    if top <= 16:  # a few sequences a pack: one comparison pass per id, on the stored dtype (10x the bincount)
+        counts = np.stack([(ids == k).sum(axis=1) for k in range(1, top + 1)], axis=1).reshape(P, top)
+    else:
+        flat = np.arange(P)[:, None] * (top + 1) + ids.astype(np.int64)
+        counts = np.bincount(flat.ravel(), minlength=P * (top + 1)).reshape(P, top + 1)[:, 1:]
+    present = counts > 0
+    return counts[present], np.concatenate([[0], np.cumsum(present.sum(axis=1))])
+
+
+def source_pack_costs(source, chunk: int = 4096) -> np.ndarray:
+    """Every pack's attention cost (`bert_ipu.packing.balance.pack_costs` with linear_weight 1: the sum of its
+    sequences' squared lengths, plus its tokens, which only break ties), from the sequence ids the source
+    holds (for a dataset on disk: its shards, read `chunk` packs at a time). For `UpdateLoader(pack_costs=)`."""
+    from bert_ipu.packing.balance import pack_costs
+
+    parts = []
+    for start in range(0, source.packs, chunk):
+        flat, offsets = sequence_lengths(source.sequence_ids(start, min(start + chunk, source.packs)))
+        parts.append(pack_costs(flat, offsets, linear_weight=1.0))
+    return np.concatenate(parts) if parts else np.zeros(0)
 
 
 class UpdateLoader:

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from ..data.loader import UpdateLoader
+from ..data.loader import UpdateLoader, source_pack_costs
 from ..export import ExportError
 from ..files import write_atomic
 from . import checkpoint
@@ -108,9 +108,14 @@ def train(task, cfg, rt: Runtime, resume: bool = False, overwrite: bool = False,
     task.prepare(rt)
     p = task.packing_factor
     P = packs_per_update(t, p, rt.dp_world)
+    source = task.train_source()
     try:
-        loader = UpdateLoader(task.train_source(), P, t.micro_batch_size, rt.dp_rank, rt.dp_world, t.seed,
-                              drop_last=task.drop_last)
+        costs = source_pack_costs(source) if t.balance == "attention" else None
+    except ValueError as e:
+        raise RunError(f"train.balance=attention: {e}; use train.balance=none") from None
+    try:
+        loader = UpdateLoader(source, P, t.micro_batch_size, rt.dp_rank, rt.dp_world, t.seed,
+                              drop_last=task.drop_last, pack_costs=costs)
     except ValueError as e:
         raise RunError(f"{e}; use more data or a smaller train.global_batch_size / train.micro_batch_size") from None
     accumulation = loader.accumulation

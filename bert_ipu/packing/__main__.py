@@ -99,6 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "(README, 'Balance across devices'); sequences are assigned to packs first")
     p.add_argument("--packs-per-update", type=int, metavar="P", default=None,
                    help="packs per update for --ranks (default: 8 per rank); the first 100 updates are measured")
+    p.add_argument("--multi-size", nargs="+", type=int, metavar="S", default=None,
+                   help="also pack into packs of several lengths S chosen together (multi-size cutting stock, "
+                        "cost = computed tokens), one row per depth limit, with a proven bound on the computed "
+                        "tokens of any such packing (e.g. --multi-size 8192 16384 32768)")
     p.add_argument("--json", action="store_true", help="print one JSON object per row instead of a table")
     p.add_argument("--plot", metavar="OUT.png", help="also write the histogram and speed-up bounds as a PNG")
     return p
@@ -193,6 +197,32 @@ def write_plot(path: str, histogram, results, title: str) -> None:
             os.unlink(tmp)
 
 
+def multi_size_row(histogram, pack_lengths, depth, time_limit, as_json: bool, check_only: bool = False) -> dict:
+    """One multi-size packing (`bert_ipu.packing.multisize`) as a JSON-ready row (printed at once with --json);
+    `check_only`: only refuse bad pack lengths (a PackingInputError)."""
+    import time
+
+    import numpy as np
+
+    from .multisize import check_input, pack_multi_size
+
+    if pack_lengths and max(pack_lengths) > len(histogram):  # longer packs than the histogram: no such sequences
+        histogram = np.concatenate([histogram, np.zeros(max(pack_lengths) - len(histogram), dtype=np.int64)])
+    if check_only:
+        check_input(histogram, pack_lengths, None, depth)
+        return {}
+    start = time.perf_counter()
+    r = pack_multi_size(histogram, pack_lengths, depth, time_limit=time_limit)
+    tokens = int((np.arange(1, len(histogram) + 1) * histogram).sum())
+    row = {"algorithm": "multi-size", "pack_lengths": sorted(pack_lengths), "max_sequences_per_pack": depth,
+           "packs": {int(s): int(n) for s, n in sorted(r.packs.items())}, "computed_tokens": r.computed_tokens,
+           "efficiency": tokens / r.computed_tokens, "lower_bound_tokens": r.lower_bound, "gap": r.gap,
+           "grid": r.grid, "seconds": time.perf_counter() - start, "time_limit_reached": r.time_limit_reached}
+    if as_json:
+        print(json.dumps(row), flush=True)
+    return row
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -214,6 +244,8 @@ def main(argv=None) -> int:
                                     f"--ranks {args.ranks}")
         if args.seed < 0:
             raise PackingInputError(f"--seed is {args.seed}; it must be >= 0")
+        if args.multi_size:  # refused before anything runs
+            multi_size_row(histogram, args.multi_size, None, None, False, check_only=True)
         rows = plan(args.algorithm, args.max_sequences_per_pack, len(histogram))
         results, balance = [], {}
         for name, depth in rows:
@@ -233,6 +265,8 @@ def main(argv=None) -> int:
                 row.update(balance[len(results) - 1])
             if args.json:
                 print(json.dumps(row), flush=True)
+        multi = [multi_size_row(histogram, args.multi_size, depth, args.time_limit, args.json)
+                 for depth in dict.fromkeys(args.max_sequences_per_pack)] if args.multi_size else []
     except PackingInputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -250,6 +284,16 @@ def main(argv=None) -> int:
                 print(f"{r.algorithm:>9}  {depth_label(r.max_sequences_per_pack):>5}  {b['abr_loader']:>10.4f}  "
                       f"{b['abr_balanced']:>12.4f}  {b['dbr_loader']:>10.4f}  {b['dbr_balanced']:>12.4f}  "
                       f"{b['padding_ratio']:>8.3%}  {b['updates']:>7}")
+        if multi:
+            print(f"\nmulti-size packing into {', '.join(map(str, args.multi_size))} tokens (cost = computed tokens; "
+                  "bound: no packing into these lengths computes fewer):")
+            print(f"{'depth':>5}  {'packs per length':>32}  {'computed tokens':>15}  {'efficiency':>10}  "
+                  f"{'bound':>15}  {'gap':>8}  {'time':>7}")
+            for m in multi:
+                packs = ", ".join(f"{n:,} x {s}" for s, n in m["packs"].items())
+                print(f"{depth_label(m['max_sequences_per_pack']):>5}  {packs:>32}  {m['computed_tokens']:>15,}  "
+                      f"{m['efficiency']:>10.3%}  {int(m['lower_bound_tokens']):>15,}  {m['gap']:>8.4%}  "
+                      f"{m['seconds']:>6.2f}s" + ("*" if m["time_limit_reached"] else ""))
         stopped = [f"{r.algorithm} ({depth_label(r.max_sequences_per_pack)})" for r in results if r.time_limit_reached]
         if stopped:
             print(f"time limit of {args.time_limit:g} s reached by {', '.join(stopped)}: best packing and bound "
