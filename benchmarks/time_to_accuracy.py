@@ -144,6 +144,18 @@ def choose_batch(sequences: int, packing_factor: float, tolerance=0.025) -> tupl
     return sequences, packed_micro_batch(sequences, packing_factor)
 
 
+def downstream_by_variant(scores: dict[str, dict]) -> dict[str, dict]:
+    """Downstream scores {"VARIANT_seedI": {score: value}} grouped by variant (the name up to its last
+    "_seed"), each score's spread over the seeds; scores that are None are left out."""
+    grouped: dict[str, dict[str, list[float]]] = {}
+    for name, s in scores.items():
+        variant = name.rsplit("_seed", 1)[0]
+        for k, v in s.items():
+            if v is not None:
+                grouped.setdefault(variant, {}).setdefault(k, []).append(float(v))
+    return {variant: {k: spread(v) for k, v in s.items()} for variant, s in grouped.items()}
+
+
 def raw_seconds(rows: list[dict]) -> list[tuple[int, float]]:
     """Cumulative raw wall seconds of training per update from metrics.jsonl rows logged every update
     (seconds of a row = sequences / sequences_per_second). The update after a validation also timed the
@@ -641,6 +653,12 @@ def main(argv=None) -> dict:
         say("downstream (fixtures: a pipeline check, not a quality claim):")
         for name, s in summary["downstream"].items():
             say(f"  {name:>22}: SQuAD EM {s['squad_em']:5.1f} F1 {s['squad_f1']:5.1f} | SST-2 acc {s['sst2_accuracy']}")
+        side = downstream_by_variant(summary["downstream"])
+        summary["downstream_by_variant"] = side
+        say("downstream side by side (mean [min, max] over the seeds of each variant):")
+        for variant, s in side.items():
+            say(f"  {variant:>17} (n={s['squad_f1']['n']}): " + ", ".join(
+                f"{k} {v['mean']:.2f} [{v['min']:.2f}, {v['max']:.2f}]" for k, v in s.items()))
 
     plot_path = Path(args.plot) if args.plot else out / "time_to_accuracy.png"
     plot(runs, step_seconds, targets, plot_path,
