@@ -7,7 +7,8 @@
     options: --out DIR (default runs/time_to_accuracy_SIZE) --plot PNG --seeds N --updates N --sequences G
              --lr LR --start phase1|scratch --metric accuracy|loss --target-fraction F --downstream all|first|none
 
-What it does, in order (everything under --out; a rerun reuses data and finished runs with the same settings):
+What it does, in order (everything under --out; a rerun reuses data, finished runs and the timing
+pass with the same settings):
 
 1. Data: the built-in corpus as BERT instances at 128 (phase 1) and at 512 (phase 2), both holding out the
    same documents (same seed and validation fraction). Phase 2 is packed with CGHP (depth 3) and unpacked
@@ -142,6 +143,18 @@ def choose_batch(sequences: int, packing_factor: float, tolerance=0.025) -> tupl
             if G % m == 0 and packs >= m and abs(packs * packing_factor - G) <= tolerance * G:
                 return G, m
     return sequences, packed_micro_batch(sequences, packing_factor)
+
+
+def downstream_by_variant(scores: dict[str, dict]) -> dict[str, dict]:
+    """Downstream scores {"VARIANT_seedI": {score: value}} grouped by variant (the name up to its last
+    "_seed"), each score's spread over the seeds; scores that are None are left out."""
+    grouped: dict[str, dict[str, list[float]]] = {}
+    for name, s in scores.items():
+        variant = name.rsplit("_seed", 1)[0]
+        for k, v in s.items():
+            if v is not None:
+                grouped.setdefault(variant, {}).setdefault(k, []).append(float(v))
+    return {variant: {k: spread(v) for k, v in s.items()} for variant, s in grouped.items()}
 
 
 def raw_seconds(rows: list[dict]) -> list[tuple[int, float]]:
@@ -347,8 +360,10 @@ def downstream(name: str, export: Path, out: Path, args) -> dict:
     scores = {}
     for task, config, module in (("squad", "squad_tiny_packed", squad), ("glue", "glue_tiny_packed", glue)):
         folder = out / "downstream" / f"{name}_{task}"
-        if (folder / "results.json").is_file():
-            result = json.loads((folder / "results.json").read_text())
+        done = folder / "results.json"
+        # reused only if newer than the pretrained export (a pretraining run redone since makes it stale)
+        if done.is_file() and done.stat().st_mtime >= (export / "config.json").stat().st_mtime:
+            result = json.loads(done.read_text())
         else:
             cfg = load_config(config, [f"model.init_checkpoint={export}", f"output_dir={folder}",
                                        f"train.device={args.device}", "train.seed=0"])
@@ -514,7 +529,16 @@ def main(argv=None) -> dict:
     say(f"timing pass: {size['rounds']} rounds of one update per layout, interleaved")
     bert_config = load_config("pretrain_tiny_128_packed", base_overrides(size, args)).model.bert_config(
         unpacked.manifest["vocab"]["size"], 512)
-    timing = time_updates(init, bert_config, shapes, size["rounds"], args.device, args.precision)
+    timing_key = {"shapes": {k: [str(d), n, mb] for k, (d, n, mb) in shapes.items()}, "rounds": size["rounds"],
+                  "init": str(init), "model": list(size["model"]), "device": args.device, "precision": args.precision}
+    timing_file = out / "timing.json"  # a rerun (e.g. after an interrupted downstream) reuses the same timing
+    cached = json.loads(timing_file.read_text()) if timing_file.is_file() else {}
+    if cached.get("key") == timing_key:
+        say(f"reusing the timing pass in {timing_file} (same shapes)")
+        timing = cached["timing"]
+    else:
+        timing = time_updates(init, bert_config, shapes, size["rounds"], args.device, args.precision)
+        timing_file.write_text(json.dumps({"key": timing_key, "timing": timing}))
     for k, v in timing.items():
         say(f"  {k:>8}: median update {v['median_seconds']:.3f} s (spread {min(v['times']):.3f}-{max(v['times']):.3f}), "
             f"{v['sequences_per_update']:.1f} sequences per update, {v['sequences_per_update'] / v['median_seconds']:.1f} "
@@ -628,6 +652,13 @@ def main(argv=None) -> dict:
                 say(f"  protocol 2 {variant}: " + ("target not reached" if t is None else
                                                    f"modelled time to target {t:.0f} s; unpacked mean / this {u / t:.3f}"))
 
+    plot_path = Path(args.plot) if args.plot else out / "time_to_accuracy.png"
+    title = (f"packed (CGHP depth 3, p={p:.2f}) vs unpacked at 512, {size_name}, "
+             f"{'from a phase-1 checkpoint' if init else 'from scratch'}")
+    # the pretraining figures first, so that an interrupted downstream stage leaves them behind
+    plot(runs, step_seconds, targets, plot_path, title)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+
     # 8. downstream
     if downstream_mode != "none":
         summary["downstream"] = {}
@@ -641,11 +672,13 @@ def main(argv=None) -> dict:
         say("downstream (fixtures: a pipeline check, not a quality claim):")
         for name, s in summary["downstream"].items():
             say(f"  {name:>22}: SQuAD EM {s['squad_em']:5.1f} F1 {s['squad_f1']:5.1f} | SST-2 acc {s['sst2_accuracy']}")
+        side = downstream_by_variant(summary["downstream"])
+        summary["downstream_by_variant"] = side
+        say("downstream side by side (mean [min, max] over the seeds of each variant):")
+        for variant, s in side.items():
+            say(f"  {variant:>17} (n={s['squad_f1']['n']}): " + ", ".join(
+                f"{k} {v['mean']:.2f} [{v['min']:.2f}, {v['max']:.2f}]" for k, v in s.items()))
 
-    plot_path = Path(args.plot) if args.plot else out / "time_to_accuracy.png"
-    plot(runs, step_seconds, targets, plot_path,
-         f"packed (CGHP depth 3, p={p:.2f}) vs unpacked at 512, {size_name}, "
-         f"{'from a phase-1 checkpoint' if init else 'from scratch'}")
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     say(f"wrote {plot_path} and {out / 'summary.json'}; {time.perf_counter() - t0:.0f} s in all")
     return summary

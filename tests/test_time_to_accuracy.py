@@ -112,3 +112,18 @@ def test_loss_targets_run_downwards():
     curve = [(0, 10.0), (10, 8.0), (20, 7.0)]
     assert tta.steps_to_target(curve, 7.6, higher_is_better=False) == pytest.approx(14.0)
     assert tta.steps_to_target(curve, 6.0, higher_is_better=False) is None
+
+
+def test_downstream_by_variant_groups_the_seeds_of_each_variant():
+    """Downstream scores per model ("VARIANT_seedI") are grouped by variant, each score with its spread
+    over the seeds; a variant name holding underscores stays whole, a None score is left out."""
+    scores = {"unpacked_seed0": {"squad_f1": 40.0, "sst2_accuracy": 0.5},
+              "unpacked_seed1": {"squad_f1": 50.0, "sst2_accuracy": None},
+              "packed_seed0": {"squad_f1": 45.0, "sst2_accuracy": 0.625},
+              "packs_betas_lr_seed0": {"squad_f1": 30.0, "sst2_accuracy": 0.5}}
+    side = tta.downstream_by_variant(scores)
+    assert list(side) == ["unpacked", "packed", "packs_betas_lr"]
+    assert side["unpacked"]["squad_f1"]["mean"] == pytest.approx(45.0)
+    assert (side["unpacked"]["squad_f1"]["min"], side["unpacked"]["squad_f1"]["max"]) == (40.0, 50.0)
+    assert side["unpacked"]["sst2_accuracy"]["n"] == 1
+    assert side["packs_betas_lr"]["squad_f1"]["n"] == 1
