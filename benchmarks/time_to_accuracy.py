@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/time_to_accuracy.py --quick                   # pipeline check, a few minutes idle
     .venv/bin/python benchmarks/time_to_accuracy.py --size small --metric loss  # 3 seeds, ~40 min on a busy CPU
-    .venv/bin/python benchmarks/time_to_accuracy.py                           # tiny: phase-1 start, ~1 h idle
+    .venv/bin/python benchmarks/time_to_accuracy.py                           # tiny: phase-1 start, 76 min at load 4-6
     .venv/bin/python benchmarks/time_to_accuracy.py --size base --device cuda --precision bf16   # a GPU
     options: --out DIR (default runs/time_to_accuracy_SIZE) --plot PNG --seeds N --updates N --sequences G
              --lr LR --start phase1|scratch --metric accuracy|loss --target-fraction F --downstream all|first|none
@@ -183,7 +183,7 @@ SIZES = {
                   dupe=1, start="scratch", metric="loss"),
     "small": dict(model=(64, 2, 2, 256), phase1_steps=200, sequences=32, updates=40, lr=0.02, seeds=3, rounds=6,
                   dupe=1, start="scratch", metric="loss"),
-    "tiny": dict(model=(128, 2, 2, 512), phase1_steps=300, sequences=32, updates=160, lr=0.02, seeds=3, rounds=8,
+    "tiny": dict(model=(128, 2, 2, 512), phase1_steps=300, sequences=32, updates=80, lr=0.02, seeds=3, rounds=8,
                  dupe=1, start="phase1", metric="accuracy"),
     "base": dict(model=(768, 12, 12, 3072), phase1_steps=2000, sequences=256, updates=1000, lr=0.002, seeds=3,
                  rounds=8, dupe=5, start="phase1", metric="accuracy"),
@@ -431,7 +431,8 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny sizes, few updates, 2 seeds: a few minutes")
     parser.add_argument("--size", choices=sorted(SIZES), default=None,
-                        help="quick | small | tiny (default: the main job's model, ~1 h idle) | base (BERT-base, a GPU)")
+                        help="quick | small | tiny (default: the main job's model, 76 min at load 4-6 on 2 cores) | base "
+                        "(BERT-base, a GPU)")
     parser.add_argument("--out", default=None)
     parser.add_argument("--plot", default=None, help="the main plot (default OUT/time_to_accuracy.png)")
     parser.add_argument("--seeds", type=int, default=None)
