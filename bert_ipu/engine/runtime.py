@@ -9,6 +9,7 @@ Knows nothing about BERT or any task.
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 from contextlib import nullcontext
@@ -77,6 +78,10 @@ class Runtime:
                 dist.init_process_group("cpu:gloo,cuda:nccl", device_id=dev)
             else:
                 dist.init_process_group("gloo")
+            # tear the groups down before the interpreter does: a process that exits with its gloo groups (the
+            # device mesh adds several) still alive can abort in their destructors ("terminate called without
+            # an active exception"), turning a finished run into a failed one
+            atexit.register(_destroy_process_group)
         rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
         per_replica = pipeline_stages * tensor_parallel
         if world % per_replica:
@@ -144,6 +149,11 @@ class Runtime:
         box = [error]
         dist.broadcast_object_list(box, src=0)
         return box[0]
+
+
+def _destroy_process_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def report_error(exc: BaseException) -> None:
