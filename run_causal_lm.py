@@ -35,7 +35,7 @@ def cli(argv=None) -> int:
     args = p.parse_args(argv)
     try:
         cfg = load_config(args.config, args.overrides, root=CausalLMRunConfig)
-        code = launch_if_needed(cfg, __file__, sys.argv[1:] if argv is None else list(argv))
+        code = launch_if_needed(cfg, __file__, argv)
         if code is not None:  # parallel.tensor_parallel > 1 without torchrun: its processes were launched here
             return code
         from bert_ipu.tasks.causal_lm import main

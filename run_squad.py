@@ -38,7 +38,7 @@ def cli(argv=None) -> int:
     try:
         overrides = list(args.overrides) + (["data.train_file=null"] if args.eval_only else [])
         cfg = load_config(args.config, overrides, root=SquadRunConfig)
-        code = launch_if_needed(cfg, __file__, sys.argv[1:] if argv is None else list(argv))
+        code = launch_if_needed(cfg, __file__, argv)
         if code is not None:  # parallel.tensor_parallel > 1 without torchrun: its processes were launched here
             return code
         from bert_ipu.tasks.squad import main

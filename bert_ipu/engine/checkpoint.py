@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 from ..files import describe_os_error, fsync_dir, fsync_tree
 from .runtime import RunError
-from .tensor import full, is_distributed, like, local, region_generator
+from .tensor import full_state_dict, gathered, is_distributed, like, local, region_generator
 
 # DCP warns that it saves "in a single process" whenever no process group is up: that is what we mean
 warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
@@ -125,13 +125,9 @@ def save(path: Path, module: torch.nn.Module, opt, state: dict, keep: int, main:
         raise RunError(error)
     # whole tensors: a weight split over tensor-parallel ranks is gathered (every rank of the split then holds an
     # equal copy, written once), so the files are the same on every topology
-    # (on the CPU as soon as gathered: never a whole model's weights and moments at once on the device)
-    def whole(v):
-        return full(v).cpu() if is_distributed(v) else v
-
-    tensors = {f"model.{k}": whole(v.detach()) for k, v in module.state_dict().items()}
+    tensors = {f"model.{k}": v for k, v in full_state_dict(module).items()}
     optim, other = _optimizer_tensors(module, opt)
-    tensors |= {k: whole(v) for k, v in optim.items()}
+    tensors |= {k: gathered(v) for k, v in optim.items()}
     try:  # DCP agrees on the outcome across ranks: every rank raises when one fails
         dcp.save(_unshared(tensors),
                  storage_writer=HuggingFaceStorageWriter(str(partial), save_distributed=True),

@@ -51,15 +51,15 @@ def launched() -> bool:
     return "WORLD_SIZE" in os.environ
 
 
-def launch_if_needed(cfg, script: str, argv: list[str], parameters: int | None = None) -> int | None:
+def launch_if_needed(cfg, script: str, argv: list[str] | None, parameters: int | None = None) -> int | None:
     """A config of several processes per replica (pipeline stages x tensor-parallel ranks) started with plain
-    `python`: launch them here and return their exit code; None when this process should run the job itself
-    (one process per replica, or already under torchrun)."""
+    `python`: launch them here with the same arguments (`argv`, default the command line's) and return their
+    exit code; None when this process should run the job itself (one process per replica, or under torchrun)."""
     processes = cfg.parallel.processes
     if processes == 1 or launched():
         return None
     check_capacity(processes, cfg.train.device, parameters)
-    return launch(processes, script, argv)
+    return launch(processes, script, sys.argv[1:] if argv is None else list(argv))
 
 
 def launch(processes: int, script: str, argv: list[str]) -> int:

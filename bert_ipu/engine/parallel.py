@@ -139,7 +139,7 @@ class LocalParallel:
         """Sum over the data-parallel replicas (a sum over tensor-parallel ranks would count each value T times)."""
         if self.rt.dp_world == 1:
             return values
-        return self.rt.all_sum(values, group=None if self.tensor == 1 else self.dp_group)
+        return self.rt.all_sum(values, group=self.dp_group)  # None (every rank) under DDP
 
     def _forward(self, model, batch):
         with self.rt.autocast(self.precision):
@@ -183,7 +183,7 @@ class LocalParallel:
         random generator (the ranks must keep drawing the same dropout masks)."""
         if self.tensor == 1:
             return self.model
-        state = {k: v.cpu() for k, v in tensor.full_state_dict(self.model).items()}
+        state = tensor.full_state_dict(self.model)
         if not self.rt.main:
             return None
         with torch.random.fork_rng(devices=[self.rt.device] if self.rt.device.type == "cuda" else []):
@@ -358,7 +358,7 @@ class PipelineParallel:
     def full_model(self) -> nn.Module | None:
         """Every stage's weights gathered into a whole model on rank 0 of each replica (a collective;
         None elsewhere)."""
-        state = {k: v.cpu() for k, v in tensor.full_state_dict(self.model).items()}
+        state = tensor.full_state_dict(self.model)
         parts = [None] * self.rt.stages
         dist.gather_object(state, parts if self.first else None, dst=self.first_rank, group=self.pp_group)
         if not self.first:

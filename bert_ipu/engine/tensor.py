@@ -230,6 +230,13 @@ def replicas_agree(model: nn.Module, mesh) -> bool:
     return all(torch.equal(gathered[0], g) for g in gathered)
 
 
+def gathered(t: torch.Tensor) -> torch.Tensor:
+    """A distributed tensor gathered whole and moved to the CPU at once (so that a whole model's weights never
+    sit on the device together); any other tensor as it is."""
+    return full(t).cpu() if is_distributed(t) else t
+
+
 def full_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:
-    """The module's state dict with every distributed tensor gathered whole (a collective on the mesh)."""
-    return {k: full(v.detach()) for k, v in module.state_dict().items()}
+    """The module's state dict with every distributed tensor gathered whole, on the CPU (a collective on the
+    mesh)."""
+    return {k: gathered(v.detach()) for k, v in module.state_dict().items()}
