@@ -18,11 +18,10 @@ AutoTokenizer and pipeline("text-generation") load it). An OUTPUT that holds ano
 """
 
 import argparse
-import sys
 
 from bert_ipu.config import CausalLMRunConfig, ConfigError, load_config
 from bert_ipu.engine.launch import launch_if_needed
-from bert_ipu.engine.runtime import RunError, report_error
+from bert_ipu.engine.runtime import RunError, finish, report_error
 
 
 def cli(argv=None) -> int:
@@ -52,4 +51,4 @@ def cli(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(cli())
+    finish(cli())

@@ -20,11 +20,10 @@ pipeline("text-classification") load it). An OUTPUT that holds another run is an
 """
 
 import argparse
-import sys
 
 from bert_ipu.config import ConfigError, GlueRunConfig, load_config
 from bert_ipu.engine.launch import launch_if_needed
-from bert_ipu.engine.runtime import RunError, report_error
+from bert_ipu.engine.runtime import RunError, finish, report_error
 
 
 def cli(argv=None) -> int:
@@ -56,4 +55,4 @@ def cli(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(cli())
+    finish(cli())

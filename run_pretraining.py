@@ -18,7 +18,7 @@ import sys
 
 from bert_ipu.config import ConfigError, RunConfig, load_config
 from bert_ipu.engine.launch import launch_if_needed
-from bert_ipu.engine.runtime import RunError, report_error
+from bert_ipu.engine.runtime import RunError, finish, report_error
 
 
 def cli(argv=None) -> int:
@@ -51,4 +51,4 @@ def cli(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(cli())
+    finish(cli())

@@ -18,11 +18,10 @@ match and F1. An OUTPUT that holds another run is an error unless --resume or --
 """
 
 import argparse
-import sys
 
 from bert_ipu.config import ConfigError, SquadRunConfig, load_config
 from bert_ipu.engine.launch import launch_if_needed
-from bert_ipu.engine.runtime import RunError, report_error
+from bert_ipu.engine.runtime import RunError, finish, report_error
 
 
 def cli(argv=None) -> int:
@@ -54,4 +53,4 @@ def cli(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(cli())
+    finish(cli())

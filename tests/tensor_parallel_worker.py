@@ -18,6 +18,7 @@ from transformers import BertConfig, LlamaConfig
 
 from bert_ipu.causal_lm import PackedLlamaForCausalLM, causal_lm_loss_sums
 from bert_ipu.engine.optim import ShardedLamb
+from bert_ipu.engine.runtime import finish
 from bert_ipu.engine.tensor import full, loss_context, parallelize
 from bert_ipu.modeling import PackedBertForPreTraining, pretraining_loss_sums
 from bert_ipu.tasks import plans
@@ -163,7 +164,8 @@ def main(path: str) -> None:
     if dist.get_rank() == 0:
         with open(path, "w") as f:
             json.dump(result, f)
-    dist.destroy_process_group()
+    dist.barrier()
+    finish(0)  # without gloo's teardown, as the entry points (engine/runtime.finish)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ Knows nothing about BERT or any task.
 
 from __future__ import annotations
 
-import atexit
 import os
 import sys
 from contextlib import nullcontext
@@ -78,10 +77,6 @@ class Runtime:
                 dist.init_process_group("cpu:gloo,cuda:nccl", device_id=dev)
             else:
                 dist.init_process_group("gloo")
-            # tear the groups down before the interpreter does: a process that exits with its gloo groups (the
-            # device mesh adds several) still alive can abort in their destructors ("terminate called without
-            # an active exception"), turning a finished run into a failed one
-            atexit.register(_destroy_process_group)
         rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
         per_replica = pipeline_stages * tensor_parallel
         if world % per_replica:
@@ -151,9 +146,16 @@ class Runtime:
         return box[0]
 
 
-def _destroy_process_group() -> None:
+def finish(code: int) -> None:
+    """End an entry point's process with `code`. A distributed process leaves without the interpreter's
+    teardown (os._exit after flushing): its work is done and written (files fsynced, all ranks past the final
+    barrier), and gloo's threads can abort in their destructors at exit ("terminate called without an active
+    exception", seen in CI with and without destroy_process_group), turning a finished run into a failed one."""
+    sys.stdout.flush()
+    sys.stderr.flush()
     if dist.is_initialized():
-        dist.destroy_process_group()
+        os._exit(code)
+    sys.exit(code)
 
 
 def report_error(exc: BaseException) -> None:
