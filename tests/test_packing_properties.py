@@ -45,6 +45,23 @@ def test_mixture_conserves_sequences_and_respects_limits(algorithm, hist, depth)
 
 
 @SETTINGS
+@given(hist=histograms(), depth=st.sampled_from([1, 2, 3, 5]), classes=st.sampled_from([1, 4, 16]))
+def test_planned_packing_conserves_sequences_and_respects_limits(hist, depth, classes):
+    """The planned path (LP over class means, realised with real lengths, quota fill on the rest) on any
+    histogram and class width: every sequence once, no pack over the length or the depth."""
+    from bert_ipu.packing import planned
+
+    planned.PLAN_CLASSES, saved = classes, planned.PLAN_CLASSES
+    try:
+        mix = planned.planned(hist, depth)
+    finally:
+        planned.PLAN_CLASSES = saved
+    assert np.array_equal(mix.coverage(len(hist)), hist)
+    assert (mix.pack_lengths() <= len(hist)).all() and mix.depth <= depth
+    assert mix.n_packs >= lower_bound(hist, depth)
+
+
+@SETTINGS
 @given(hist=histograms(), depth=depths)
 def test_cghp_bound_holds_against_every_other_packer(hist, depth):
     """CGHP's proven lower bound is never above what any algorithm achieves at the same depth, and CGHP

@@ -45,6 +45,7 @@ from .bounds import lower_bound as cheap_lower_bound, past
 from .heuristics import lpfhp, run_lpfhp
 from .histogram import expand_histogram
 from .mixture import Mixture, trim_excess
+from .planned import planned
 
 # A pattern prices out when its dual value exceeds 1 by more than this; HiGHS' default tolerances are 1e-7.
 PRICING_TOL = 1e-9
@@ -370,9 +371,23 @@ def cghp(histogram: np.ndarray, depth: int, residual_rounds: int = 8, patience: 
         return CGHPResult(start, float(cheap), cheap, late, "heuristic")
     lengths = np.nonzero(histogram)[0] + 1
     if pricing_seconds(len(lengths), max_len, depth, int(lengths[0])) > EXACT_PRICING_SECONDS:
+        if _tokens_bind(histogram, depth):
+            mixture = planned(histogram, depth, deadline)
+            mixture = mixture if mixture.n_packs < start.n_packs else start
+            return CGHPResult(mixture, float(cheap), cheap, past(deadline), "planned")
         return _bucketed(histogram, depth, start, cheap, residual_rounds, patience, deadline)
     mixture, lp_bound, _, late = _exact(histogram, depth, start, residual_rounds, patience, deadline)
     return CGHPResult(mixture, lp_bound, max(cheap, math.ceil(lp_bound - 1e-6)), late, "exact")
+
+
+def _tokens_bind(histogram: np.ndarray, depth: int) -> bool:
+    """Whether, under a depth limit that can bind, the token bound is at least the depth bound: then the
+    packs must be full, and `planned` packs long histograms better than the LP on bucketed lengths."""
+    max_len = len(histogram)
+    if depth >= max_len // (int(np.argmax(histogram > 0)) + 1):
+        return False
+    tokens = int((np.arange(1, max_len + 1) * histogram).sum())
+    return math.ceil(tokens / max_len) >= math.ceil(int(histogram.sum()) / depth)
 
 
 def _exact(histogram, depth, start, residual_rounds, patience, deadline):
