@@ -78,10 +78,10 @@ def check_pack_lengths(pack_lengths) -> list[int]:
     """The pack lengths as ints (in the order given), or a PackingInputError naming the problem: not a
     non-empty list of whole numbers >= 1, or a length given twice."""
     sizes = None
-    if isinstance(pack_lengths, (list, tuple, np.ndarray)) and np.ndim(pack_lengths) == 1:
+    if isinstance(pack_lengths, (list, tuple, np.ndarray)):
         try:
             sizes = [int(s) for s in pack_lengths]
-        except (TypeError, ValueError, OverflowError):  # "4096" or None among them, nan, inf
+        except (TypeError, ValueError, OverflowError):  # None or a list among them, nan, inf
             sizes = None
     if not sizes or any(isinstance(t, (bool, np.bool_, str, bytes)) or s != t or s < 1
                         for s, t in zip(sizes, pack_lengths)):
