@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bert_ipu.packing import PackingInputError
+from bert_ipu.packing import PackingInputError, assign_multi_size
 from bert_ipu.packing.multisize import pack_multi_size
 
 
@@ -107,10 +107,50 @@ def test_time_limit_returns_a_valid_packing_and_bound():
     assert r.time_limit_reached and r.lower_bound <= r.cost
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_assign_multi_size_puts_every_sequence_in_one_slot_of_its_length(seed):
+    """assign_multi_size: every sequence lands in exactly one pack of one pack length, in a slot of its own
+    length (so every pack holds its mixture's pattern: it fits its length and the depth limit); each pack
+    length gets as many sequences of each length as its mixture takes; the same seed gives the same packs,
+    another seed splits equal lengths differently."""
+    rng = np.random.default_rng(seed)
+    # mostly short sequences, so that all three pack lengths are used and share sequence lengths
+    lengths = rng.permutation(np.concatenate([rng.integers(1, 6, 300), rng.integers(6, 33, 100)]))
+    r = pack_multi_size(hist(lengths, 32), [8, 16, 32], max_sequences_per_pack=3)
+    assert sorted(r.mixtures) == [8, 16, 32]
+    assigned = assign_multi_size(lengths, r, seed=seed)
+    assert list(assigned) == sorted(r.mixtures)
+    seen = []
+    for size, (offsets, indices) in assigned.items():
+        flat, slot_offsets = r.mixtures[size].expand_ragged()
+        assert len(offsets) - 1 == r.mixtures[size].n_packs
+        assert np.array_equal(np.sort(lengths[indices]), np.sort(flat)), "the mixture's lengths, each once"
+        totals = np.add.reduceat(lengths[indices], offsets[:-1])
+        assert (totals <= size).all() and np.diff(offsets).max() <= 3
+        seen.append(indices)
+    assert np.array_equal(np.sort(np.concatenate(seen)), np.arange(len(lengths)))
+    again = assign_multi_size(lengths, r.mixtures, seed=seed)
+    assert all(np.array_equal(assigned[s][i], again[s][i]) for s in assigned for i in (0, 1))
+    other = assign_multi_size(lengths, r, seed=seed + 100)
+    assert any(not np.array_equal(np.sort(assigned[s][1]), np.sort(other[s][1])) for s in assigned)
+
+
+def test_assign_multi_size_refuses_other_data():
+    """Mixtures computed for other data are a ValueError naming the length that does not match."""
+    r = pack_multi_size(hist([5, 6, 7], 8), [4, 8])
+    with pytest.raises(PackingInputError, match="sequences of length 5 but the data has 2"):
+        assign_multi_size([5, 5, 6, 7], r)
+    with pytest.raises(PackingInputError, match="above the maximum 8"):
+        assign_multi_size([5, 6, 9], r)
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(pack_lengths=[]), "non-empty list"),
     (dict(pack_lengths=[8, 0]), "non-empty list"),
-    (dict(pack_lengths=[8, 8]), "each length once"),
+    (dict(pack_lengths=[8, 8]), r"each length once \(8 given twice\)"),
+    (dict(pack_lengths=[8, 9.5]), "non-empty list of whole numbers"),
+    (dict(pack_lengths=["8"]), "non-empty list of whole numbers"),
+    (dict(pack_lengths=8), "non-empty list of whole numbers"),
     (dict(pack_lengths=[4]), "longer than the largest pack length 4"),
     (dict(pack_lengths=[8, 16], costs=[1]), "one number > 0 per pack length"),
     (dict(pack_lengths=[8, 16], costs=[1, -2]), "one number > 0 per pack length"),

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from bert_ipu.packing import ALGORITHMS, applies
 from bert_ipu.packing.balance import balance_metrics, balance_ratio, balanced_order, pack_costs
-from bert_ipu.packing.sequences import pack_dataset, pack_token_lists
+from bert_ipu.packing.sequences import MultiSizePackedRows, PackedRows, pack_dataset, pack_token_lists
 
 SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -17,6 +17,27 @@ def unique_token_sequences(rng, n, max_len):
     lengths = rng.integers(1, max_len + 1, size=n)
     starts = np.concatenate([[0], np.cumsum(lengths)]) + 1  # token 0 stays the padding id
     return [list(range(starts[i], starts[i] + lengths[i])) for i in range(n)]
+
+
+def check_rows(rows, seqs, pack_length, depth):
+    """The invariants of one pack length's rows (see the test below); returns the source rows they hold."""
+    ids, pos, sid = rows.input_ids, rows.position_ids, rows.sequence_ids
+    assert ids.shape == pos.shape == sid.shape == (len(rows), pack_length)
+    real = sid > 0
+    assert (ids[~real] == 0).all() and (pos[~real] == 0).all() and (rows.labels[~real] == -100).all()
+    assert np.array_equal(rows.labels[real], -ids[real]), "labels travel with their tokens"
+    for p in range(len(rows)):
+        k = int(sid[p].max())
+        assert list(rows.sources(p)) and len(rows.sources(p)) == k
+        assert depth is None or k <= depth
+        assert sum(len(seqs[src]) for src in rows.sources(p)) <= pack_length
+        for j, src in enumerate(rows.sources(p), start=1):
+            segment = sid[p] == j
+            assert np.array_equal(ids[p][segment], seqs[src]), "a sequence is one contiguous, ordered segment"
+            assert np.array_equal(pos[p][segment], np.arange(len(seqs[src])))
+        # real tokens first, then padding
+        assert not (np.diff(real[p].astype(int)) > 0).any()
+    return rows.source_indices
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
@@ -32,24 +53,11 @@ def test_every_token_lands_exactly_once(algorithm, seed, depth, pack_length):
     seqs = unique_token_sequences(rng, int(rng.integers(1, 60)), pack_length)
     labels = [[-t for t in s] for s in seqs]
     rows = pack_token_lists(seqs, pack_length, algorithm, depth, labels=labels, seed=seed)
-    ids, pos, sid = rows.input_ids, rows.position_ids, rows.sequence_ids
-    assert ids.shape == pos.shape == sid.shape == (rows.result.packs, pack_length)
-    real = sid > 0
+    assert len(rows) == rows.result.packs
+    real = rows.sequence_ids > 0
     all_tokens = np.concatenate([np.array(s) for s in seqs])
-    assert np.array_equal(np.sort(ids[real]), np.sort(all_tokens)), "each token exactly once"
-    assert (ids[~real] == 0).all() and (pos[~real] == 0).all() and (rows.labels[~real] == -100).all()
-    assert np.array_equal(rows.labels[real], -ids[real])
-    assert np.array_equal(np.sort(rows.source_indices), np.arange(len(seqs)))
-    for p in range(len(rows)):
-        k = int(sid[p].max())
-        assert list(rows.sources(p)) and len(rows.sources(p)) == k
-        assert depth is None or k <= depth
-        for j, src in enumerate(rows.sources(p), start=1):
-            segment = sid[p] == j
-            assert np.array_equal(ids[p][segment], seqs[src]), "a sequence is one contiguous, ordered segment"
-            assert np.array_equal(pos[p][segment], np.arange(len(seqs[src])))
-        # real tokens first, then padding
-        assert not (np.diff(real[p].astype(int)) > 0).any()
+    assert np.array_equal(np.sort(rows.input_ids[real]), np.sort(all_tokens)), "each token exactly once"
+    assert np.array_equal(np.sort(check_rows(rows, seqs, pack_length, depth)), np.arange(len(seqs)))
 
 
 def test_too_long_sequences_error_or_are_dropped_and_counted():
@@ -93,6 +101,103 @@ def test_hugging_face_dataset_round_trip():
             assert np.array_equal(ids[sid == j], seqs[src])
     with pytest.raises(ValueError, match="no column 'text'"):
         pack_dataset(ds, 32, column="text")
+
+
+# --- several pack lengths ----------------------------------------------------------------------------------
+
+@SETTINGS
+@given(seed=st.integers(0, 10_000), depth=st.sampled_from([None, 1, 2, 3]),
+       sizes=st.lists(st.integers(4, 40), min_size=1, max_size=3, unique=True), with_costs=st.booleans())
+def test_several_pack_lengths_every_token_lands_exactly_once(seed, depth, sizes, with_costs):
+    """With several pack lengths, every source token appears exactly once across the packs of all lengths,
+    inside its own sequence's segment, with its label; every pack fits its length and the depth limit; the
+    packs per length are the multi-size packing's; the same seed gives the same rows."""
+    rng = np.random.default_rng(seed)
+    seqs = unique_token_sequences(rng, int(rng.integers(1, 50)), max(sizes))
+    labels = [[-t for t in s] for s in seqs]
+    costs = rng.integers(1, 50, size=len(sizes)).tolist() if with_costs else None
+    multi = pack_token_lists(seqs, sizes, None, depth, labels=labels, seed=seed, costs=costs)
+    assert isinstance(multi, MultiSizePackedRows) and multi.pack_lengths == sorted(sizes)
+    assert {s: n for s, n in multi.packs.items() if n} == multi.result.packs
+    held, tokens = [], []
+    for size, rows in multi.items():
+        assert rows.result is multi.result
+        held.append(check_rows(rows, seqs, size, depth))
+        tokens.append(rows.input_ids[rows.sequence_ids > 0])
+    all_tokens = np.concatenate([np.array(s) for s in seqs])
+    assert np.array_equal(np.sort(np.concatenate(tokens)), np.sort(all_tokens)), "each token exactly once"
+    assert np.array_equal(np.sort(np.concatenate(held)), np.arange(len(seqs))), "each sequence in one pack"
+    again = pack_token_lists(seqs, sizes, None, depth, labels=labels, seed=seed, costs=costs)
+    for size, rows in multi.items():
+        for field in ("input_ids", "position_ids", "sequence_ids", "labels", "source_offsets", "source_indices"):
+            assert np.array_equal(getattr(rows, field), getattr(again[size], field)), "deterministic for a seed"
+
+
+def test_several_pack_lengths_seed_moves_sequences_and_lengths_are_chosen_by_cost():
+    """A different seed deals equal-length sequences differently (same packs per length). 60 sequences of
+    1-12 tokens at depth 2 fit 30 packs of 16 (proven optimal), so the 64-token length is listed with 0 packs
+    (rows of shape (0, 64)) instead of costing 4x as much per pack."""
+    rng = np.random.default_rng(0)
+    seqs = unique_token_sequences(rng, 60, 12)
+    a = pack_token_lists(seqs, [64, 16], max_sequences_per_pack=2, seed=0)
+    b = pack_token_lists(seqs, [64, 16], max_sequences_per_pack=2, seed=1)
+    assert a.packs == b.packs == {16: 30, 64: 0} and a.result.cost == a.result.lower_bound
+    assert a[64].input_ids.shape == (0, 64) and len(a[64].source_indices) == 0
+    assert any(not np.array_equal(a[s].source_indices, b[s].source_indices) for s in a)
+
+
+def test_single_pack_length_api_is_unchanged():
+    """One pack length gives PackedRows with LPFHP by default, as before several lengths existed (these
+    rows are what the code before them returned)."""
+    seqs = [[1, 2, 3], [4, 5], [6], [7, 8, 9, 10], [11]]
+    rows = pack_token_lists(seqs, 4, seed=3)
+    assert isinstance(rows, PackedRows) and rows.result.algorithm == "lpfhp"
+    assert rows.input_ids.tolist() == [[7, 8, 9, 10], [1, 2, 3, 6], [4, 5, 11, 0]]
+    assert rows.source_indices.tolist() == [3, 0, 2, 1, 4] and rows.source_offsets.tolist() == [0, 1, 3, 5]
+    assert rows.sequence_ids.tolist() == [[1, 1, 1, 1], [1, 1, 1, 2], [1, 1, 2, 0]]
+    assert pack_token_lists(seqs, np.int64(4), "cghp", 2).result.algorithm == "cghp"
+
+
+def test_several_pack_lengths_drop_too_long_sequences_and_keep_time_limit():
+    """too_long="drop" leaves out what is longer than the LARGEST pack length and lists it once; a time
+    limit still gives a valid packing of everything else."""
+    seqs = [[1] * 9, [2] * 20, [3] * 5, [4] * 17, [5] * 3]
+    with pytest.raises(ValueError, match=r"sequence 1 has 20 tokens, more than the largest pack length 16 \(2 such"):
+        pack_token_lists(seqs, [8, 16])
+    multi = pack_token_lists(seqs, [8, 16], too_long="drop", time_limit=5)
+    assert list(multi.dropped) == [1, 3]
+    assert sorted(np.concatenate([r.source_indices for _, r in multi.items()]).tolist()) == [0, 2, 4]
+    assert all(list(r.dropped) == [1, 3] for _, r in multi.items())
+
+
+@pytest.mark.parametrize("pack_length, kwargs, message", [
+    ([], {}, r"pack lengths \[\]: give a non-empty list of whole numbers"),
+    ([8, 8.5], {}, "non-empty list of whole numbers"),
+    ([8, "16"], {}, "non-empty list of whole numbers"),
+    ([8, 0], {}, "non-empty list of whole numbers >= 1"),
+    ([8, 16, 8], {}, r"each length once \(8 given twice\)"),
+    ([4, 6], {}, "sequence 1 has 9 tokens, more than the largest pack length 6"),
+    ([8, 16], {"algorithm": "lpfhp"}, "only 'cghp'"),
+    ([8, 16], {"costs": [1]}, "one number > 0 per pack length"),
+    ([8, 16], {"max_sequences_per_pack": 0}, "max_sequences_per_pack"),
+    ([8, 16], {"time_limit": -1}, "time limit"),
+    (16, {"costs": [1]}, "costs apply to several pack lengths"),
+    (8.0, {}, "pack_length must be a whole number"),
+])
+def test_several_pack_lengths_bad_input_is_a_value_error(pack_length, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        pack_token_lists([[1, 2], [3] * 9], pack_length, **kwargs)
+
+
+def test_hugging_face_dataset_several_pack_lengths():
+    """pack_dataset with a list of pack lengths gives {pack length: datasets.Dataset}, rows of that length."""
+    datasets = pytest.importorskip("datasets")
+    seqs = unique_token_sequences(np.random.default_rng(0), 40, 24)
+    packed = pack_dataset(datasets.Dataset.from_dict({"input_ids": seqs}), [16, 32], max_sequences_per_pack=2)
+    assert sorted(packed) == [16, 32]
+    assert sorted(r for ds in packed.values() for rows in ds["source_rows"] for r in rows) == list(range(40))
+    for size, ds in packed.items():
+        assert all(len(ids) == size for ids in ds["input_ids"])
 
 
 # --- balance ---------------------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import baselines, heuristics, nnlshp as _nnlshp
-from .assign import EMPTY, assign, assign_ragged
+from .assign import EMPTY, assign, assign_multi_size, assign_ragged
 from .bounds import deadline_of, lower_bound
 from .cghp import cghp as _cghp
 from .depth import auto_depth, depth_label, parse_depth
@@ -41,7 +41,7 @@ ALGORITHMS = ("none", "sort", "greedy", "spfhp", "lpfhp", "nnlshp", "cghp")
 DEPTH_FREE = ("none", "sort")  # algorithms whose result does not depend on max_sequences_per_pack
 
 __all__ = ["ALGORITHMS", "DEPTH_FREE", "EMPTY", "Mixture", "PackingInputError", "PackingResult", "applies",
-           "assign", "assign_ragged", "auto_depth", "depth_label", "expand_histogram", "histogram_of", "load_histogram",
+           "assign", "assign_multi_size", "assign_ragged", "auto_depth", "depth_label", "expand_histogram", "histogram_of", "load_histogram",
            "load_lengths", "lower_bound", "pack", "parse_depth", "validate_histogram", "validate_lengths"]
 
 

@@ -69,3 +69,57 @@ def assign_ragged(lengths, mixture: Mixture, max_len: int, seed: int = 0,
     indices = np.empty(len(slots), dtype=np.int64)
     indices[np.argsort(slots, kind="stable")] = by_length
     return offsets.astype(np.int64), indices
+
+
+def assign_multi_size(lengths, mixtures, seed: int = 0,
+                      shuffle_packs: bool = True) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Assign real sequences to the packs of several lengths (`multisize.pack_multi_size`).
+
+    mixtures: {pack length: Mixture} (a MultiSizeResult's `mixtures`, or the result itself), whose coverages
+    add up to the histogram of `lengths`. Returns {pack length: (offsets, indices)} in ascending pack length,
+    one entry per mixture, each as `assign_ragged`'s (indices into `lengths`).
+
+    The sequences of each length are split between the pack lengths by how many of that length each one's
+    mixture takes: the sequences of length l, in a random order (deterministic for `seed`), go first to the
+    smallest pack length's slots of length l, then to the next one's, and so on. `assign_ragged` then fills
+    each pack length's slots from its share with a seed of its own derived from `seed`, so every sequence
+    lands in exactly one pack of exactly one pack length. Vectorised like `assign_ragged` (the only Python
+    loop is over the few pack lengths).
+    """
+    mixtures = getattr(mixtures, "mixtures", mixtures)
+    if not isinstance(mixtures, dict) or not mixtures:
+        raise PackingInputError("mixtures: give {pack length: Mixture} (or a MultiSizeResult) with at least one")
+    sizes = sorted(int(s) for s in mixtures)
+    top = sizes[-1]
+    lengths = validate_lengths(lengths, top)
+    coverage = np.stack([mixtures[s].coverage(top) for s in sizes])  # (pack lengths, top)
+    have, want = histogram_of(lengths, top), coverage.sum(axis=0)
+    if not np.array_equal(have, want):
+        bad = int(np.argmax(have != want)) + 1
+        raise PackingInputError(
+            f"the mixtures pack {want[bad - 1]} sequences of length {bad} but the data has {have[bad - 1]}; "
+            "compute the multi-size packing from this data's histogram")
+    for s in sizes:
+        fat = np.nonzero(mixtures[s].pack_lengths() > s)[0]
+        if len(fat):
+            raise PackingInputError(f"the mixture of pack length {s} has a pack of "
+                                    f"{int(mixtures[s].pack_lengths()[fat[0]])} tokens")
+    rng = np.random.default_rng(seed)
+    shuffled = rng.permutation(len(lengths))
+    by_length = shuffled[np.argsort(lengths[shuffled], kind="stable")]
+    sorted_lengths = lengths[by_length]
+    group_start = np.concatenate([[0], np.cumsum(have)])[sorted_lengths - 1]
+    rank = np.arange(len(lengths)) - group_start                    # k-th sequence of its length
+    upper = np.cumsum(coverage, axis=0)                               # (pack lengths, top): end of each share
+    share = (rank[None, :] >= upper[:, sorted_lengths - 1]).sum(axis=0)  # pack length index of each sequence
+    out = {}
+    for k, s in enumerate(sizes):
+        mine = by_length[share == k]
+        if len(mine) == 0:  # a mixture with no packs
+            out[s] = (np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.int64))
+            continue
+        mine = np.sort(mine)  # indices ascending: the share does not depend on the order within it
+        sub_seed = int(np.random.SeedSequence([seed, s]).generate_state(1, np.uint64)[0])
+        offsets, indices = assign_ragged(lengths[mine], mixtures[s], s, seed=sub_seed, shuffle_packs=shuffle_packs)
+        out[s] = (offsets, mine[indices])
+    return out

@@ -74,13 +74,27 @@ class MultiSizeResult:
         return self.cost / self.lower_bound - 1 if self.lower_bound > 0 else 0.0
 
 
-def check_input(histogram, pack_lengths, costs, depth):
-    """(histogram, sizes ascending, costs in that order), or a PackingInputError naming the problem."""
-    sizes = [int(s) for s in pack_lengths] if isinstance(pack_lengths, (list, tuple, np.ndarray)) else None
-    if not sizes or any(isinstance(s, bool) or s != t or s < 1 for s, t in zip(sizes, pack_lengths)):
+def check_pack_lengths(pack_lengths) -> list[int]:
+    """The pack lengths as ints (in the order given), or a PackingInputError naming the problem: not a
+    non-empty list of whole numbers >= 1, or a length given twice."""
+    sizes = None
+    if isinstance(pack_lengths, (list, tuple, np.ndarray)):
+        try:
+            sizes = [int(s) for s in pack_lengths]
+        except (TypeError, ValueError, OverflowError):  # None or a list among them, nan, inf
+            sizes = None
+    if not sizes or any(isinstance(t, (bool, np.bool_, str, bytes)) or s != t or s < 1
+                        for s, t in zip(sizes, pack_lengths)):
         raise PackingInputError(f"pack lengths {pack_lengths!r}: give a non-empty list of whole numbers >= 1")
     if len(set(sizes)) != len(sizes):
-        raise PackingInputError(f"pack lengths {sizes}: each length once")
+        twice = sorted({s for s in sizes if sizes.count(s) > 1})
+        raise PackingInputError(f"pack lengths {sizes}: each length once ({', '.join(map(str, twice))} given twice)")
+    return sizes
+
+
+def check_input(histogram, pack_lengths, costs, depth):
+    """(histogram, sizes ascending, costs in that order), or a PackingInputError naming the problem."""
+    sizes = check_pack_lengths(pack_lengths)
     histogram = validate_histogram(histogram)
     top = int(np.nonzero(histogram)[0][-1]) + 1
     if top > max(sizes):
