@@ -45,7 +45,7 @@ from .bounds import lower_bound as cheap_lower_bound, past
 from .heuristics import lpfhp, run_lpfhp
 from .histogram import expand_histogram
 from .mixture import Mixture, trim_excess
-from .planned import planned
+from .planned import PLAN_MAX_PACKS, planned
 
 # A pattern prices out when its dual value exceeds 1 by more than this; HiGHS' default tolerances are 1e-7.
 PRICING_TOL = 1e-9
@@ -371,7 +371,7 @@ def cghp(histogram: np.ndarray, depth: int, residual_rounds: int = 8, patience: 
         return CGHPResult(start, float(cheap), cheap, late, "heuristic")
     lengths = np.nonzero(histogram)[0] + 1
     if pricing_seconds(len(lengths), max_len, depth, int(lengths[0])) > EXACT_PRICING_SECONDS:
-        if _tokens_bind(histogram, depth):
+        if _tokens_bind(histogram, depth) and cheap <= PLAN_MAX_PACKS:
             mixture = planned(histogram, depth, deadline)
             mixture = mixture if mixture.n_packs < start.n_packs else start
             return CGHPResult(mixture, float(cheap), cheap, past(deadline), "planned")
