@@ -122,7 +122,7 @@ def test_bucketed_cghp_packs_the_real_lengths(monkeypatch, depth):
     exact = pack(hist, "cghp", depth)
     monkeypatch.setattr(cghp_module, "EXACT_PRICING_SECONDS", 0.0)
     monkeypatch.setattr(cghp_module, "GRID", 64)
-    monkeypatch.setattr(cghp_module, "_tokens_bind", lambda *_: False)  # not the planned path
+    monkeypatch.setattr(cghp_module, "_plannable", lambda *_: False)  # not the planned path
     result = cghp_module.cghp(hist, depth or 600)
     assert result.strategy == "bucketed"
     mix = result.mixture

@@ -37,6 +37,8 @@ from .mixture import Mixture
 PLAN_CLASSES = 256  # the plan's LP is over at most this many class lengths
 PLAN_ROUNDS = 3
 PLAN_MAX_PACKS = 1_000_000  # realising a pack is a Python loop (about 10 us): above this, CGHP's bucketed LP
+PLAN_MIN_DEPTH = 4           # CGHP tries the plan first where exact pricing is cheap only from this depth limit
+PLAN_ENOUGH = 5e-4           # ... and keeps it when within this fraction of the cheap bound
 
 
 class _Stock:
