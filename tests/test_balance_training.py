@@ -67,10 +67,15 @@ def _costs_from_sequence_ids(source) -> np.ndarray:
     return pack_costs(*sequence_lengths(source.sequence_ids(0, source.packs)), linear_weight=1.0)
 
 
-def test_stored_costs_equal_costs_from_the_sequence_ids(dataset):
+def test_stored_costs_equal_costs_from_the_sequence_ids(dataset, tmp_path):
     """The pipeline writes every pack's sequence lengths (packed and unpacked datasets, every split), and the
-    costs read from them equal, exactly, those computed from the packs' sequence_ids, pack by pack."""
-    for path in (dataset, dataset.parent / "instances"):
+    costs read from them equal, exactly, those computed from the packs' sequence_ids, pack by pack (read 7
+    packs at a time, across shards of 13 packs)."""
+    from bert_ipu.data.pipeline import pack_pretraining_data
+
+    small_shards = tmp_path / "small_shards"
+    pack_pretraining_data(dataset.parent / "instances", small_shards, "cghp", 3, packs_per_shard=13, progress=False)
+    for path in (dataset, dataset.parent / "instances", small_shards):
         data = PackedDataset(path, verify=True)
         assert data.has_derived("sequence_lengths") and data.manifest["derived_fields"] == ["sequence_lengths"]
         for split in data.splits:
@@ -79,6 +84,7 @@ def test_stored_costs_equal_costs_from_the_sequence_ids(dataset):
             assert source._lengths is not None  # read from the stored field, not the sequence ids
             computed = _costs_from_sequence_ids(source)
             assert len(stored) == source.packs and np.array_equal(stored, computed)
+    assert len(PackedDataset(small_shards).shard_sizes("train")) > 3
     assert (PackedDataset(dataset).shard("train", 0, ["sequence_lengths"])["sequence_lengths"][:, 1] > 0).any()
 
 

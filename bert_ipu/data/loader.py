@@ -84,10 +84,16 @@ class ShardSource:
         if not self.dataset.has_derived("sequence_lengths"):
             return sequence_lengths(self.sequence_ids(start, stop))
         if self._lengths is None:  # mapped on first use: only the balanced loader reads them
-            self._lengths = [self.dataset.shard(self.split, i, ("sequence_lengths",))
+            self._lengths = [self.dataset.shard(self.split, i, ("sequence_lengths",))["sequence_lengths"]
                              for i in range(len(self.sizes))]
-        rows = np.arange(start, stop)
-        return ragged(gather(self.sizes, self._lengths.__getitem__, rows, ("sequence_lengths",))["sequence_lengths"])
+        parts, at = [], 0  # a contiguous range: slices of the shards it spans (no gather's sort)
+        for lengths in self._lengths:
+            lo, hi = max(start - at, 0), min(stop - at, len(lengths))
+            if lo < hi:
+                parts.append(lengths[lo:hi])
+            at += len(lengths)
+        return ragged(np.concatenate(parts) if parts else np.zeros((0, self.dataset.layout.max_sequences_per_pack),
+                                                                    dtype=np.int32))
 
 
 class ArraySource:
