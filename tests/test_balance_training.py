@@ -101,9 +101,11 @@ def _old_format_copy(dataset, out):
     return out
 
 
-def test_a_dataset_without_stored_lengths_still_gives_the_costs(dataset, tmp_path):
+def test_a_dataset_without_stored_lengths_still_gives_the_costs(dataset, tmp_path, capsys):
     """A dataset written before the stored sequence lengths loads, verifies, and gives the same costs from its
-    sequence_ids (the fallback), so the same balanced dealing."""
+    sequence_ids (the fallback), so the same balanced dealing; inspect says whether the lengths are stored."""
+    import inspect_packed_data as inspect_cli
+
     old = _old_format_copy(dataset, tmp_path / "old")
     data = PackedDataset(old, verify=True)
     assert not data.has_derived("sequence_lengths")
@@ -112,6 +114,8 @@ def test_a_dataset_without_stored_lengths_still_gives_the_costs(dataset, tmp_pat
     assert source._lengths is None
     new = source_pack_costs(ShardSource(PackedDataset(dataset), "train"))
     assert np.array_equal(costs, new)
+    assert inspect_cli.main([str(old)]) == 0 and "sequence lengths: not stored" in capsys.readouterr().out
+    assert inspect_cli.main([str(dataset)]) == 0 and "sequence lengths: stored" in capsys.readouterr().out
     a, b = (UpdateLoader(s, 16, 4, 0, 2, seed=1, pack_costs=c)
             for s, c in ((source, costs), (ShardSource(PackedDataset(dataset), "train"), new)))
     assert a.update_rows().tolist() == b.update_rows().tolist()
