@@ -103,13 +103,15 @@ def _old_format_copy(dataset, out):
 
 def test_a_dataset_without_stored_lengths_still_gives_the_costs(dataset, tmp_path, capsys):
     """A dataset written before the stored sequence lengths loads, verifies, and gives the same costs from its
-    sequence_ids (the fallback), so the same balanced dealing; inspect says whether the lengths are stored."""
+    sequence_ids (the fallback), so the same balanced dealing; inspect says whether the lengths are stored, and
+    a balanced run on it trains, saying why its start took longer."""
     import inspect_packed_data as inspect_cli
 
     old = _old_format_copy(dataset, tmp_path / "old")
     data = PackedDataset(old, verify=True)
     assert not data.has_derived("sequence_lengths")
     source = ShardSource(data, "train")
+    assert not source.stores_lengths and ShardSource(PackedDataset(dataset), "train").stores_lengths
     costs = source_pack_costs(source)
     assert source._lengths is None
     new = source_pack_costs(ShardSource(PackedDataset(dataset), "train"))
@@ -119,6 +121,9 @@ def test_a_dataset_without_stored_lengths_still_gives_the_costs(dataset, tmp_pat
     a, b = (UpdateLoader(s, 16, 4, 0, 2, seed=1, pack_costs=c)
             for s, c in ((source, costs), (ShardSource(PackedDataset(dataset), "train"), new)))
     assert a.update_rows().tolist() == b.update_rows().tolist()
+    main(tiny(old, tmp_path / "run", "train.max_steps=1", "train.validate_every=1", "train.balance=attention"),
+         progress=False)
+    assert "stores no sequence lengths (written before them)" in capsys.readouterr().out
 
 
 def test_stored_lengths_that_disagree_with_the_sequence_ids_are_refused(dataset, tmp_path, capsys):

@@ -78,10 +78,15 @@ class ShardSource:
         """Packs [start, stop)'s `sequence_ids` (read alone, not the other fields)."""
         return gather(self.sizes, self.shards.__getitem__, np.arange(start, stop), ("sequence_ids",))["sequence_ids"]
 
+    @property
+    def stores_lengths(self) -> bool:
+        """Whether the shards store the packs' sequence lengths (datasets written before that field do not)."""
+        return self.dataset.has_derived("sequence_lengths")
+
     def sequence_lengths(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         """Packs [start, stop)'s sequence lengths, ragged (see `sequence_lengths`): from the shards' stored
         `sequence_lengths` field (K numbers a pack), or for a dataset written before it, from `sequence_ids`."""
-        if not self.dataset.has_derived("sequence_lengths"):
+        if not self.stores_lengths:
             return sequence_lengths(self.sequence_ids(start, stop))
         if self._lengths is None:  # mapped on first use: only the balanced loader reads them
             self._lengths = [self.dataset.shard(self.split, i, ("sequence_lengths",))["sequence_lengths"]
