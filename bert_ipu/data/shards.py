@@ -144,8 +144,8 @@ class DatasetWriter:
                        "max_sequences_per_pack": self.layout.max_sequences_per_pack},
             "splits": {split: {"packs": sum(s["packs"] for s in shards), "shards": shards}
                        for split, shards in self.splits.items()},
-            "derived_fields": list(DERIVED),
             **info,
+            "derived_fields": list(DERIVED),  # after info: what this writer wrote, whatever a caller copied
         }
         tmp = self.partial / (MANIFEST + ".tmp")
         tmp.write_text(json.dumps(manifest, indent=1, default=_json_default) + "\n")
