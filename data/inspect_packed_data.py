@@ -49,6 +49,9 @@ def main(argv=None) -> int:
     print(f"  {describe_depth(m, data.layout.max_sequences_per_pack)}")
     for split, info in m["splits"].items():
         print(f"  {split}: {info['packs']:,} packs in {len(info['shards'])} shards")
+    print("  sequence lengths: " + ("stored (sequence_lengths.npy, verified against sequence_ids)"
+                                    if data.has_derived("sequence_lengths") else
+                                    "not stored (written before that field: readers compute them from sequence_ids)"))
     for split, info in m.get("packing", {}).items():
         used = info.get("max_depth_used")
         print(f"  {split}: {info['sequences']:,} sequences" + (f", at most {used} a pack" if used else "") +

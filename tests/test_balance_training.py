@@ -4,8 +4,10 @@ deterministic and resumable bit for bit."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 import socket
 
 import numpy as np
@@ -13,8 +15,9 @@ import pytest
 import torch
 
 from bert_ipu.config import ConfigError
+from bert_ipu.data.layout import sequence_lengths_per_id
 from bert_ipu.data.loader import ArraySource, ShardSource, UpdateLoader, sequence_lengths, source_pack_costs
-from bert_ipu.data.shards import PackedDataset
+from bert_ipu.data.shards import DatasetError, PackedDataset
 from bert_ipu.engine import checkpoint
 from bert_ipu.packing.balance import balance_ratio, pack_costs
 from bert_ipu.tasks.pretraining import main
@@ -40,6 +43,8 @@ def test_pack_costs_are_read_from_the_sequence_ids():
     assert flat.tolist() == [3, 2, 4, 4, 8, 1, 1, 1] and offsets.tolist() == [0, 2, 4, 5, 8]
     costs = source_pack_costs(ArraySource({"sequence_ids": ids}), chunk=3)  # chunks cut across rows
     assert costs.tolist() == [9 + 4 + 5, 16 + 16 + 8, 64 + 8, 3 + 3]
+    dense = sequence_lengths_per_id(ids, 20)  # more ids than 16: the bincount path, the same counts
+    assert np.array_equal(dense[:, :3], sequence_lengths_per_id(ids, 3)) and not dense[:, 3:].any()
     with pytest.raises(ValueError, match="no sequence_ids"):
         source_pack_costs(ArraySource({"input_ids": ids}))
     with pytest.raises(ConfigError, match="train.balance 'random': choose none or attention"):
@@ -55,6 +60,112 @@ def test_shard_costs_match_the_packs_the_loader_reads(dataset):
     got = np.concatenate([[(sequence_lengths(r[None])[0] ** 2).sum() + (r > 0).sum() for r in b["sequence_ids"].numpy()]
                           for b in loader.next_update()])
     assert len(costs) == source.packs and np.array_equal(costs[rows], got)
+
+
+def _costs_from_sequence_ids(source) -> np.ndarray:
+    """The costs as computed before datasets stored their sequence lengths: from every pack's sequence_ids."""
+    return pack_costs(*sequence_lengths(source.sequence_ids(0, source.packs)), linear_weight=1.0)
+
+
+def test_stored_costs_equal_costs_from_the_sequence_ids(dataset, tmp_path):
+    """The pipeline writes every pack's sequence lengths (packed and unpacked datasets, every split), and the
+    costs read from them equal, exactly, those computed from the packs' sequence_ids, pack by pack (read 7
+    packs at a time, across shards of 13 packs)."""
+    from bert_ipu.data.pipeline import pack_pretraining_data
+
+    small_shards = tmp_path / "small_shards"
+    pack_pretraining_data(dataset.parent / "instances", small_shards, "cghp", 3, packs_per_shard=13, progress=False)
+    for path in (dataset, dataset.parent / "instances", small_shards):
+        data = PackedDataset(path, verify=True)
+        assert data.has_derived("sequence_lengths") and data.manifest["derived_fields"] == ["sequence_lengths"]
+        for split in data.splits:
+            source = ShardSource(data, split)
+            stored = source_pack_costs(source, chunk=7)
+            assert source._lengths is not None  # read from the stored field, not the sequence ids
+            computed = _costs_from_sequence_ids(source)
+            assert len(stored) == source.packs and np.array_equal(stored, computed)
+    assert len(PackedDataset(small_shards).shard_sizes("train")) > 3
+    assert (PackedDataset(dataset).shard("train", 0, ["sequence_lengths"])["sequence_lengths"][:, 1] > 0).any()
+
+
+def _old_format_copy(dataset, out):
+    """A copy of the dataset as written before the derived fields: no sequence_lengths.npy, no manifest entry."""
+    shutil.copytree(dataset, out)
+    manifest = json.loads((out / "manifest.json").read_text())
+    del manifest["derived_fields"]
+    for info in manifest["splits"].values():
+        for shard in info["shards"]:
+            del shard["derived_sha256"]
+            os.remove(out / shard["name"] / "sequence_lengths.npy")
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    return out
+
+
+def test_a_dataset_without_stored_lengths_still_gives_the_costs(dataset, tmp_path, capsys):
+    """A dataset written before the stored sequence lengths loads, verifies, and gives the same costs from its
+    sequence_ids (the fallback), so the same balanced dealing; inspect says whether the lengths are stored, and
+    a balanced run on it trains, saying why its start took longer."""
+    import inspect_packed_data as inspect_cli
+
+    old = _old_format_copy(dataset, tmp_path / "old")
+    data = PackedDataset(old, verify=True)
+    assert not data.has_derived("sequence_lengths")
+    source = ShardSource(data, "train")
+    assert not source.stores_lengths and ShardSource(PackedDataset(dataset), "train").stores_lengths
+    costs = source_pack_costs(source)
+    assert source._lengths is None
+    new = source_pack_costs(ShardSource(PackedDataset(dataset), "train"))
+    assert np.array_equal(costs, new)
+    assert inspect_cli.main([str(old)]) == 0 and "sequence lengths: not stored" in capsys.readouterr().out
+    assert inspect_cli.main([str(dataset)]) == 0 and "sequence lengths: stored" in capsys.readouterr().out
+    a, b = (UpdateLoader(s, 16, 4, 0, 2, seed=1, pack_costs=c)
+            for s, c in ((source, costs), (ShardSource(PackedDataset(dataset), "train"), new)))
+    assert a.update_rows().tolist() == b.update_rows().tolist()
+    main(tiny(old, tmp_path / "run", "train.max_steps=1", "train.validate_every=1", "train.balance=attention"),
+         progress=False)
+    assert "stores no sequence lengths (written before them)" in capsys.readouterr().out
+
+
+def test_stored_lengths_that_disagree_with_the_sequence_ids_are_refused(dataset, tmp_path, capsys):
+    """Stored sequence lengths whose checksum matches but which disagree with the pack's sequence_ids (a
+    writer's bug) are refused where datasets are verified, naming the shard, row and fix; changed bytes are a
+    checksum mismatch; a missing file is refused on opening."""
+    import inspect_packed_data as inspect_cli
+
+    bad = tmp_path / "bad"
+    shutil.copytree(dataset, bad)
+    manifest = json.loads((bad / "manifest.json").read_text())
+    shard = manifest["splits"]["train"]["shards"][0]
+    path = bad / shard["name"] / "sequence_lengths.npy"
+    lengths = np.load(path)
+    lengths[5] = lengths[5][::-1]  # the same tokens, the sequences' lengths in the wrong order
+    assert not np.array_equal(lengths, np.load(path))
+    np.save(path, lengths)
+    with pytest.raises(DatasetError, match="checksum mismatch in train/shard-00000"):
+        PackedDataset(bad, verify=True)
+    shard["derived_sha256"]["sequence_lengths"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    (bad / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(DatasetError, match=r"train/shard-00000 row 5: stored sequence_lengths .* disagree with "
+                                           r"its sequence_ids .*recreate the dataset with data/pack_pretraining"):
+        PackedDataset(bad, verify=True)
+    assert inspect_cli.main([str(bad)]) == 2 and "disagree with its sequence_ids" in capsys.readouterr().err
+    os.remove(path)
+    with pytest.raises(DatasetError, match="sequence_lengths.npy is missing"):
+        PackedDataset(bad)
+
+
+def test_writer_refuses_sequence_ids_beyond_the_layout(tmp_path):
+    """A shard whose sequence ids exceed the layout's K (its NSP slots) cannot be written: its lengths (and
+    NSP labels) would have no column."""
+    from bert_ipu.data.layout import FIELDS, PackLayout
+    from bert_ipu.data.shards import STORAGE, DatasetWriter
+
+    layout = PackLayout(8, 2, 2)
+    arrays = {f: np.zeros((1, 8 if f.endswith("_ids") else 2), dtype=STORAGE[f]) for f in FIELDS}
+    arrays["sequence_ids"][0, :3] = [1, 2, 3]
+    with pytest.raises(ValueError, match=r"outside 0\.\.2"), DatasetWriter(tmp_path / "ds", layout) as writer:
+        writer.write_shard("train", arrays)
+    assert not (tmp_path / "ds").exists() and not (tmp_path / "ds.partial").exists()
 
 
 def _free_port() -> int:

@@ -21,7 +21,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from .layout import FIELDS, IGNORE_INDEX
+from .layout import FIELDS, IGNORE_INDEX, sequence_lengths_per_id
 from .shards import PackedDataset, gather, widen
 
 
@@ -65,6 +65,7 @@ class ShardSource:
         self.shards = dataset.shards(split)  # kept mapped: training reads them again every epoch
         self.sizes = dataset.shard_sizes(split)
         self.packs = dataset.packs(split)
+        self._lengths = None
 
     def _fetch(self, rows):
         arrays = gather(self.sizes, self.shards.__getitem__, rows)
@@ -76,6 +77,28 @@ class ShardSource:
     def sequence_ids(self, start: int, stop: int) -> np.ndarray:
         """Packs [start, stop)'s `sequence_ids` (read alone, not the other fields)."""
         return gather(self.sizes, self.shards.__getitem__, np.arange(start, stop), ("sequence_ids",))["sequence_ids"]
+
+    @property
+    def stores_lengths(self) -> bool:
+        """Whether the shards store the packs' sequence lengths (datasets written before that field do not)."""
+        return self.dataset.has_derived("sequence_lengths")
+
+    def sequence_lengths(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """Packs [start, stop)'s sequence lengths, ragged (see `sequence_lengths`): from the shards' stored
+        `sequence_lengths` field (K numbers a pack), or for a dataset written before it, from `sequence_ids`."""
+        if not self.stores_lengths:
+            return sequence_lengths(self.sequence_ids(start, stop))
+        if self._lengths is None:  # mapped on first use: only the balanced loader reads them
+            self._lengths = [self.dataset.shard(self.split, i, ("sequence_lengths",))["sequence_lengths"]
+                             for i in range(len(self.sizes))]
+        parts, at = [], 0  # a contiguous range: slices of the shards it spans (no gather's sort)
+        for lengths in self._lengths:
+            lo, hi = max(start - at, 0), min(stop - at, len(lengths))
+            if lo < hi:
+                parts.append(lengths[lo:hi])
+            at += len(lengths)
+        return ragged(np.concatenate(parts) if parts else np.zeros((0, self.dataset.layout.max_sequences_per_pack),
+                                                                    dtype=np.int32))
 
 
 class ArraySource:
@@ -94,30 +117,35 @@ class ArraySource:
             raise ValueError("these rows have no sequence_ids: their sequences' lengths are unknown")
         return self.rows["sequence_ids"][start:stop]
 
+    def sequence_lengths(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        return sequence_lengths(self.sequence_ids(start, stop))
+
 
 def sequence_lengths(sequence_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The sequences of packed rows, ragged: (flat lengths, offsets); row p's sequences (ids 1..k, in id order)
     have lengths flat[offsets[p]:offsets[p + 1]]. sequence_ids: (P, S) int, 0 = padding."""
     ids = np.asarray(sequence_ids)
-    P, top = len(ids), int(ids.max(initial=0))
-    if top <= 16:  # a few sequences a pack: one comparison pass per id, on the stored dtype (10x the bincount)
-        counts = np.stack([(ids == k).sum(axis=1) for k in range(1, top + 1)], axis=1).reshape(P, top)
-    else:
-        flat = np.arange(P)[:, None] * (top + 1) + ids.astype(np.int64)
-        counts = np.bincount(flat.ravel(), minlength=P * (top + 1)).reshape(P, top + 1)[:, 1:]
-    present = counts > 0
-    return counts[present], np.concatenate([[0], np.cumsum(present.sum(axis=1))])
+    return ragged(sequence_lengths_per_id(ids, int(ids.max(initial=0))))
+
+
+def ragged(per_id: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Dense per-id lengths (P, K) (0 = no such sequence) -> (flat lengths, offsets) as `sequence_lengths`."""
+    present = per_id > 0
+    return per_id[present], np.concatenate([[0], np.cumsum(present.sum(axis=1))])
 
 
 def source_pack_costs(source, chunk: int = 4096) -> np.ndarray:
     """Every pack's attention cost (`bert_ipu.packing.balance.pack_costs` with linear_weight 1: the sum of its
-    sequences' squared lengths, plus its tokens, which only break ties), from the sequence ids the source
-    holds (for a dataset on disk: its shards, read `chunk` packs at a time). For `UpdateLoader(pack_costs=)`."""
+    sequences' squared lengths, plus its tokens, which only break ties), from the sequence lengths the source
+    holds (`source.sequence_lengths`, `chunk` packs at a time: a dataset on disk reads its shards' stored
+    `sequence_lengths`, K numbers a pack, or for one written before that field, its `sequence_ids`). For
+    `UpdateLoader(pack_costs=)`. The costs are integers below 2^53 within a chunk, so exact in float64: both
+    sources give the same costs, bit for bit."""
     from bert_ipu.packing.balance import pack_costs
 
     parts = []
     for start in range(0, source.packs, chunk):
-        flat, offsets = sequence_lengths(source.sequence_ids(start, min(start + chunk, source.packs)))
+        flat, offsets = source.sequence_lengths(start, min(start + chunk, source.packs))
         parts.append(pack_costs(flat, offsets, linear_weight=1.0))
     return np.concatenate(parts) if parts else np.zeros(0)
 

@@ -5,10 +5,12 @@
       manifest.json                      written last: a dataset without it is not a dataset
       train/shard-00000/input_ids.npy    one .npy per field, (packs, ...) in the storage dtype below
       train/shard-00000/...
+      train/shard-00000/sequence_lengths.npy   derived by the writer from sequence_ids (see DERIVED)
       validation/shard-00000/...
 
 The manifest holds the layout (pack_len, mlm_slots, max_sequences_per_pack), per split the shards with
-their pack counts and a sha256 over the shard's files, and whatever the writer adds (counts, algorithm,
+their pack counts and a sha256 over the shard's files, the derived fields it holds (`derived_fields`, each
+with its own sha256 per shard in `derived_sha256`), and whatever the writer adds (counts, algorithm,
 efficiency, histogram, seed, source, tool versions). A dataset is written into `DATASET.partial/`, every file
 fsynced, and renamed when complete (an existing dataset is swapped out through `DATASET.old`, so one of the
 two is always whole), so an interrupted run, a power loss or a full disk leaves nothing that looks like a
@@ -16,7 +18,16 @@ dataset. A writer holds `DATASET.lock` (flock) while it writes: a second writer 
 
 Reading refuses, naming the file: a shard file that is truncated, not a .npy of the storage dtype (garbage,
 a pickle, an object array), a manifest whose totals disagree with its shards; with `verify` also a shard
-whose sha256 changed and a row that holds no sequence (all sequence ids 0).
+whose sha256 changed, a row that holds no sequence (all sequence ids 0) and a derived field that disagrees
+with the fields it is derived from.
+
+Derived fields are facts about a pack that a reader would otherwise compute from its tokens: the writer
+computes them from the shard's own arrays (no caller can get them wrong), so a reader needs only O(packs)
+memory-mapped bytes, not O(tokens). `sequence_lengths` (packs, K) int32: column j - 1 = the tokens of the
+pack's sequence of id j, 0 = none (the attention cost of a pack follows: `bert_ipu.data.loader`). Backward
+and forward compatible without a format version change: a dataset written before has no `derived_fields`
+(readers compute from `sequence_ids`), and the shard's `sha256` still covers the FIELDS files alone, so
+code that does not know a derived field reads and verifies a dataset that has it.
 """
 
 from __future__ import annotations
@@ -31,13 +42,17 @@ from pathlib import Path
 import numpy as np
 
 from ..files import OutputBusy, OutputLock, describe_os_error, fsync_dir, fsync_tree
-from .layout import FIELDS, PackLayout
+from .layout import FIELDS, PackLayout, sequence_lengths_per_id
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 # storage dtypes; the loader widens them to int64 / float32 tensors
 STORAGE = {"input_ids": np.int32, "position_ids": np.int16, "token_type_ids": np.int8, "sequence_ids": np.int16,
-           "masked_lm_labels": np.int32, "next_sentence_labels": np.int8, "next_sentence_weights": np.int8}
+           "masked_lm_labels": np.int32, "next_sentence_labels": np.int8, "next_sentence_weights": np.int8,
+           "sequence_lengths": np.int32}
+# fields every writer derives from FIELDS (not model inputs); name -> (N, ...) arrays of the shard -> array
+DERIVED = {"sequence_lengths": lambda arrays, layout: sequence_lengths_per_id(arrays["sequence_ids"],
+                                                                               layout.max_sequences_per_pack)}
 
 
 class DatasetError(ValueError):
@@ -112,7 +127,10 @@ class DatasetWriter:
                 raise ValueError(f"field {field} has {len(data)} rows, expected {packs}")
             np.save(folder / f"{field}.npy", data)
             paths.append(folder / f"{field}.npy")
-        entry = {"name": name, "packs": packs, "sha256": _sha256_files(paths)}
+        entry = {"name": name, "packs": packs, "sha256": _sha256_files(paths), "derived_sha256": {}}
+        for field, derive in DERIVED.items():
+            np.save(folder / f"{field}.npy", derive(arrays, self.layout).astype(STORAGE[field], copy=False))
+            entry["derived_sha256"][field] = _sha256_files([folder / f"{field}.npy"])
         shards.append(entry)
         return entry
 
@@ -127,6 +145,7 @@ class DatasetWriter:
             "splits": {split: {"packs": sum(s["packs"] for s in shards), "shards": shards}
                        for split, shards in self.splits.items()},
             **info,
+            "derived_fields": list(DERIVED),  # after info: what this writer wrote, whatever a caller copied
         }
         tmp = self.partial / (MANIFEST + ".tmp")
         tmp.write_text(json.dumps(manifest, indent=1, default=_json_default) + "\n")
@@ -210,18 +229,24 @@ class PackedDataset:
         self._require(split)
         return self.manifest["splits"][split]["packs"]
 
+    def has_derived(self, field: str) -> bool:
+        """Whether every shard holds the derived field (datasets written before it existed do not)."""
+        return field in DERIVED and field in self.manifest.get("derived_fields", ())
+
     def _require(self, split: str) -> None:
         if split not in self.manifest["splits"]:
             raise DatasetError(f"{self.path} has no split {split!r}; it has {', '.join(self.splits)}")
 
     def _shape_of(self, field: str) -> tuple:
         S, M, K = self.layout.pack_len, self.layout.mlm_slots, self.layout.max_sequences_per_pack
-        return {"masked_lm_labels": (M,), "next_sentence_labels": (K,), "next_sentence_weights": (K,)}.get(field, (S,))
+        return {"masked_lm_labels": (M,), "next_sentence_labels": (K,), "next_sentence_weights": (K,),
+                "sequence_lengths": (K,)}.get(field, (S,))
 
     def _check_shards(self) -> None:
         """Cheap consistency of manifest and files: every shard and field present with the right shape, and
         each split's total the sum of its shards."""
         splits = self.manifest["splits"]
+        derived = [field for field in DERIVED if self.has_derived(field)]  # a field unknown here is ignored
         if not isinstance(splits, dict) or not splits or not all(isinstance(i, dict) and i.get("shards")
                                                                  for i in splits.values()):
             raise DatasetError(f"{self.path}: the manifest lists no split or a split of no shard: an empty or "
@@ -231,7 +256,11 @@ class PackedDataset:
                 raise DatasetError(f"{self.path}: split {split} says {info.get('packs')} packs but its shards hold "
                                    f"{sum(shard['packs'] for shard in info['shards'])}; recreate the dataset")
             for shard in info["shards"]:
-                for field in FIELDS:
+                if any(field not in shard.get("derived_sha256", {}) for field in derived):
+                    raise DatasetError(f"{self.path}: the manifest lists derived fields {derived} but shard "
+                                       f"{shard['name']} has no checksum for them: a damaged manifest; recreate "
+                                       "the dataset")
+                for field in (*FIELDS, *derived):
                     path = self.path / shard["name"] / f"{field}.npy"
                     if not path.is_file():
                         raise DatasetError(f"{self.path}: {shard['name']}/{field}.npy is missing; the dataset does "
@@ -285,12 +314,16 @@ class PackedDataset:
                                "data/create_pretraining_data.py") from None
 
     def verify_checksums(self) -> None:
-        """Every shard's sha256 against the manifest, and every row holds a sequence (reads the whole
-        dataset: sha256 runs at about 1.5 GB/s here)."""
+        """Every shard's sha256 against the manifest, every row holds a sequence, and every derived field
+        equals what the writer derives from the shard's fields (reads the whole dataset: sha256 runs at about
+        1.5 GB/s here)."""
+        derived = [field for field in DERIVED if self.has_derived(field)]
         for split, info in self.manifest["splits"].items():
             for index, shard in enumerate(info["shards"]):
                 paths = [self.path / shard["name"] / f"{field}.npy" for field in FIELDS]
-                if _sha256_files(paths) != shard["sha256"]:
+                if _sha256_files(paths) != shard["sha256"] or any(
+                        _sha256_files([self.path / shard["name"] / f"{field}.npy"]) != shard["derived_sha256"][field]
+                        for field in derived):
                     raise DatasetError(f"{self.path}: checksum mismatch in {shard['name']}: the files changed "
                                        "after writing; recreate the dataset")
                 ids = self.shard(split, index, ["sequence_ids"])["sequence_ids"]
@@ -299,6 +332,25 @@ class PackedDataset:
                     raise DatasetError(f"{self.path}: {shard['name']} row {int(empty[0])} holds no sequence (all "
                                        f"sequence ids 0; {len(empty)} such rows): not written by this project; "
                                        "recreate the dataset")
+                self._verify_derived(split, index, derived, {"sequence_ids": ids})
+
+    def _verify_derived(self, split: str, index: int, derived: list[str], arrays: dict) -> None:
+        """A derived field that disagrees with its source fields (a writer's bug: the checksums only say the
+        bytes did not change since) would silently mislead its readers (e.g. the balanced loader's costs)."""
+        name = self.manifest["splits"][split]["shards"][index]["name"]
+        for field in derived:
+            stored = self.shard(split, index, [field])[field]
+            try:
+                expected = DERIVED[field](arrays, self.layout)
+            except ValueError as e:
+                raise DatasetError(f"{self.path}: {name}: {e}: not written by this project; recreate the "
+                                   "dataset") from None
+            bad = np.flatnonzero((np.asarray(stored) != expected).any(axis=1))
+            if len(bad):
+                raise DatasetError(f"{self.path}: {name} row {int(bad[0])}: stored {field} "
+                                   f"{np.asarray(stored[bad[0]]).tolist()} disagree with its sequence_ids "
+                                   f"({expected[bad[0]].tolist()}; {len(bad)} such rows): recreate the dataset "
+                                   "with data/pack_pretraining_data.py (or data/create_pretraining_data.py)")
 
     def shards(self, split: str) -> list[dict[str, np.ndarray]]:
         """The shards of a split as dicts of memory-mapped arrays."""

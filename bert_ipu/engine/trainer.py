@@ -113,6 +113,9 @@ def train(task, cfg, rt: Runtime, resume: bool = False, overwrite: bool = False,
         costs = source_pack_costs(source) if t.balance == "attention" else None
     except ValueError as e:
         raise RunError(f"train.balance=attention: {e}; use train.balance=none") from None
+    if costs is not None and getattr(source, "stores_lengths", True) is False:
+        rt.say("train.balance=attention: the dataset stores no sequence lengths (written before them), so the pack "
+               "costs were computed from its sequence_ids; repack it to read them at O(packs)")
     try:
         loader = UpdateLoader(source, P, t.micro_batch_size, rt.dp_rank, rt.dp_world, t.seed,
                               drop_last=task.drop_last, pack_costs=costs)
