@@ -98,6 +98,20 @@ def test_grid_keeps_a_valid_packing_and_a_valid_bound():
     assert exact.cost <= single.cost and single.lower_bound % 512 == 0
 
 
+@pytest.mark.parametrize("sizes", [[3000, 5000], [5000], [2049]])
+def test_automatic_grid_fits_a_sequence_as_long_as_the_largest_pack(sizes):
+    """The automatic grid (ceil(largest / 2048) tokens) used to round a sequence of exactly the largest pack
+    length (5,000 -> 5,001 in units of 3) past the largest pack and refuse the input, with advice ("a smaller
+    grid") that the sequence-level API cannot take: it now picks a grid under which every sequence fits."""
+    rng = np.random.default_rng(0)
+    top = max(sizes)
+    lengths = np.concatenate([rng.integers(1, top + 1, 300), [top, top - 1]])
+    h = hist(lengths, top)
+    result = pack_multi_size(h, sizes, max_sequences_per_pack=4)
+    check_packing(result, h)
+    assert top % result.grid == 0 or -(-top // result.grid) <= top // result.grid
+
+
 def test_time_limit_returns_a_valid_packing_and_bound():
     """A time limit that runs out at once still returns a valid packing (best fit) and a bound below it."""
     rng = np.random.default_rng(1)

@@ -335,6 +335,9 @@ def pack_multi_size(histogram, pack_lengths, max_sequences_per_pack: int | None 
     deadline = deadline_of(time_limit)
     if grid is None:
         grid = max(1, -(-int(sizes.max()) // UNITS))
+        longest = int(np.nonzero(histogram)[0][-1]) + 1
+        while grid > 1 and -(-longest // grid) > int(sizes.max()) // grid:
+            grid -= 1  # the longest sequence, rounded up, must still fit the largest pack (5,000: grid 3 -> 2)
     if isinstance(grid, bool) or int(grid) != grid or grid < 1:
         raise PackingInputError(f"grid {grid!r}: a whole number of tokens >= 1 (or None: automatic)")
     depth = max_sequences_per_pack
