@@ -87,6 +87,21 @@ def test_stored_costs_equal_costs_from_the_sequence_ids(dataset, tmp_path):
     assert len(PackedDataset(small_shards).shard_sizes("train")) > 3
     assert (PackedDataset(dataset).shard("train", 0, ["sequence_lengths"])["sequence_lengths"][:, 1] > 0).any()
 
+    # a range reads only the shards it spans: visiting every shard for every chunk made reading all costs
+    # quadratic in the shards (37 s for 32M packs; review finding)
+    source = ShardSource(PackedDataset(small_shards), "train")
+    source.sequence_lengths(0, 1)
+    touched = []
+
+    class Counting(list):
+        def __getitem__(self, i):
+            touched.append(i)
+            return list.__getitem__(self, i)
+
+    source._lengths = Counting(source._lengths)
+    flat, offsets = source.sequence_lengths(20, 30)  # packs 20..29: shards 1 and 2 of 13 packs each
+    assert sorted(set(touched)) == [1, 2] and len(offsets) == 11
+
 
 def _old_format_copy(dataset, out):
     """A copy of the dataset as written before the derived fields: no sequence_lengths.npy, no manifest entry."""

@@ -91,12 +91,17 @@ class ShardSource:
         if self._lengths is None:  # mapped on first use: only the balanced loader reads them
             self._lengths = [self.dataset.shard(self.split, i, ("sequence_lengths",))["sequence_lengths"]
                              for i in range(len(self.sizes))]
-        parts, at = [], 0  # a contiguous range: slices of the shards it spans (no gather's sort)
-        for lengths in self._lengths:
-            lo, hi = max(start - at, 0), min(stop - at, len(lengths))
+        # a contiguous range: slices of only the shards it spans (visiting every shard on every call made
+        # reading all costs chunk by chunk quadratic in the shards: 37 s for 32M packs)
+        parts = []
+        starts = np.concatenate([[0], np.cumsum(self.sizes)])  # first pack of each shard
+        for i in range(max(int(np.searchsorted(starts, start, side="right")) - 1, 0), len(self._lengths)):
+            at = int(starts[i])
+            if at >= stop:
+                break
+            lo, hi = max(start - at, 0), min(stop - at, len(self._lengths[i]))
             if lo < hi:
-                parts.append(lengths[lo:hi])
-            at += len(lengths)
+                parts.append(self._lengths[i][lo:hi])
         return ragged(np.concatenate(parts) if parts else np.zeros((0, self.dataset.layout.max_sequences_per_pack),
                                                                     dtype=np.int32))
 

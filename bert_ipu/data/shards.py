@@ -231,7 +231,8 @@ class PackedDataset:
 
     def has_derived(self, field: str) -> bool:
         """Whether every shard holds the derived field (datasets written before it existed do not)."""
-        return field in DERIVED and field in self.manifest.get("derived_fields", ())
+        listed = self.manifest.get("derived_fields", [])
+        return field in DERIVED and isinstance(listed, list) and field in listed
 
     def _require(self, split: str) -> None:
         if split not in self.manifest["splits"]:
