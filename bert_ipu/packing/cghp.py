@@ -68,7 +68,8 @@ class CGHPResult:
     lp_bound: float   # Farley's bound on the LP relaxation of the full problem (<= the LP optimum)
     lower_bound: int  # proven: no packing with this depth limit uses fewer packs
     time_limit_reached: bool = False
-    strategy: str = "exact"  # "heuristic": best fit met the cheap bound; "exact"; "bucketed"
+    strategy: str = "exact"  # "heuristic": best fit (met the cheap bound, or the plan did not beat it);
+                             # "planned" (`planned.py`); "exact"; "bucketed"
 
 
 class _Pricer:
@@ -364,7 +365,7 @@ def cghp(histogram: np.ndarray, depth: int, residual_rounds: int = 8, patience: 
     PLAN_MAX_PACKS packs, `planned` (an LP over class means realised with the real lengths) comes next on
     long or sparse histograms, and is returned when exact pricing would be slow or it is within PLAN_ENOUGH
     of the cheap bound. Otherwise a histogram whose exact pricing is cheap is solved exactly (`_exact`,
-    starting from the best packing so far), a larger one on bucketed lengths (`_bucketed`). `deadline` (a
+    with the best packing so far as the one to beat), a larger one on bucketed lengths (`_bucketed`). `deadline` (a
     `time.perf_counter()` value): past it, the best packing and the best bound found so far are returned,
     with time_limit_reached set.
     """
@@ -377,9 +378,10 @@ def cghp(histogram: np.ndarray, depth: int, residual_rounds: int = 8, patience: 
     expensive = pricing_seconds(len(lengths), max_len, depth, int(lengths[0])) > EXACT_PRICING_SECONDS
     if _plannable(histogram, depth, cheap, expensive):
         plan = planned(histogram, depth, deadline)
-        start = plan if plan.n_packs < start.n_packs else start
+        used = plan.n_packs < start.n_packs
+        start = plan if used else start
         if expensive or start.n_packs <= cheap * (1 + PLAN_ENOUGH) or past(deadline):
-            return CGHPResult(start, float(cheap), cheap, past(deadline), "planned")
+            return CGHPResult(start, float(cheap), cheap, past(deadline), "planned" if used else "heuristic")
     if expensive:
         return _bucketed(histogram, depth, start, cheap, residual_rounds, patience, deadline)
     mixture, lp_bound, _, late = _exact(histogram, depth, start, residual_rounds, patience, deadline)
