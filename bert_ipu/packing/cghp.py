@@ -21,7 +21,8 @@ integer optimum is almost always ceil(LP) or ceil(LP) + 1. We
    LP is very degenerate;
 3. stop when Farley's bound y.h / max(1, best pattern value), valid for any y >= 0, is within half a pack
    (or a millionth) of the restricted LP: that bound is the certificate;
-4. round the LP solution down, turn over-covered slots into padding, and solve the residual histogram the
+4. round the LP solution down, then round up, largest first, the fractional parts of at least 0.3 whose
+   sequences are all still left; turn over-covered slots into padding, and solve the residual histogram the
    same way (up to 8 rounds of this "iterated rounding"; each round costs little and shaves packs),
    stopping early once best fit on the residual meets the residual's own bound, or the full problem's;
 5. pack the last small residual (a few hundred sequences) with LPFHP best fit. A time-capped MIP over the
@@ -59,6 +60,7 @@ WARM_START_ROUNDS = 30
 COARSE_START_LENGTHS = 600  # depth-limited, more distinct lengths than this: start from the LP's patterns on
                             # lengths rounded up to units of 2 tokens (recursively)
 COARSE_VARIANTS = 27        # real-length combinations tried per coarse pattern
+ROUND_UP = 0.3              # iterated rounding also rounds up fractional parts from this size (`_round`)
 
 
 @dataclass(frozen=True)
@@ -173,6 +175,11 @@ def _highs():
     return h
 
 
+# `_MasterLP`'s first solve of a fresh model uses dual simplex instead (a slack basis is dual feasible):
+# Wikipedia-style 1024, depth 3: 1.75 s -> 1.4 s for all of CGHP.
+DUAL_SIMPLEX = 1
+
+
 class _MasterLP:
     """The restricted master LP  min sum x  s.t.  A x >= demand, x >= 0, kept alive between rounds of
     column generation: new columns are added to the model and HiGHS re-optimises from the last basis (a
@@ -183,6 +190,7 @@ class _MasterLP:
         self.h = _highs()
         self.index_of = index_of
         self.n = 0
+        self.solved = False
         inf = self.h.getInfinity()
         m = len(demand)
         self.h.addRows(m, demand.astype(np.float64), np.full(m, inf), 0, np.zeros(m, dtype=np.int32),
@@ -202,7 +210,12 @@ class _MasterLP:
         if deadline is not None:
             # HiGHS' time limit counts all the runs of the instance
             self.h.setOptionValue("time_limit", self.h.getRunTime() + max(deadline - time.perf_counter(), 1e-3))
+        if not self.solved:
+            self.h.setOptionValue("simplex_strategy", DUAL_SIMPLEX)
         self.h.run()
+        if not self.solved:
+            self.h.setOptionValue("simplex_strategy", 4)
+            self.solved = True
         status = self.h.getModelStatus()
         if self.h.modelStatusToString(status) == "Time limit reached":
             return None
@@ -415,16 +428,44 @@ def _exact(histogram, depth, start, residual_rounds, patience, deadline):
             best, best_packs, stale = rounded + [best_fit], packs, 0
         else:
             stale += 1
-        whole = np.floor(x + 1e-9).astype(np.int64)
+        whole = _round(patterns, x, residual)
         if best_fit.n_packs <= math.ceil(bound - 1e-6) or stale >= patience or whole.sum() == 0:
             break
-        part = trim_excess(_as_matrix(patterns), whole, residual)
+        part = trim_excess(_as_matrix(patterns[:len(x)]), whole, residual)
         rounded.append(part)
         residual = residual - part.coverage(max_len)
         if residual.sum() == 0:
             best = rounded
             break
+    else:  # the last round's rounding, with best fit on its residual, is a candidate too
+        tail = lpfhp(residual, depth)
+        if sum(m.n_packs for m in rounded) + tail.n_packs < best_packs:
+            best = rounded + [tail]
     return Mixture.concat(best), lp_bound, point, late
+
+
+def _round(patterns: list[np.ndarray], x: np.ndarray, residual: np.ndarray) -> np.ndarray:
+    """Packs per pattern from an LP solution x over `residual`: x rounded down, then, largest fractional part
+    first, one more pack of each pattern whose part is at least ROUND_UP while all of its sequences are still
+    left (no padding is added). Rounding down alone left 812 sequences on Wikipedia-style 1024, depth 3,
+    which best fit packed 21% above their LP (57 packs above the bound), and the residual LPs that peeled
+    them off one round at a time (a fresh model over every pattern so far) were 30% of the time; rounding
+    up first leaves about 150, and the packing ends 1-8 packs above the bound on the Wikipedia-style cases."""
+    whole = np.floor(x + 1e-9).astype(np.int64)
+    sizes = np.array([len(p) for p in patterns[:len(x)]])
+    flat = np.concatenate(patterns[:len(x)])
+    covered = np.bincount(flat - 1, weights=np.repeat(whole, sizes), minlength=len(residual))
+    left = residual - np.rint(covered).astype(np.int64)  # negative where rounding down over-covers (padding)
+    frac = x - whole
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    for j in np.argsort(-frac, kind="stable"):
+        if frac[j] < ROUND_UP:
+            break
+        items, need = np.unique(flat[starts[j]: starts[j + 1]] - 1, return_counts=True)
+        if (left[items] >= need).all():
+            left[items] -= need
+            whole[j] += 1
+    return whole
 
 
 def _bucket_edges(units: int) -> np.ndarray:
