@@ -175,8 +175,9 @@ def _highs():
     return h
 
 
-# `_MasterLP`'s first solve of a fresh model uses dual simplex instead (a slack basis is dual feasible):
-# Wikipedia-style 1024, depth 3: 1.75 s -> 1.4 s for all of CGHP.
+# A depth-limited `_MasterLP`'s first solve uses dual simplex instead (a slack basis is dual feasible):
+# all of CGHP at Wikipedia-style 1024, depth 3, 1.75 s -> 1.4 s, and 2048 1.33x faster; at unlimited depth
+# it was 1.1-1.3x slower (2048), so there the first solve stays primal.
 DUAL_SIMPLEX = 1
 
 
@@ -186,11 +187,11 @@ class _MasterLP:
     few simplex iterations) instead of solving from scratch (linprog every round was 80% of CGHP's time
     on Wikipedia-1024)."""
 
-    def __init__(self, demand: np.ndarray, index_of: np.ndarray):
+    def __init__(self, demand: np.ndarray, index_of: np.ndarray, dual_first: bool = False):
         self.h = _highs()
         self.index_of = index_of
         self.n = 0
-        self.solved = False
+        self.dual_next = dual_first  # the first solve only (see DUAL_SIMPLEX)
         inf = self.h.getInfinity()
         m = len(demand)
         self.h.addRows(m, demand.astype(np.float64), np.full(m, inf), 0, np.zeros(m, dtype=np.int32),
@@ -210,12 +211,12 @@ class _MasterLP:
         if deadline is not None:
             # HiGHS' time limit counts all the runs of the instance
             self.h.setOptionValue("time_limit", self.h.getRunTime() + max(deadline - time.perf_counter(), 1e-3))
-        if not self.solved:
+        if self.dual_next:
             self.h.setOptionValue("simplex_strategy", DUAL_SIMPLEX)
         self.h.run()
-        if not self.solved:
+        if self.dual_next:
             self.h.setOptionValue("simplex_strategy", 4)
-            self.solved = True
+            self.dual_next = False
         status = self.h.getModelStatus()
         if self.h.modelStatusToString(status) == "Time limit reached":
             return None
@@ -242,7 +243,7 @@ def column_generation(demand, lengths, max_len, pricer, patterns, max_rounds=100
     if n_columns is None:  # up to one column per length and round: fewer, cheaper rounds than a fixed cap
         n_columns = max(256, len(lengths))
     index_of = _index(lengths, max_len)
-    lp = _MasterLP(demand, index_of)
+    lp = _MasterLP(demand, index_of, dual_first=pricer.depth < max_len // int(lengths.min()))
     lp.add(patterns)
     bound = 0.0 if centre is None else float(centre @ demand) / max(1.0, pricer.price(centre, 0)[1])
     x = None
