@@ -167,6 +167,34 @@ def test_depth_limited_cghp_with_many_lengths_starts_from_the_coarse_lp(monkeypa
     assert result.lower_bound_packs <= result.packs <= 1.001 * result.lower_bound_packs
 
 
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), depth=st.sampled_from([1, 2, 3, 40]), dominated=st.booleans())
+def test_pricing_finds_the_best_pattern(seed, depth, dominated):
+    """The knapsack pricing (which skips lengths worth no more than a shorter one) returns the best pattern
+    value of brute force over every multiset of at most `depth` lengths within the pack length, and every
+    column it returns is such a pattern, worth what the duals say, above 1. With `dominated`, the duals fall
+    with length in places, so many lengths are skipped."""
+    import itertools
+    rng = np.random.default_rng(seed)
+    max_len = 24
+    lengths = np.sort(rng.choice(np.arange(2, max_len + 1), size=8, replace=False))
+    y = lengths / max_len * rng.uniform(0.7, 1.3, len(lengths))
+    if dominated:
+        y = np.where(rng.random(len(lengths)) < 0.5, y[0] * rng.random(len(lengths)), y)
+    pricer = cghp_module._Pricer(lengths, max_len, depth)
+    columns, top = pricer.price(y, len(lengths))
+    best = 0.0
+    for k in range(1, min(depth, max_len // lengths[0]) + 1):
+        for combo in itertools.combinations_with_replacement(range(len(lengths)), k):
+            if lengths[list(combo)].sum() <= max_len:
+                best = max(best, y[list(combo)].sum())
+    assert top == pytest.approx(best, abs=1e-12)
+    value = {int(l): v for l, v in zip(lengths, y)}
+    for column in columns:
+        assert column.sum() <= max_len and len(column) <= depth
+        assert 1 < sum(value[int(l)] for l in column) <= best + 1e-12
+
+
 def test_iterated_rounding_rounds_up_without_padding_and_meets_the_bound(monkeypatch, wikipedia_512):
     """Wikipedia-512 / 1000 at depth 3: iterated rounding rounds the LP down and then rounds fractional parts
     up, and a pack rounded up holds only sequences still left after rounding down (it adds no padding); the

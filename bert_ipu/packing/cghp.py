@@ -91,6 +91,13 @@ class _Pricer:
         L, D = self.max_len, self.depth
         useful = y > 0
         lens, vals, idx = self.lengths[useful], y[useful], np.nonzero(useful)[0]
+        if len(vals) > 1:
+            # An item worth no more than a shorter one is never needed (swap it for the shorter: the pattern
+            # still fits and is worth as much), and with ties broken towards shorter items, as below, the
+            # recursions never pick it: same patterns, fewer steps. These are 85-90% of the lengths on
+            # Wikipedia-style 1024 and 2048 at depth 3 (Pareto items 100-320 of 1,000-2,000).
+            keep = np.concatenate([[True], vals[1:] > np.maximum.accumulate(vals)[:-1]])
+            lens, vals, idx = lens[keep], vals[keep], idx[keep]
         if D >= L // int(self.lengths.min()):
             best = np.zeros(L + 1)
             choice = np.zeros(L + 1, dtype=np.int64)  # index + 1 of the last item at capacity c; 0 = none
