@@ -203,8 +203,8 @@ def test_iterated_rounding_rounds_up_without_padding_and_meets_the_bound(monkeyp
     calls = []
     real = cghp_module._round
 
-    def spy(patterns, x, residual):
-        whole = real(patterns, x, residual)
+    def spy(patterns, x, residual, up):
+        whole = real(patterns, x, residual, up)
         calls.append(whole.sum() - np.floor(x + 1e-9).sum())
         floor_part = Mixture.from_matrix(cghp_module._as_matrix(patterns[:len(x)]), np.floor(x + 1e-9).astype(int))
         up = Mixture.from_matrix(cghp_module._as_matrix(patterns[:len(x)]), whole - np.floor(x + 1e-9).astype(int))

@@ -21,9 +21,9 @@ integer optimum is almost always ceil(LP) or ceil(LP) + 1. We
    LP is very degenerate;
 3. stop when Farley's bound y.h / max(1, best pattern value), valid for any y >= 0, is within half a pack
    (or a millionth) of the restricted LP: that bound is the certificate;
-4. round the LP solution down, then round up, largest first, the fractional parts of at least 0.3 whose
-   sequences are all still left; turn over-covered slots into padding, and solve the residual histogram the
-   same way (up to 8 rounds of this "iterated rounding"; each round costs little and shaves packs),
+4. round the LP solution down, then (under a depth limit) round up, largest first, the fractional parts of
+   at least 0.3 whose sequences are all still left; turn over-covered slots into padding, and solve the
+   residual histogram the same way (up to 8 rounds of this "iterated rounding"; each round costs little and shaves packs),
    stopping early once best fit on the residual meets the residual's own bound, or the full problem's;
 5. pack the last small residual (a few hundred sequences) with LPFHP best fit. A time-capped MIP over the
    generated patterns was tried here and never beat best fit on the paper's histograms.
@@ -426,6 +426,10 @@ def _exact(histogram, depth, start, residual_rounds, patience, deadline):
     residual = histogram.copy()
     patterns: list[np.ndarray] = []
     lp_bound, point, best, best_packs, stale, late = 0.0, None, [start], start.n_packs, 0, False
+    # rounding up pays where best fit packs a residual badly: under a depth limit (21% above the residual's LP
+    # at Wikipedia-style 1024, depth 3); at unlimited depth it bought nothing on Wikipedia-512 and cost an
+    # extra residual LP (0.38 -> 0.48 s)
+    up = ROUND_UP if depth < max_len // int(np.nonzero(histogram)[0][0] + 1) else None
     for round_ in range(residual_rounds):
         if round_ > 0:
             # rounded so far plus best fit on the residual may already meet the full problem's bound: then it
@@ -455,7 +459,7 @@ def _exact(histogram, depth, start, residual_rounds, patience, deadline):
             best, best_packs, stale = rounded + [best_fit], packs, 0
         else:
             stale += 1
-        whole = _round(patterns, x, residual)
+        whole = _round(patterns, x, residual, up)
         if best_fit.n_packs <= math.ceil(bound - 1e-6) or stale >= patience or whole.sum() == 0:
             break
         part = trim_excess(_as_matrix(patterns[:len(x)]), whole, residual)
@@ -471,14 +475,17 @@ def _exact(histogram, depth, start, residual_rounds, patience, deadline):
     return Mixture.concat(best), lp_bound, point, late
 
 
-def _round(patterns: list[np.ndarray], x: np.ndarray, residual: np.ndarray) -> np.ndarray:
-    """Packs per pattern from an LP solution x over `residual`: x rounded down, then, largest fractional part
-    first, one more pack of each pattern whose part is at least ROUND_UP while all of its sequences are still
-    left (no padding is added). Rounding down alone left 812 sequences on Wikipedia-style 1024, depth 3,
-    which best fit packed 21% above their LP (57 packs above the bound), and the residual LPs that peeled
-    them off one round at a time (a fresh model over every pattern so far) were 30% of the time; rounding
-    up first leaves about 150, and the packing ends 1-8 packs above the bound on the Wikipedia-style cases."""
+def _round(patterns: list[np.ndarray], x: np.ndarray, residual: np.ndarray, up: float | None) -> np.ndarray:
+    """Packs per pattern from an LP solution x over `residual`: x rounded down, then (unless `up` is None),
+    largest fractional part first, one more pack of each pattern whose part is at least `up` while all of its
+    sequences are still left (no padding is added). Rounding down alone left 812 sequences on Wikipedia-style
+    1024, depth 3, which best fit packed 21% above their LP, and the residual LPs that peeled them off a few
+    at a time (a fresh model over every pattern so far) were 30% of the time, ending 21-43 packs above the
+    bound; rounding up first leaves 130-250, and the packing ends 0-1 packs above the bound (1024 and 2048,
+    seeds 0-2)."""
     whole = np.floor(x + 1e-9).astype(np.int64)
+    if up is None:
+        return whole
     sizes = np.array([len(p) for p in patterns[:len(x)]])
     flat = np.concatenate(patterns[:len(x)])
     covered = np.bincount(flat - 1, weights=np.repeat(whole, sizes), minlength=len(residual))
@@ -486,7 +493,7 @@ def _round(patterns: list[np.ndarray], x: np.ndarray, residual: np.ndarray) -> n
     frac = x - whole
     starts = np.concatenate([[0], np.cumsum(sizes)])
     for j in np.argsort(-frac, kind="stable"):
-        if frac[j] < ROUND_UP:
+        if frac[j] < up:
             break
         items, need = np.unique(flat[starts[j]: starts[j + 1]] - 1, return_counts=True)
         if (left[items] >= need).all():
