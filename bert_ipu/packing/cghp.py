@@ -63,7 +63,8 @@ COARSE_VARIANTS = 27        # real-length combinations tried per coarse pattern
 # Once the restricted LP has more than PRUNE_COLUMNS columns a length, each round deletes the columns at zero
 # with reduced cost above PRUNE_RC (pricing brings one back if it pays again). The LP otherwise grew to
 # 15,000 columns at Wikipedia-style 2048, depth 3, where every primal simplex iteration prices them all:
-# 0.77-0.94x the time there and at 1024, back to back, same or fewer packs; unlimited depth 0.87-1.03x.
+# 0.77-0.94x the time there and at 1024, back to back, same or fewer packs. Depth-limited LPs only: at
+# unlimited depth it was 0.87-1.03x, and SQuAD's unlimited packing lost its optimum (40,196 packs, not 40,195).
 PRUNE_RC = 0.05
 PRUNE_COLUMNS = 3
 ROUND_UP = 0.3              # iterated rounding also rounds up fractional parts from this size (`_round`)
@@ -265,7 +266,8 @@ def column_generation(demand, lengths, max_len, pricer, patterns, max_rounds=100
     if n_columns is None:  # up to one column per length and round: fewer, cheaper rounds than a fixed cap
         n_columns = max(256, len(lengths))
     index_of = _index(lengths, max_len)
-    lp = _MasterLP(demand, index_of, dual_first=pricer.depth < max_len // int(lengths.min()))
+    limited = pricer.depth < max_len // int(lengths.min())
+    lp = _MasterLP(demand, index_of, dual_first=limited)
     lp.add(patterns)
     bound = 0.0 if centre is None else float(centre @ demand) / max(1.0, pricer.price(centre, 0)[1])
     x = None
@@ -290,7 +292,7 @@ def column_generation(demand, lengths, max_len, pricer, patterns, max_rounds=100
             return x, y, value, bound, False, centre
         if past(deadline):
             return x, y, value, bound, True, centre
-        if PRUNE_RC and lp.n > PRUNE_COLUMNS * len(lengths):
+        if limited and lp.n > PRUNE_COLUMNS * len(lengths):
             keep = lp.prune(x, PRUNE_RC)
             patterns[:] = [p for p, k in zip(patterns, keep) if k]
             x = x[keep]
