@@ -19,9 +19,9 @@ and does not converge in a minute on 8,192 lengths. Here the LP only *plans*:
    the ratio still needed (remaining sequences / remaining packs), so short sequences are not used up
    early.
 
-On 1M long-context lengths at 8,192 (depth 8, seeds 0-3) this is 0.024-0.043% above the token bound in
-4-7 s on the shared 2-core machine, where the LP on rounded-up buckets stopped 0.34% above after 60 s (and
-29% above, best fit's packing, at 10 s). The bound reported with it is
+On 1M long-context lengths at 8,192 (depth 8, seeds 0-3) this is 0.037-0.055% above the token bound in
+3.7-4.2 s on the 2-core machine (`benchmarks/packing_planned.py`), where the LP on rounded-up buckets stopped
+0.34% above after 60 s (and 29% above, best fit's packing, at 10 s). The bound reported with it is
 the cheap one (tokens), which is what binds. Deterministic: no random choices.
 """
 
