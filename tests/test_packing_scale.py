@@ -180,6 +180,25 @@ def test_iterated_rounding_stops_once_it_meets_the_full_bound(monkeypatch, wikip
     assert np.array_equal(result.mixture.coverage(512), hist)
 
 
+def test_iterated_rounding_stops_one_pack_above_the_bound_on_large_lps(monkeypatch, wikipedia_512):
+    """From an LP of STOP_PACKS packs, iterated rounding stops once it is one pack above ceil(LP) (cutting
+    stock's optimum is almost always ceil(LP) or ceil(LP) + 1): Wikipedia-512 / 300 at depth 3 (27,043-pack
+    bound) solves 5 LPs for 27,044 packs below that size, and 2 for the same packing with the rule on."""
+    hist = wikipedia_512 // 300
+    real = cghp_module._solve_relaxation
+    runs, default = {}, cghp_module.STOP_PACKS
+    for stop_packs in (default, 0):
+        monkeypatch.setattr(cghp_module, "STOP_PACKS", stop_packs)
+        solved = []
+        monkeypatch.setattr(cghp_module, "_solve_relaxation", lambda h, *a: solved.append(h.sum()) or real(h, *a))
+        result = cghp_module.cghp(hist, 3)
+        assert np.array_equal(result.mixture.coverage(512), hist) and result.mixture.depth <= 3
+        runs[stop_packs] = (len(solved), result.mixture.n_packs, result.lower_bound)
+    (full, packs_full, bound), (stopped, packs_stopped, _) = runs[default], runs[0]
+    assert bound < default and stopped == 2 < full
+    assert packs_stopped <= bound + 1 and packs_full <= packs_stopped
+
+
 def test_depth_limited_cghp_with_many_lengths_starts_from_the_coarse_lp(monkeypatch, wikipedia_512):
     """More than 600 distinct lengths at depth 3 (Wikipedia-style 1024, 54,000 sequences): CGHP starts from
     the LP's patterns on lengths rounded up to 2-token units, each expanded into present real lengths that fit
