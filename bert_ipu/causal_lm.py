@@ -33,7 +33,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .modeling import IGNORE_INDEX, _flex_attention, _from_hf, _save_as_hf, attention_for, init_weights, whole
+from . import modeling
+from .modeling import (IGNORE_INDEX, Varlen, _flex_attention, _from_hf, _save_as_hf, attention_for, init_weights,
+                       varlen_attention, warn_no_attention_dropout, whole)
 
 CAUSAL_BACKENDS = ("mask", "reference", "flex", "varlen")
 LOSS_MODES = ("token", "sequence", "sum")
@@ -41,42 +43,23 @@ LOSS_MODES = ("token", "sequence", "sum")
 
 # --- attention ---------------------------------------------------------------------------------------------
 
-class Varlen:
-    """Variable-length attention's view of a batch of packs: every slot's sequence (and each row's padding
-    run) as one segment of the flattened (B * S) tokens, from cumulative lengths of fixed size B * (K + 1) + 1
-    (empty slots are segments of length 0), so the shapes stay static."""
-
-    def __init__(self, sequence_ids: torch.Tensor, slots: int):
-        B, S = sequence_ids.shape
-        ones = torch.ones_like(sequence_ids, dtype=torch.int32)
-        counts = torch.zeros(B, slots + 1, dtype=torch.int32, device=sequence_ids.device).scatter_add_(
-            1, sequence_ids.long(), ones)                          # (B, K + 1): padding, slot 1..K
-        lengths = torch.cat([counts[:, 1:], counts[:, :1]], 1).flatten()  # slots, then the padding run
-        self.cu = F.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))
-        self.max_len = S
-
-
 def attend(q, k, v, attention, dropout_p: float = 0.0, scale: float | None = None) -> torch.Tensor:
     """(B, heads, S, D) queries, keys, values (as many key as query heads) -> (B, heads, S, D)."""
     if isinstance(attention, torch.Tensor):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attention.to(q.dtype), dropout_p=dropout_p,
                                               scale=scale)
+    if dropout_p > 0:
+        warn_no_attention_dropout(dropout_p)
     if isinstance(attention, Varlen):
-        from torch.nn.attention.varlen import varlen_attn
-
-        B, H, S, D = q.shape
-        flat = [x.transpose(1, 2).reshape(B * S, H, D) for x in (q, k, v)]
-        out = varlen_attn(*flat, attention.cu, attention.cu, attention.max_len, attention.max_len, scale=scale,
-                          window_size=(-1, 0))  # (-1, 0): causal within each segment
-        return out.view(B, S, H, D).transpose(1, 2)
+        return varlen_attention(q, k, v, attention, scale)  # causal within each segment
     return _flex_attention(q.device)(q, k, v, block_mask=attention, scale=scale)
 
 
 def causal_attention_for(sequence_ids: torch.Tensor, backend: str, dtype: torch.dtype, slots: int):
     if backend == "varlen":
-        if sequence_ids.device.type != "cuda":
+        if sequence_ids.device.type != "cuda" and modeling.VARLEN_KERNEL is None:
             raise ValueError("attention backend varlen needs CUDA (flash attention); use mask, reference or flex")
-        return Varlen(sequence_ids, slots)
+        return Varlen(sequence_ids, slots, causal=True)
     if backend not in CAUSAL_BACKENDS:
         raise ValueError(f"unknown attention backend {backend!r}; choose from {', '.join(CAUSAL_BACKENDS)}")
     return attention_for(sequence_ids, backend, dtype, causal=True)

@@ -35,7 +35,8 @@ class ModelConfig:
     hidden_dropout_prob: float = 0.1
     attention_probs_dropout_prob: float = 0.1
     attention_backend: str = "mask"
-    """mask (custom op + SDPA), reference (plain PyTorch mask) or flex"""
+    """mask (custom op + SDPA), reference (plain PyTorch mask), flex, or varlen (CUDA, half precision: flash
+    attention over the packs' sequences, put in sequence order for the encoder)"""
     init_checkpoint: str | None = None
     """start from a Hugging Face BERT folder (ours or transformers'); None = from scratch"""
 
@@ -50,8 +51,9 @@ class ModelConfig:
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(f"model.hidden_size {self.hidden_size} is not a multiple of "
                               f"model.num_attention_heads {self.num_attention_heads}")
-        if self.attention_backend not in ("mask", "reference", "flex"):
-            raise ConfigError(f"model.attention_backend {self.attention_backend!r}: choose mask, reference or flex")
+        if self.attention_backend not in ("mask", "reference", "flex", "varlen"):
+            raise ConfigError(f"model.attention_backend {self.attention_backend!r}: choose mask, reference, flex or "
+                              "varlen")
 
     def bert_config(self, vocab_size: int, min_positions: int = 0, **overrides):
         """The `transformers.BertConfig` of a model built from scratch with this section's sizes (at least
@@ -248,7 +250,7 @@ class ProfileConfig:
     precision: str = "fp32"
     """fp32, or bf16 autocast (what a GPU run uses)"""
     backends: list | None = None
-    """attention backends to measure (mask, reference, flex), each with every algorithm; None = the model's"""
+    """attention backends to measure (mask, reference, flex, varlen), each with every algorithm; None = the model's"""
     hf_baseline: bool = False
     """also time transformers' BertForPreTraining on NONE's rows (row 'hf'); OH of the others stays over our NONE"""
     compile: bool = False
@@ -288,12 +290,12 @@ class ProfileConfig:
             raise ConfigError(f"profile.max_sequences_per_pack {self.max_sequences_per_pack}: must be >= 1")
         if self.backends is not None:
             if not isinstance(self.backends, list) or not self.backends:
-                raise ConfigError(f"profile.backends {self.backends!r}: a non-empty list of mask, reference, flex "
-                                  "(or null for model.attention_backend)")
-            bad = [b for b in self.backends if b not in ("mask", "reference", "flex")]
+                raise ConfigError(f"profile.backends {self.backends!r}: a non-empty list of mask, reference, flex, "
+                                  "varlen (or null for model.attention_backend)")
+            bad = [b for b in self.backends if b not in ("mask", "reference", "flex", "varlen")]
             if bad:
                 raise ConfigError(f"profile.backends: unknown backend(s) {', '.join(map(repr, bad))}; choose from "
-                                  "mask, reference, flex")
+                                  "mask, reference, flex, varlen")
         if self.scaling_batches < 2:
             raise ConfigError(f"profile.scaling_batches {self.scaling_batches}: must be >= 2")
 

@@ -25,6 +25,16 @@ Attention backends (`attention_backend`), all giving the same numbers:
     "reference"  the same mask built with plain PyTorch ops (no custom op needed)
     "flex"       FlexAttention with a document block mask, compiled on GPU, where it skips fully masked
                  blocks. Forward only on CPU (PyTorch has no FlexAttention backward there)
+    "varlen"     CUDA only: flash attention over cumulative sequence lengths (`torch.nn.attention.varlen`),
+                 half precision. It needs every sequence contiguous, and the pretraining layout puts the MLM
+                 tokens first and the [CLS] tokens last, so the model permutes each pack's tokens once into
+                 sequence order (ids 1..K, then padding; a stable sort of the sequence ids, static shapes)
+                 before the encoder and back after it: the heads still read the first M and last K slots,
+                 which is what the fixed-size index tensors `order` / `inverse` are. Attention in a
+                 bidirectional encoder does not depend on the order within a sequence (positions come from
+                 `position_ids`), so the numbers are the other backends'.
+flex and varlen apply no attention-probability dropout (their kernels have none); training with it set warns
+once.
 """
 
 from __future__ import annotations
@@ -41,7 +51,7 @@ from transformers.activations import ACT2FN
 
 from .ops import packed_attention_mask, reference_packed_attention_mask
 
-ATTENTION_BACKENDS = ("mask", "reference", "flex")
+ATTENTION_BACKENDS = ("mask", "reference", "flex", "varlen")
 IGNORE_INDEX = -100
 
 
@@ -86,7 +96,12 @@ class BertSelfAttention(nn.Module):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=attention.to(q.dtype),
                                                  dropout_p=self.dropout_p if self.training else 0.0)
         else:
-            out = _flex_attention(q.device)(q, k, v, block_mask=attention)
+            if self.training and self.dropout_p > 0:
+                warn_no_attention_dropout(self.dropout_p)
+            if isinstance(attention, Varlen):
+                out = varlen_attention(q, k, v, attention)
+            else:
+                out = _flex_attention(q.device)(q, k, v, block_mask=attention)
         return out.transpose(1, 2).reshape(B, S, -1)
 
 
@@ -178,6 +193,74 @@ def _flex_attention(device: torch.device):
     return torch.compile(flex_attention, dynamic=False) if device.type == "cuda" else flex_attention
 
 
+@functools.cache
+def warn_no_attention_dropout(p: float) -> None:
+    import warnings
+
+    warnings.warn(f"attention dropout {p} is not applied by the flex and varlen attention backends (their kernels "
+                  "have none); use mask or reference to train with it, or set it to 0", RuntimeWarning, stacklevel=3)
+
+
+class Varlen:
+    """Variable-length attention's view of a batch of packs whose sequences are contiguous, in id order 1..K
+    and then the row's padding: every slot's sequence and each row's padding run as one segment of the
+    flattened (B * S) tokens, from cumulative lengths of fixed size B * (K + 1) + 1 (empty slots are segments
+    of length 0), so the shapes stay static. `causal`: attention within a segment only to earlier tokens."""
+
+    def __init__(self, sequence_ids: torch.Tensor, slots: int, causal: bool = False):
+        B, S = sequence_ids.shape
+        ones = torch.ones_like(sequence_ids, dtype=torch.int32)
+        counts = torch.zeros(B, slots + 1, dtype=torch.int32, device=sequence_ids.device).scatter_add_(
+            1, sequence_ids.long(), ones)                          # (B, K + 1): padding, slot 1..K
+        lengths = torch.cat([counts[:, 1:], counts[:, :1]], 1).flatten()  # slots, then the padding run
+        self.cu = F.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))
+        self.max_len = S
+        self.causal = causal
+
+
+# The varlen kernel: None = torch's flash attention (`torch.nn.attention.varlen.varlen_attn`, CUDA only); the
+# CPU tests set `reference_varlen_attn` to check everything around it.
+VARLEN_KERNEL = None
+
+
+def varlen_attention(q, k, v, attention: Varlen, scale: float | None = None) -> torch.Tensor:
+    """(B, heads, S, D) queries, keys, values -> (B, heads, S, D), attending within the segments of
+    `attention` (tokens in sequence order: see `contiguous_order`)."""
+    B, H, S, D = q.shape
+    flat = [x.transpose(1, 2).reshape(B * S, H, D) for x in (q, k, v)]
+    kernel = VARLEN_KERNEL
+    if kernel is None:
+        from torch.nn.attention.varlen import varlen_attn as kernel
+    out = kernel(*flat, attention.cu, attention.cu, attention.max_len, attention.max_len, scale=scale,
+                 window_size=(-1, 0) if attention.causal else (-1, -1))
+    return out.view(B, S, H, D).transpose(1, 2)
+
+
+def reference_varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, window_size=(-1, -1)):
+    """What `torch.nn.attention.varlen.varlen_attn` computes, in plain PyTorch (SDPA with a block-diagonal
+    mask over the flattened tokens): the CPU's check of the varlen path. (T, H, D) -> (T, H, D)."""
+    T = q.shape[0]
+    segment = torch.searchsorted(cu_q[1:].long(), torch.arange(T, device=q.device), right=True)
+    allowed = segment[:, None] == segment[None, :]
+    if window_size == (-1, 0):
+        allowed = allowed & torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    out = F.scaled_dot_product_attention(*(x.transpose(0, 1)[None] for x in (q, k, v)), attn_mask=allowed, scale=scale)
+    return out[0].transpose(0, 1)
+
+
+def contiguous_order(sequence_ids: torch.Tensor, slots: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, S) permutations: `order` puts each pack's tokens in sequence order (ids 1..slots, then padding;
+    stable, so a sequence keeps its tokens' order) and `inverse` undoes it."""
+    key = torch.where(sequence_ids > 0, sequence_ids.long(), slots + 1)
+    order = torch.argsort(key, dim=1, stable=True)
+    return order, torch.argsort(order, dim=1)
+
+
+def _take(hidden: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """hidden (B, S, H) with its tokens reordered by index (B, S)."""
+    return hidden.gather(1, index[..., None].expand_as(hidden))
+
+
 def attention_for(sequence_ids: torch.Tensor, backend: str, dtype: torch.dtype, causal: bool = False):
     """What every layer attends with: an additive (B, 1, S, S) mask, or a flex BlockMask. A token attends to
     the tokens of its own sequence (`sequence_ids`); with `causal` (decoders) only to those at or before it."""
@@ -204,13 +287,15 @@ class PackedBertModel(nn.Module):
     """Embeddings + encoder (+ pooler), HF `BertModel` names. Returns the encoder output (B, S, H); the heads
     apply the pooler where they need it."""
 
-    def __init__(self, config: BertConfig, attention_backend: str = "mask", add_pooling_layer: bool = True):
+    def __init__(self, config: BertConfig, attention_backend: str = "mask", add_pooling_layer: bool = True,
+                 slots: int | None = None):
         super().__init__()
         if attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(f"unknown attention backend {attention_backend!r}; "
                              f"choose from {', '.join(ATTENTION_BACKENDS)}")
         self.config = config
         self.attention_backend = attention_backend
+        self.slots = slots  # K, the most sequences a pack holds (varlen's segments; None: the pack length)
         self.embeddings = BertEmbeddings(config)
         self.encoder = BertEncoder(config)
         self.pooler = BertPooler(config) if add_pooling_layer else None  # HF's QA model has none
@@ -219,6 +304,13 @@ class PackedBertModel(nn.Module):
         """(B, S) ids -> encoder output (B, S, H). On a pipeline stage without the embeddings (deleted),
         `input_ids` is the previous stage's hidden state (B, S, H) and passes straight to the layers."""
         hidden = input_ids if self.embeddings is None else self.embeddings(input_ids, position_ids, token_type_ids)
+        if self.attention_backend == "varlen":  # sequences made contiguous for the encoder, and put back
+            if sequence_ids.device.type != "cuda" and VARLEN_KERNEL is None:
+                raise ValueError("attention backend varlen needs CUDA (flash attention); use mask, reference or flex")
+            slots = self.slots or sequence_ids.shape[1]
+            order, inverse = contiguous_order(sequence_ids, slots)
+            attention = Varlen(sequence_ids.gather(1, order), slots)
+            return _take(self.encoder(_take(hidden, order), attention), inverse)
         attention = attention_for(sequence_ids, self.attention_backend, hidden.dtype)
         return self.encoder(hidden, attention)
 
@@ -318,7 +410,7 @@ class PackedBertForPreTraining(nn.Module):
         self.config = config
         self.max_sequences_per_pack = max_sequences_per_pack
         self.mlm_slots = mlm_slots  # M, when no labels say it (a pipeline's last stage)
-        self.bert = PackedBertModel(config, attention_backend)
+        self.bert = PackedBertModel(config, attention_backend, slots=max_sequences_per_pack)
         self.cls = BertPreTrainingHeads(config)
         self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight  # tied, as in HF
         self.apply(lambda module: init_weights(module, config.initializer_range))
@@ -447,7 +539,7 @@ class PackedBertForQuestionAnswering(nn.Module):
         super().__init__()
         self.config = config
         self.max_sequences_per_pack = max_sequences_per_pack
-        self.bert = PackedBertModel(config, attention_backend, add_pooling_layer=False)
+        self.bert = PackedBertModel(config, attention_backend, add_pooling_layer=False, slots=max_sequences_per_pack)
         self.qa_outputs = nn.Linear(config.hidden_size, 2)
         self.apply(lambda module: init_weights(module, config.initializer_range))
 
@@ -537,7 +629,7 @@ class PackedBertForSequenceClassification(nn.Module):
         self.config = config
         self.num_labels = config.num_labels
         self.max_sequences_per_pack = max_sequences_per_pack
-        self.bert = PackedBertModel(config, attention_backend)
+        self.bert = PackedBertModel(config, attention_backend, slots=max_sequences_per_pack)
         dropout = getattr(config, "classifier_dropout", None)
         self.dropout = nn.Dropout(config.hidden_dropout_prob if dropout is None else dropout)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)

@@ -57,15 +57,29 @@ def rel(a, b):
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
 CUDA_BACKENDS = [pytest.param("cuda", backend, marks=CUDA) for backend in ("mask", "reference", "flex")]
+CUDA_VARLEN = pytest.param("cuda", "varlen", marks=CUDA)  # flash attention: half precision only
+
+
+@pytest.fixture
+def varlen_on_cpu(monkeypatch):
+    """The varlen backend on the CPU: torch's kernel (flash attention, CUDA only) replaced by its plain
+    PyTorch equivalent, so everything around it (the permutation into sequence order and back, the
+    segments, the heads' slots) is checked here."""
+    from bert_ipu import modeling
+
+    monkeypatch.setattr(modeling, "VARLEN_KERNEL", modeling.reference_varlen_attn)
 
 
 @pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
 @pytest.mark.parametrize("grouping", GROUPINGS)
-@pytest.mark.parametrize("device, backend", [("cpu", "mask"), *CUDA_BACKENDS])
-def test_packed_equals_unpacked(dtype, tol, grouping, device, backend):
+@pytest.mark.parametrize("device, backend", [("cpu", "mask"), ("cpu", "varlen"), *CUDA_BACKENDS])
+def test_packed_equals_unpacked(dtype, tol, grouping, device, backend, request):
     """Same MLM logits at every masked token, same NSP logits per sequence, same losses, same gradient of
     every parameter: positions restart in each sequence and no token attends across sequences. On a GPU for
-    every attention backend (the CPU runs flex forward only: test_attention_backends_agree)."""
+    every attention backend (the CPU runs flex forward only: test_attention_backends_agree); varlen on the CPU
+    with the reference kernel (`varlen_on_cpu`), on a GPU in bf16 below."""
+    if backend == "varlen":
+        request.getfixturevalue("varlen_on_cpu")
     groups = GROUPINGS[grouping]
     hf, ours, hf_out, out, packed = run_both(dtype, groups, backend=backend, device=device)
     packed = {k: v.cpu() for k, v in packed.items()}
@@ -105,6 +119,65 @@ def test_attention_backends_agree(backend):
         _, _, _, out, _ = run_both(torch.float32, groups, backend=backend)
     assert rel(out.mlm_logits, ref.mlm_logits) < 1e-5
     assert rel(out.nsp_logits, ref.nsp_logits) < 1e-5
+
+
+def test_varlen_makes_sequences_contiguous_and_puts_them_back(varlen_on_cpu):
+    """The varlen backend's view of a pack: `order` puts the tokens in sequence order (ids 1..K, then the
+    padding), stable, and `inverse` undoes it; the segments are the sequences' lengths (K + 1 a row, empty
+    slots of length 0); without the permutation (segments over the MLM-first layout) the numbers change, so
+    the equivalence test above would catch a wrong order."""
+    from bert_ipu import modeling
+
+    groups = GROUPINGS["shuffled"]
+    _, ours, _, out, packed = run_both(torch.float64, groups, backend="varlen")
+    ids = packed["sequence_ids"]
+    order, inverse = modeling.contiguous_order(ids, K)
+    ordered = ids.gather(1, order)
+    key = torch.where(ordered > 0, ordered, K + 1)
+    assert (key[:, 1:] >= key[:, :-1]).all()                          # sequence order, padding last
+    assert (order.gather(1, inverse) == torch.arange(ids.shape[1])).all()
+    cu = modeling.Varlen(ordered, K).cu
+    assert cu.shape == (ids.shape[0] * (K + 1) + 1,) and cu[-1] == ids.numel()
+    lengths = torch.stack([(ids == j).sum(1) for j in (*range(1, K + 1), 0)], 1).flatten()
+    assert torch.equal(cu.diff().long(), lengths)
+    scrambled = {k: packed[k] for k in MODEL_INPUTS}
+    with torch.no_grad():
+        original = modeling.contiguous_order
+        modeling.contiguous_order = lambda i, k: (torch.arange(i.shape[1]).expand_as(i),) * 2
+        try:
+            wrong = ours(**scrambled)
+        finally:
+            modeling.contiguous_order = original
+    assert rel(wrong.mlm_logits, out.mlm_logits) > 1e-3
+
+
+def test_flex_and_varlen_say_they_apply_no_attention_dropout(varlen_on_cpu):
+    """Their kernels have no attention-probability dropout: training with it set warns (it used to be dropped
+    silently), evaluation and the mask backend do not."""
+    import warnings
+
+    from bert_ipu import modeling
+
+    _, ours = models(torch.float32, attention_probs_dropout_prob=0.1)
+    instances = random_instances(np.random.default_rng(0), 3, 6, 20, ours.config.vocab_size)
+    inputs = {k: v for k, v in packed_batch(instances, [[0, 1, 2]], LAYOUT).items() if k in MODEL_INPUTS}
+    for backend, training, warns in [("varlen", True, True), ("varlen", False, False), ("mask", True, False)]:
+        modeling.warn_no_attention_dropout.cache_clear()
+        ours.bert.attention_backend = backend
+        ours.train(training)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ours(**inputs)
+        assert any(issubclass(w.category, RuntimeWarning) and "dropout" in str(w.message) for w in caught) == warns
+
+
+def test_varlen_without_cuda_is_a_clear_error():
+    _, ours = models(torch.float32)
+    ours.bert.attention_backend = "varlen"
+    instances = random_instances(np.random.default_rng(0), 3, 6, 20, ours.config.vocab_size)
+    packed = packed_batch(instances, [[0, 1, 2]], LAYOUT)
+    with pytest.raises(ValueError, match="needs CUDA"):
+        ours(**{k: packed[k] for k in MODEL_INPUTS})
 
 
 @pytest.mark.parametrize("ablation", ["mask off", "positions not reset"])
@@ -178,7 +251,7 @@ def test_real_checkpoint_encoder_outputs(monkeypatch):
 
 
 @pytest.mark.parametrize("grouping", ["shuffled", "one per pack"])
-@pytest.mark.parametrize("device, backend", [("cpu", "mask"), *CUDA_BACKENDS])
+@pytest.mark.parametrize("device, backend", [("cpu", "mask"), *CUDA_BACKENDS, CUDA_VARLEN])
 def test_bf16_autocast_error_is_the_reference_bf16_error(grouping, device, backend):
     """Under bf16 autocast (fp32 weights), packed BERT is as close to the float64 truth as transformers' own
     BertForPreTraining under the same autocast, unpacked: its largest error on MLM logits, NSP logits and the

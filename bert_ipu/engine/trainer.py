@@ -105,6 +105,9 @@ def train(task, cfg, rt: Runtime, resume: bool = False, overwrite: bool = False,
     out = Path(cfg.output_dir)
     # everything that can refuse the config comes first (data, update size, schedule, model): a refused run
     # writes nothing, and --overwrite deletes nothing, not even an init checkpoint inside the old run
+    if getattr(cfg.model, "attention_backend", None) == "varlen" and rt.device.type != "cuda":
+        raise RunError(f"model.attention_backend=varlen needs CUDA (flash attention), and this run is on "
+                       f"{rt.device.type}; use mask, reference or flex")
     task.prepare(rt)
     p = task.packing_factor
     P = packs_per_update(t, p, rt.dp_world)
