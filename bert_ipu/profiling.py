@@ -437,6 +437,9 @@ def run(cfg, say=print) -> dict:
         if backend == "flex" and device.type == "cpu":
             say("[profile] backend flex: skipped, PyTorch has no FlexAttention backward on the CPU")
             continue
+        if backend == "varlen" and device.type != "cuda":
+            say(f"[profile] backend varlen: skipped, flash attention needs CUDA (this run is on {device.type})")
+            continue
         model = PackedBertForPreTraining(config, depth, backend).to(device).train()
         model.load_state_dict(base.state_dict())
         runs = {k: [dict(b) for b in v] for k, v in batches.items()}

@@ -93,7 +93,7 @@ def test_backends_hf_baseline_and_bf16(tmp_path, capsys):
                    f"rounds: 2, micro_batch_size: 2}}\n")
     out = tmp_path / "rows.jsonl"
     assert run_profiling.main(["--config", str(cfg), "--algorithms", "cghp", "--backends", "mask", "reference", "flex",
-                               "--hf-baseline", "profile.precision=bf16", "--json", str(out)]) == 0
+                               "varlen", "--hf-baseline", "profile.precision=bf16", "--json", str(out)]) == 0
     text = capsys.readouterr().out
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     ref = {r["algorithm"]: r for r in rows if r["backend"] == "reference"}
@@ -102,6 +102,7 @@ def test_backends_hf_baseline_and_bf16(tmp_path, capsys):
     assert {r["algorithm"] for r in rows if r["backend"] == "mask"} == {"none", "cghp", "hf"}
     assert "OH over HF" in text and "bf16" in text and "fastest backend for cghp:" in text
     assert any(r["backend"] == "flex" for r in rows) or "backend flex: skipped" in text
+    assert not any(r["backend"] == "varlen" for r in rows)  # flash attention: CUDA only, skipped here
     assert all(r["mfu"] is None for r in rows)  # no known peak on a CPU
 
 
