@@ -231,9 +231,27 @@ def varlen_attention(q, k, v, attention: Varlen, scale: float | None = None) -> 
     kernel = VARLEN_KERNEL
     if kernel is None:
         from torch.nn.attention.varlen import varlen_attn as kernel
-    out = kernel(*flat, attention.cu, attention.cu, attention.max_len, attention.max_len, scale=scale,
-                 window_size=(-1, 0) if attention.causal else (-1, -1))
+    out = kernel(*flat, attention.cu, attention.cu, attention.max_len, attention.max_len,
+                 **_varlen_options(kernel, attention.causal, scale, D))
     return out.view(B, S, H, D).transpose(1, 2)
+
+
+def _varlen_options(kernel, causal: bool, scale: float | None, head_dim: int) -> dict:
+    """Keyword arguments for both signatures torch has had: `window_size` and `scale` (2.12's docs), or
+    `is_causal` without `scale` (earlier releases)."""
+    import inspect
+
+    params = inspect.signature(kernel).parameters
+    if "window_size" in params:
+        options = {"window_size": (-1, 0) if causal else (-1, -1)}
+    else:
+        options = {"is_causal": causal}
+    if "scale" in params:
+        options["scale"] = scale
+    elif scale is not None and abs(scale - head_dim ** -0.5) > 1e-12:
+        raise ValueError(f"this torch's varlen_attn takes no scale, and the model needs {scale}; use another "
+                         "attention backend or a newer torch")
+    return options
 
 
 def reference_varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, window_size=(-1, -1)):

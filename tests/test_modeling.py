@@ -171,6 +171,24 @@ def test_flex_and_varlen_say_they_apply_no_attention_dropout(varlen_on_cpu):
         assert any(issubclass(w.category, RuntimeWarning) and "dropout" in str(w.message) for w in caught) == warns
 
 
+def test_varlen_options_fit_both_torch_signatures():
+    """torch's varlen_attn took `is_causal` (no `scale`) before it took `window_size` and `scale`; the GPU
+    machine's torch may have either."""
+    from bert_ipu.modeling import _varlen_options
+
+    def new(q, k, v, cu_q, cu_k, max_q, max_k, *, return_aux=None, scale=None, window_size=(-1, -1)):
+        pass
+
+    def old(q, k, v, cu_q, cu_k, max_q, max_k, is_causal=False, return_aux=None):
+        pass
+
+    assert _varlen_options(new, True, 0.125, 64) == {"window_size": (-1, 0), "scale": 0.125}
+    assert _varlen_options(new, False, None, 64) == {"window_size": (-1, -1), "scale": None}
+    assert _varlen_options(old, True, 0.125, 64) == {"is_causal": True}  # 0.125 = 64 ** -0.5, the default
+    with pytest.raises(ValueError, match="takes no scale"):
+        _varlen_options(old, False, 0.5, 64)
+
+
 def test_varlen_without_cuda_is_a_clear_error():
     _, ours = models(torch.float32)
     ours.bert.attention_backend = "varlen"
