@@ -236,9 +236,10 @@ def varlen_attention(q, k, v, attention: Varlen, scale: float | None = None) -> 
     return out.view(B, S, H, D).transpose(1, 2)
 
 
+@functools.cache  # once per kernel and layer shape, not inspect.signature in every layer of every step
 def _varlen_options(kernel, causal: bool, scale: float | None, head_dim: int) -> dict:
     """Keyword arguments for both signatures torch has had: `window_size` and `scale` (2.12's docs), or
-    `is_causal` without `scale` (earlier releases)."""
+    `is_causal` without `scale` (earlier releases). The caller must not change the returned dict."""
     import inspect
 
     params = inspect.signature(kernel).parameters
