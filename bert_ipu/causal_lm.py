@@ -33,9 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import modeling
 from .modeling import (IGNORE_INDEX, Varlen, _flex_attention, _from_hf, _save_as_hf, attention_for, init_weights,
-                       varlen_attention, warn_no_attention_dropout, whole)
+                       require_varlen_device, varlen_attention, warn_no_attention_dropout, whole)
 
 CAUSAL_BACKENDS = ("mask", "reference", "flex", "varlen")
 LOSS_MODES = ("token", "sequence", "sum")
@@ -57,8 +56,7 @@ def attend(q, k, v, attention, dropout_p: float = 0.0, scale: float | None = Non
 
 def causal_attention_for(sequence_ids: torch.Tensor, backend: str, dtype: torch.dtype, slots: int):
     if backend == "varlen":
-        if sequence_ids.device.type != "cuda" and modeling.VARLEN_KERNEL is None:
-            raise ValueError("attention backend varlen needs CUDA (flash attention); use mask, reference or flex")
+        require_varlen_device(sequence_ids.device)
         return Varlen(sequence_ids, slots, causal=True)
     if backend not in CAUSAL_BACKENDS:
         raise ValueError(f"unknown attention backend {backend!r}; choose from {', '.join(CAUSAL_BACKENDS)}")

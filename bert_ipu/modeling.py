@@ -223,6 +223,12 @@ class Varlen:
 VARLEN_KERNEL = None
 
 
+def require_varlen_device(device: torch.device) -> None:
+    """torch's varlen kernel is flash attention: CUDA only (unless a test put in the reference kernel)."""
+    if device.type != "cuda" and VARLEN_KERNEL is None:
+        raise ValueError("attention backend varlen needs CUDA (flash attention); use mask, reference or flex")
+
+
 def varlen_attention(q, k, v, attention: Varlen, scale: float | None = None) -> torch.Tensor:
     """(B, heads, S, D) queries, keys, values -> (B, heads, S, D), attending within the segments of
     `attention` (tokens in sequence order: see `contiguous_order`)."""
@@ -324,11 +330,10 @@ class PackedBertModel(nn.Module):
         `input_ids` is the previous stage's hidden state (B, S, H) and passes straight to the layers."""
         hidden = input_ids if self.embeddings is None else self.embeddings(input_ids, position_ids, token_type_ids)
         if self.attention_backend == "varlen":  # sequences made contiguous for the encoder, and put back
-            if sequence_ids.device.type != "cuda" and VARLEN_KERNEL is None:
-                raise ValueError("attention backend varlen needs CUDA (flash attention); use mask, reference or flex")
+            require_varlen_device(sequence_ids.device)
             slots = self.slots or sequence_ids.shape[1]
             order, inverse = contiguous_order(sequence_ids, slots)
-            attention = Varlen(sequence_ids.gather(1, order), slots)
+            attention = Varlen(sequence_ids, slots)  # lengths per id: the same before and after the reorder
             return _take(self.encoder(_take(hidden, order), attention), inverse)
         attention = attention_for(sequence_ids, self.attention_backend, hidden.dtype)
         return self.encoder(hidden, attention)

@@ -48,10 +48,15 @@ class _Stock:
         self.count = histogram.astype(np.int64).tolist()
         self.present = (np.nonzero(histogram)[0] + 1).tolist()
 
-    def take(self, length: int) -> None:
-        self.count[length - 1] -= 1
+    def take(self, length: int, copies: int = 1) -> None:
+        self.count[length - 1] -= copies
         if self.count[length - 1] == 0:
             del self.present[bisect_right(self.present, length) - 1]
+
+    def put(self, length: int) -> None:
+        if self.count[length - 1] == 0:
+            self.present.insert(bisect_left(self.present, length), length)
+        self.count[length - 1] += 1
 
     def largest_up_to(self, room: int) -> int | None:
         i = bisect_right(self.present, room) - 1
@@ -169,8 +174,7 @@ def quota_fill(histogram: np.ndarray, depth: int) -> list[list[int]]:
             room -= length
         repeat = min(count[length - 1] // n for length, n in used.items())
         for length, n in used.items():
-            for _ in range(n * repeat):
-                stock.take(length)
+            stock.take(length, n * repeat)
         packs.extend([items] * repeat)
         n_left -= len(items) * repeat
         tokens_left -= (max_len - room) * repeat
@@ -204,9 +208,7 @@ def planned(histogram: np.ndarray, depth: int, deadline=None) -> Mixture:
                 kept.append(items)
             else:  # back into the stock for the next round
                 for length in items:
-                    if stock.count[length - 1] == 0:
-                        stock.present.insert(bisect_left(stock.present, length), length)
-                    stock.count[length - 1] += 1
+                    stock.put(length)
     rest = stock.histogram()
     if rest.sum():
         kept += quota_fill(rest, depth)
