@@ -153,6 +153,15 @@ def test_planned_packing_of_long_packs_under_a_depth_limit(monkeypatch):
     assert cghp_module.cghp(hist, 8).strategy == "planned"
 
 
+def test_a_plan_that_loses_to_best_fit_is_not_returned_as_planned(monkeypatch):
+    """When the planned packing does not beat best fit, CGHP returns best fit's packing and says so
+    ("heuristic"); it used to label it "planned" (review finding)."""
+    hist = histogram_of(long_context_lengths(20_000, 4096, seed=0), 4096)
+    monkeypatch.setattr(cghp_module, "planned", lambda h, depth, deadline: lpfhp(h, 1))  # a worse plan
+    result = cghp_module.cghp(hist, 8)
+    assert result.strategy == "heuristic" and result.mixture.n_packs == lpfhp(hist, 8).n_packs
+
+
 def test_quota_fill_keeps_the_depth_limit_and_every_sequence():
     """The residual packer of the planned path: every sequence placed once, no pack over its length or
     depth, and on long context far fewer packs than best fit (which fills packs 8 at a time with medium
