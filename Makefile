@@ -9,7 +9,7 @@ HIST    := benchmarks/histograms
 OPS_LIB := bert_ipu/bert_ipu_ops.so
 OPS_SRC := $(wildcard custom_ops/*.cpp custom_ops/*.cu custom_ops/*.h) custom_ops/build.py
 
-.PHONY: all help setup ops run report test bench clean wikipedia
+.PHONY: all help setup ops run report test bench docs clean wikipedia
 all: ops
 
 help:
@@ -19,6 +19,7 @@ help:
 	@echo "make wikipedia DUMP=FILE  ... a Wikipedia dump -> packed shards -> BERT-large phase 1 and phase 2"
 	@echo "make test   ... then the tests"
 	@echo "make bench  packing and model benchmarks (print figures)"
+	@echo "make docs   ... the documentation site (docs/, mkdocs.yml) into site/, strictly: a broken link fails"
 	@echo "make setup  only create/update $(VENV) from requirements.txt"
 
 setup: $(VENV)/.installed
@@ -79,5 +80,10 @@ bench: ops
 	$(PY) benchmarks/model_benchmark.py
 	$(PY) benchmarks/data_benchmark.py
 
+# the documentation site: docs/*.md -> site/ (MkDocs Material, offline; a broken link or anchor, or a page
+# missing from the nav, is an error)
+docs: $(VENV)/.installed
+	$(PY) -m mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf $(VENV) build .pytest_cache .hypothesis *_packing.png $(OPS_LIB) $(RUNS)
+	rm -rf $(VENV) build .pytest_cache .hypothesis *_packing.png $(OPS_LIB) $(RUNS) site
