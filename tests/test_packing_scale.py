@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from bert_ipu.packing import (ALGORITHMS, EMPTY, Mixture, PackingInputError, applies, assign, assign_ragged,
                               expand_histogram, histogram_of, lower_bound, pack)
-from bert_ipu.packing import cghp as cghp_module
+from bert_ipu.packing import cghp as cghp_module, lp as lp_module
 from bert_ipu.packing.__main__ import main
 from bert_ipu.packing.heuristics import lpfhp, spfhp
 from bert_ipu.packing.synthetic import long_context_lengths, stretch_histogram
@@ -182,8 +182,8 @@ def test_iterated_rounding_stops_once_it_meets_the_full_bound(monkeypatch, wikip
     was solved before, only to confirm it)."""
     hist = wikipedia_512 // 1000
     solved = []
-    real = cghp_module._solve_relaxation
-    monkeypatch.setattr(cghp_module, "_solve_relaxation", lambda h, *a: solved.append(h.sum()) or real(h, *a))
+    real = cghp_module.solve_relaxation
+    monkeypatch.setattr(cghp_module, "solve_relaxation", lambda h, *a: solved.append(h.sum()) or real(h, *a))
     result = cghp_module.cghp(hist, 512)
     assert solved == [hist.sum()] and result.mixture.n_packs == result.lower_bound == 8011
     assert np.array_equal(result.mixture.coverage(512), hist)
@@ -194,12 +194,12 @@ def test_iterated_rounding_stops_one_pack_above_the_bound_on_large_lps(monkeypat
     stock's optimum is almost always ceil(LP) or ceil(LP) + 1): Wikipedia-512 / 300 at depth 3 (27,043-pack
     bound) solves 5 LPs for 27,044 packs below that size, and 2 for the same packing with the rule on."""
     hist = wikipedia_512 // 300
-    real = cghp_module._solve_relaxation
+    real = cghp_module.solve_relaxation
     runs, default = {}, cghp_module.STOP_PACKS
     for stop_packs in (default, 0):
         monkeypatch.setattr(cghp_module, "STOP_PACKS", stop_packs)
         solved = []
-        monkeypatch.setattr(cghp_module, "_solve_relaxation", lambda h, *a: solved.append(h.sum()) or real(h, *a))
+        monkeypatch.setattr(cghp_module, "solve_relaxation", lambda h, *a: solved.append(h.sum()) or real(h, *a))
         result = cghp_module.cghp(hist, 3)
         assert np.array_equal(result.mixture.coverage(512), hist) and result.mixture.depth <= 3
         runs[stop_packs] = (len(solved), result.mixture.n_packs, result.lower_bound)
@@ -215,14 +215,14 @@ def test_depth_limited_cghp_with_many_lengths_starts_from_the_coarse_lp(monkeypa
     bound (measured 27,049 packs, bound 27,030; 2.2 s, against 15 s without the coarse start; 27,030 since
     iterated rounding also rounds up)."""
     hist = stretch_histogram(wikipedia_512 // 300, 2, seed=0)
-    assert np.count_nonzero(hist) > cghp_module.COARSE_START_LENGTHS
+    assert np.count_nonzero(hist) > lp_module.COARSE_START_LENGTHS
     seen = []
-    real = cghp_module._coarse_columns
+    real = lp_module._coarse_columns
 
     def spy(histogram, depth, deadline):
         seen.append(real(histogram, depth, deadline))
         return seen[-1]
-    monkeypatch.setattr(cghp_module, "_coarse_columns", spy)
+    monkeypatch.setattr(lp_module, "_coarse_columns", spy)
     result = pack(hist, "cghp", 3)
     assert len(seen) == 1 and len(seen[0]) > 100
     for pattern in seen[0]:
@@ -245,7 +245,7 @@ def test_pricing_finds_the_best_pattern(seed, depth, dominated):
     y = lengths / max_len * rng.uniform(0.7, 1.3, len(lengths))
     if dominated:
         y = np.where(rng.random(len(lengths)) < 0.5, y[0] * rng.random(len(lengths)), y)
-    pricer = cghp_module._Pricer(lengths, max_len, depth)
+    pricer = lp_module.Pricer(lengths, max_len, depth)
     columns, top = pricer.price(y, len(lengths))
     best = 0.0
     for k in range(1, min(depth, max_len // lengths[0]) + 1):

@@ -15,8 +15,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from . import (ALGORITHMS, DEPTH_FREE, PackingInputError, applies, depth_label, histogram_of, load_histogram,
-               load_lengths, pack, parse_depth)
+from .api import ALGORITHMS, DEPTH_FREE, applies, pack
+from .depth import depth_label, parse_depth
+from .histogram import PackingInputError, histogram_of, load_histogram, load_lengths
 
 COLUMNS = [  # header, width, format
     ("algorithm", 9, "{}"), ("depth", 5, "{}"), ("packs", 11, "{:,}"), ("efficiency", 10, "{:.3%}"),
@@ -157,7 +158,8 @@ def balance_of(result, ranks: int, per_update: int, seed: int) -> dict:
     shuffled order as the loader reads them, then updates of `per_update` packs dealt to `ranks`."""
     import numpy as np
 
-    from . import assign_ragged, expand_histogram
+    from .assign import assign_ragged
+    from .histogram import expand_histogram
     from .balance import update_balance
 
     lengths = np.random.default_rng(seed).permutation(expand_histogram(result.histogram))

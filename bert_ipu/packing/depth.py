@@ -5,17 +5,16 @@
     parse_depth("auto") == "auto"                 resolved on the data with `auto_depth`
 
 Command lines, configs and `bert_ipu.data.pipeline.pack_pretraining_data` all take it through
-`parse_depth`; `depth_label` writes it back ("max" for unlimited).
+`parse_depth`; `depth_label` writes it back ("max" for unlimited); `bert_ipu.packing.resolve_depth` turns it into
+the limit a packer runs with on the data ("auto" included).
 """
 
 from __future__ import annotations
 
-import math
 import numbers
 
-import numpy as np
+from .histogram import PackingInputError
 
-from .histogram import PackingInputError, validate_histogram
 
 def _forms(allow_auto: bool) -> str:
     return "a whole number >= 1, 'max' or 'auto'" if allow_auto else "a whole number >= 1 or 'max'"
@@ -51,22 +50,3 @@ def parse_depth(value, *, allow_auto: bool = True) -> int | None | str:
 def depth_label(depth) -> str:
     """"max" for None (unlimited), else str(depth): "3", "auto"."""
     return "max" if depth is None else str(depth)
-
-
-def auto_depth(histogram, algorithm: str = "cghp") -> int:
-    """The smallest depth limit at which CGHP needs no more packs than with unlimited depth: deeper packs
-    would gain nothing. Capped at 3 for NNLSHP (it enumerates strategies up to depth 3).
-
-    Depths below sequences / packs(unlimited) cannot reach that pack count (a packing of depth d has at
-    least sequences / d packs), so the search starts there."""
-    from . import ALGORITHMS, pack
-
-    if algorithm not in ALGORITHMS:
-        raise PackingInputError(f"unknown algorithm {algorithm!r}; choose from {', '.join(ALGORITHMS)}")
-    histogram = validate_histogram(histogram)
-    max_len = len(histogram)
-    target = pack(histogram, "cghp", None).packs
-    depth = max(1, math.ceil(int(np.sum(histogram)) / target))
-    while depth < max_len and pack(histogram, "cghp", depth).packs > target:
-        depth += 1
-    return min(depth, 3) if algorithm == "nnlshp" else depth

@@ -235,7 +235,6 @@ def trim_excess(strategies: np.ndarray, counts: np.ndarray, histogram: np.ndarra
     mat = np.array(strategies, dtype=np.int64)
     counts = np.array(counts, dtype=np.int64)
     excess = Mixture(mat, counts).coverage(len(histogram)) - histogram
-    new_rows, new_counts = [], []
     for length in np.nonzero(excess > 0)[0] + 1:
         need = int(excess[length - 1])
         while need > 0:

@@ -40,7 +40,7 @@ from functools import reduce
 import numpy as np
 
 from .bounds import deadline_of, past
-from .cghp import _highs
+from .lp import highs
 from .heuristics import lpfhp
 from .histogram import PackingInputError, validate_histogram
 from .mixture import Mixture
@@ -183,7 +183,7 @@ class _ColumnGeneration:
 
     def _master(self, demand: np.ndarray):
         """A HiGHS model of the restricted LP on `demand`, kept warm while columns are added (as CGHP's)."""
-        h = _highs()
+        h = highs()
         m, inf = len(demand), h.getInfinity()
         h.addRows(m, demand.astype(np.float64), np.full(m, inf), 0, np.zeros(m, dtype=np.int32),
                   np.zeros(0, dtype=np.int32), np.zeros(0))

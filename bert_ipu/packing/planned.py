@@ -32,6 +32,7 @@ from bisect import bisect_left, bisect_right
 import numpy as np
 
 from .bounds import past
+from .lp import solve_relaxation
 from .mixture import Mixture
 
 PLAN_CLASSES = 256  # the plan's LP is over at most this many class lengths
@@ -69,7 +70,6 @@ class _Stock:
 def _plan(histogram: np.ndarray, depth: int, g: int, deadline):
     """The depth-limited LP over class means: [(classes of a pattern, descending), copies], and the class
     means; None if the deadline stopped it."""
-    from .cghp import _solve_relaxation
 
     max_len = len(histogram)
     present = np.nonzero(histogram)[0] + 1
@@ -81,7 +81,7 @@ def _plan(histogram: np.ndarray, depth: int, g: int, deadline):
     mean[used] = np.floor(tokens[used] / counts[used]).astype(np.int64)  # distinct: classes are disjoint
     coarse = np.zeros(max_len, dtype=np.int64)
     coarse[mean[used] - 1] = counts[used].astype(np.int64)
-    patterns, x, *_ = _solve_relaxation(coarse, depth, [], False, deadline)  # a warm start only slowed it
+    patterns, x, *_ = solve_relaxation(coarse, depth, [], False, deadline)  # a warm start only slowed it
     if x is None:
         return None, mean
     class_of = np.zeros(max_len + 1, dtype=np.int64)

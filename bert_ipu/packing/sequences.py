@@ -28,8 +28,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import PackingResult, assign_ragged, histogram_of, pack
-from .assign import assign_multi_size
+from .api import PackingResult, pack
+from .assign import assign_multi_size, assign_ragged
+from .histogram import histogram_of
 from .multisize import MultiSizeResult, check_pack_lengths, pack_multi_size
 
 

@@ -1,0 +1,347 @@
+"""The cutting-stock LP that CGHP, the plan-guided packing and multi-size packing share: a HiGHS instance,
+the restricted master LP kept warm across rounds, exact knapsack pricing with a depth limit, and column
+generation with dual smoothing and Farley's bound.
+
+    lengths = np.nonzero(histogram)[0] + 1
+    patterns, x, value, bound, stopped, point = solve_relaxation(histogram, depth, [], True, deadline)
+
+`solve_relaxation` returns the restricted LP's patterns and solution and a proven lower bound on its optimum;
+cghp.py rounds it into packs, planned.py solves it over class means, multisize.py keeps its own master LP
+over several pack lengths on the same `highs()`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+from scipy import sparse
+
+from .bounds import past
+from .heuristics import lpfhp
+
+# A pattern prices out when its dual value exceeds 1 by more than this; HiGHS' default tolerances are 1e-7.
+PRICING_TOL = 1e-9
+
+
+WARM_START_ROUNDS = 30
+COARSE_START_LENGTHS = 600  # depth-limited, more distinct lengths than this: start from the LP's patterns on
+                            # lengths rounded up to units of 2 tokens (recursively)
+COARSE_VARIANTS = 27        # real-length combinations tried per coarse pattern
+# Once the restricted LP has more than PRUNE_COLUMNS columns a length, each round deletes the columns at zero
+# with reduced cost above PRUNE_RC (pricing brings one back if it pays again). The LP otherwise grew to
+# 15,000 columns at Wikipedia-style 2048, depth 3, where every primal simplex iteration prices them all:
+# 0.77-0.94x the time there and at 1024, back to back, same or fewer packs. Depth-limited LPs only: at
+# unlimited depth it was 0.87-1.03x, and SQuAD's unlimited packing lost its optimum (40,196 packs, not 40,195).
+PRUNE_RC = 0.05
+PRUNE_COLUMNS = 3
+
+
+class Pricer:
+    """Exact pricing: the best patterns under duals y, with at most `depth` items of total length <= L."""
+
+    def __init__(self, lengths: np.ndarray, max_len: int, depth: int):
+        self.lengths = lengths  # lengths with demand > 0, ascending
+        self.max_len = max_len
+        self.depth = min(depth, max_len // int(lengths.min()))
+
+    def price(self, y: np.ndarray, n_columns: int) -> tuple[list[np.ndarray], float]:
+        """Up to n_columns improving patterns (as length arrays), and the best pattern's value.
+
+        Copies of a length are unbounded (the LP only needs a_lp >= 0). With a depth limit,
+        best[k, c] is the largest dual value of at most k items of total length <= c; best[0] = 0
+        everywhere, so best[k] is non-decreasing in c. When the limit cannot bind (depth >= L // shortest)
+        the classic one-dimensional recursion over capacity is used instead, which is much cheaper.
+        """
+        L, D = self.max_len, self.depth
+        useful = y > 0
+        lens, vals, idx = self.lengths[useful], y[useful], np.nonzero(useful)[0]
+        if len(vals) > 1:
+            # An item worth no more than a shorter one is never needed (swap it for the shorter: the pattern
+            # still fits and is worth as much), and with ties broken towards shorter items, as below, the
+            # recursions never pick it: same patterns, fewer steps. These are 85-90% of the lengths on
+            # Wikipedia-style 1024 and 2048 at depth 3 (Pareto items 100-320 of 1,000-2,000).
+            keep = np.concatenate([[True], vals[1:] > np.maximum.accumulate(vals)[:-1]])
+            lens, vals, idx = lens[keep], vals[keep], idx[keep]
+        if D >= L // int(self.lengths.min()):
+            best = np.zeros(L + 1)
+            choice = np.zeros(L + 1, dtype=np.int64)  # index + 1 of the last item at capacity c; 0 = none
+            for c in range(1, L + 1):
+                fits = lens <= c
+                cand = best[c - lens[fits]] + vals[fits]
+                j = int(np.argmax(cand)) if len(cand) else -1
+                if j >= 0 and cand[j] > best[c - 1]:
+                    best[c], choice[c] = cand[j], idx[fits][j] + 1
+                else:
+                    best[c], choice[c] = best[c - 1], -1  # capacity c - 1 is as good
+            # the largest capacity <= c whose best ends with an item: backtracking jumps there at once (walking
+            # down one capacity at a time was 28% of CGHP on a sparse 2048 histogram)
+            last = np.maximum.accumulate(np.where(choice > 0, np.arange(L + 1), 0))
+            best, choice = best[None].repeat(2, 0), choice[None].repeat(2, 0)
+            rest, D = 1, None
+        else:
+            best = np.zeros((D + 1, L + 1))
+            choice = np.zeros((D + 1, L + 1), dtype=np.int64)  # index + 1 of the item added at k; 0 = none
+            for k in range(1, D + 1):
+                prev, cur, ch = best[k - 1], best[k - 1].copy(), choice[k]
+                for j, length, value in zip(idx, lens, vals):
+                    cand = prev[: L + 1 - length] + value
+                    better = cand > cur[length:]
+                    cur[length:][better] = cand[better]
+                    ch[length:][better] = j + 1
+                best[k] = cur
+            rest, last = D - 1, None
+        # Several columns per round: for every length l, the best pattern that contains l.
+        with_l = y + best[rest, L - self.lengths]
+        columns, seen = [], set()
+        for j in np.argsort(-with_l):
+            if with_l[j] <= 1 + PRICING_TOL or len(columns) >= n_columns:
+                break
+            length = int(self.lengths[j])
+            pattern = tuple(sorted([length] + self._backtrack(choice, rest, L - length, last)))
+            if pattern not in seen:
+                seen.add(pattern)
+                columns.append(np.array(pattern))
+        return columns, float(best[-1, L])
+
+    def _backtrack(self, choice, k, c, last):
+        """The items of the best pattern at capacity c (and at most k items): `last` is None with a depth
+        limit (choice[k, c] = 0: no item at k), else the unlimited recursion's jump table."""
+        items = []
+        if last is not None:
+            c = int(last[c])
+            while c > 0:
+                items.append(int(self.lengths[choice[1, c] - 1]))
+                c = int(last[c - items[-1]])
+            return items
+        while c > 0 and k > 0:
+            j = int(choice[k, c])
+            if j:
+                items.append(int(self.lengths[j - 1]))
+                c -= items[-1]
+            k -= 1
+        return items
+
+
+def _column_matrix(patterns: list[np.ndarray], index_of: np.ndarray, n_rows: int) -> sparse.csc_matrix:
+    rows = np.concatenate([index_of[p] for p in patterns])
+    cols = np.repeat(np.arange(len(patterns)), [len(p) for p in patterns])
+    A = sparse.csc_matrix((np.ones(len(rows)), (rows, cols)), shape=(n_rows, len(patterns)))
+    A.sum_duplicates()
+    return A
+
+
+def highs():
+    """A HiGHS instance: the `highspy` package if installed, else the same binding that scipy ships (private
+    in scipy, so pinned by requirements.txt's scipy)."""
+    try:
+        import highspy
+        h = highspy.Highs()
+    except ImportError:
+        from scipy.optimize._highspy._core import _Highs
+        h = _Highs()
+    h.setOptionValue("output_flag", False)
+    # Primal simplex: added columns keep the last solution feasible, so it restarts where it stopped
+    # (dual simplex, HiGHS' default, took 1.5-2x longer on Wikipedia-1024 at depth 3).
+    h.setOptionValue("simplex_strategy", 4)
+    return h
+
+
+# A depth-limited `MasterLP`'s first solve uses dual simplex instead (a slack basis is dual feasible):
+# all of CGHP at Wikipedia-style 1024, depth 3, 1.75 s -> 1.4 s, and 2048 1.33x faster; at unlimited depth
+# it was 1.1-1.3x slower (2048), so there the first solve stays primal.
+DUAL_SIMPLEX = 1
+
+
+class MasterLP:
+    """The restricted master LP  min sum x  s.t.  A x >= demand, x >= 0, kept alive between rounds of
+    column generation: new columns are added to the model and HiGHS re-optimises from the last basis (a
+    few simplex iterations) instead of solving from scratch (linprog every round was 80% of CGHP's time
+    on Wikipedia-1024)."""
+
+    def __init__(self, demand: np.ndarray, index_of: np.ndarray, dual_first: bool = False):
+        self.h = highs()
+        self.index_of = index_of
+        self.n = 0
+        self.dual_next = dual_first  # the first solve only (see DUAL_SIMPLEX)
+        inf = self.h.getInfinity()
+        m = len(demand)
+        self.h.addRows(m, demand.astype(np.float64), np.full(m, inf), 0, np.zeros(m, dtype=np.int32),
+                       np.zeros(0, dtype=np.int32), np.zeros(0))
+
+    def add(self, patterns: list[np.ndarray]) -> None:
+        if not patterns:
+            return
+        A = _column_matrix(patterns, self.index_of, int(self.index_of.max()) + 1)  # csc, duplicates summed
+        k = len(patterns)
+        self.h.addCols(k, np.ones(k), np.zeros(k), np.full(k, self.h.getInfinity()), A.nnz,
+                       A.indptr[:-1].astype(np.int32), A.indices.astype(np.int32), A.data.astype(np.float64))
+        self.n += k
+
+    def solve(self, deadline: float | None = None):
+        """(x, duals, value), or None if HiGHS stopped at `deadline` (a `time.perf_counter()` value)."""
+        if deadline is not None:
+            # HiGHS' time limit counts all the runs of the instance
+            self.h.setOptionValue("time_limit", self.h.getRunTime() + max(deadline - time.perf_counter(), 1e-3))
+        if self.dual_next:
+            self.h.setOptionValue("simplex_strategy", DUAL_SIMPLEX)
+        self.h.run()
+        if self.dual_next:
+            self.h.setOptionValue("simplex_strategy", 4)
+            self.dual_next = False
+        status = self.h.getModelStatus()
+        if self.h.modelStatusToString(status) == "Time limit reached":
+            return None
+        if self.h.modelStatusToString(status) != "Optimal":
+            raise RuntimeError(f"HiGHS failed on the packing LP: {self.h.modelStatusToString(status)}")
+        sol = self.h.getSolution()
+        x, y = np.array(sol.col_value), np.maximum(np.array(sol.row_dual), 0.0)
+        return x, y, float(self.h.getInfo().objective_function_value)
+
+    def prune(self, x: np.ndarray, threshold: float) -> np.ndarray:
+        """Delete the columns at zero in the last solution whose reduced cost exceeds `threshold` (nonbasic,
+        so the basis stays); returns the mask of the columns kept."""
+        drop = (x <= 0) & (np.array(self.h.getSolution().col_dual) > threshold)
+        if drop.any():
+            self.h.deleteCols(int(drop.sum()), np.nonzero(drop)[0].astype(np.int32))
+            self.n -= int(drop.sum())
+        return ~drop
+
+
+def column_generation(demand, lengths, max_len, pricer, patterns, max_rounds=1000, n_columns=None,
+                      alpha=0.5, gap=0.5, rel_gap=1e-6, centre=None, deadline=None, give_up=False):
+    """Solve the LP relaxation over `demand` (per entry of `lengths`). Returns (x, y, lp_value, bound,
+    stopped, point): the restricted LP's solution over `patterns` (which grows in place), its duals and
+    value, the bound, whether `deadline` stopped the loop (then `bound` is the best proven so far and x may
+    be the previous round's, over the first len(x) patterns, or None), and the dual point that proved `bound`
+    (None if none did).
+
+    Dual smoothing (Wentges): price at a point between the best dual point so far (the "centre") and the
+    restricted LP's duals. The LP is massively degenerate and its raw duals jump around; smoothing cuts the
+    number of rounds several-fold. Any dual point y >= 0 gives Farley's lower bound y.h / max(1, best
+    pattern value), so the loop stops as soon as that bound is within `gap` of the restricted LP value.
+    """
+    if n_columns is None:  # up to one column per length and round: fewer, cheaper rounds than a fixed cap
+        n_columns = max(256, len(lengths))
+    index_of = length_index(lengths, max_len)
+    limited = pricer.depth < max_len // int(lengths.min())
+    lp = MasterLP(demand, index_of, dual_first=limited)
+    lp.add(patterns)
+    bound = 0.0 if centre is None else float(centre @ demand) / max(1.0, pricer.price(centre, 0)[1])
+    x = None
+    for _ in range(max_rounds):
+        solved = lp.solve(deadline)
+        if solved is None:  # HiGHS stopped at the deadline: the last round's x covers the first len(x) patterns
+            return x, None, None, bound, True, centre
+        x, y, value = solved
+        a = alpha if centre is not None else 0.0
+        while True:
+            point = y if a == 0 else a * centre + (1 - a) * y
+            new, top = pricer.price(point, n_columns)
+            point_bound = float(point @ demand) / max(top, 1.0)
+            if point_bound > bound:
+                bound, centre = point_bound, point
+            # keep only columns that improve the current LP (smoothing can price out stale ones)
+            new = [p for p in new if y[index_of[p]].sum() > 1 + PRICING_TOL]
+            if new or a == 0:
+                break
+            a = 0.0  # mis-price: fall back to the LP's own duals
+        if not new or value - bound <= max(gap, rel_gap * value):
+            return x, y, value, bound, False, centre
+        if past(deadline):
+            return x, y, value, bound, True, centre
+        if limited and lp.n > PRUNE_COLUMNS * len(lengths):
+            keep = lp.prune(x, PRUNE_RC)
+            patterns[:] = [p for p, k in zip(patterns, keep) if k]
+            x = x[keep]
+        patterns.extend(new)
+        lp.add(new)
+    if give_up:  # as if stopped: the bound and dual point so far are valid
+        return x, y, value, bound, True, centre
+    raise RuntimeError(f"column generation did not converge in {max_rounds} rounds")
+
+
+def solve_relaxation(histogram: np.ndarray, depth: int, patterns: list[np.ndarray], warm: bool, deadline):
+    """Column generation on `histogram` (may be a residual). Returns (patterns, x, value, bound, stopped)."""
+    max_len = len(histogram)
+    lengths = np.nonzero(histogram)[0] + 1
+    demand = histogram[lengths - 1].astype(np.float64)
+    index_of = length_index(lengths, max_len)
+    # restrict known patterns to the lengths still wanted; singletons keep the LP feasible
+    patterns = [p[index_of[p] >= 0] for p in patterns] + [np.array([l]) for l in lengths]
+    patterns = list({tuple(p): p for p in patterns if len(p)}.values())
+    centre, pre_bound = None, 0.0
+    limited = depth < max_len // int(lengths.min())
+    if warm and limited and len(lengths) > COARSE_START_LENGTHS:
+        # Many lengths: start from the support of the same LP on lengths rounded up to units of 2 tokens
+        # (solved the same way, so recursively down to at most COARSE_START_LENGTHS lengths), each coarse
+        # pattern expanded into the real lengths of its units (any choice fits: the rounded-up total does).
+        # The restricted LP then starts near its optimum instead of at best fit's depth-limited patterns
+        # (11.6% above it on Wikipedia-style 1024, depth 3, where exact column generation then spent 13 ever
+        # slower rounds): 9.6 s -> 1.9 s there, 60+ s -> 5.9 s at 2048. It replaces the unlimited-depth warm
+        # start (with both, 1024 took 5.7 s). At unlimited depth it did not help (2048: 4.0 s -> 4.8 s).
+        patterns += _coarse_columns(histogram, depth, deadline)
+        warm = False
+    if warm and limited:
+        # The unlimited-depth LP is cheap, and its duals are a strong start for the limited one: they give
+        # a Farley bound close to the final one and price out good first columns. Only worth it on the full
+        # histogram: on the small residuals of iterated rounding it was re-solved to a 0.5-pack gap every
+        # round and took 88% of the time (Wikipedia-2048, depth 3: 206 s -> 12.9 s without it, same packs).
+        free = list(patterns)
+        free += [s[s > 0] for s in lpfhp(histogram, max_len).strategies]
+        # Only a start: on sparse histograms (a few sequences a length) this LP is so degenerate that it
+        # may not converge in minutes, so it gets WARM_START_ROUNDS rounds and then its best point so far.
+        _, y, _, pre_bound, stopped, point = column_generation(
+            demand, lengths, max_len, Pricer(lengths, max_len, max_len), free, deadline=deadline,
+            max_rounds=WARM_START_ROUNDS, give_up=True)
+        if past(deadline):  # the unlimited LP's bound also bounds the limited problem
+            return patterns, None, None, pre_bound, True, point
+        centre = y if not stopped else point
+    pricer = Pricer(lengths, max_len, depth)
+    patterns += [s[s > 0] for s in lpfhp(histogram, depth).strategies]
+    if centre is not None:
+        patterns += pricer.price(centre, len(lengths))[0]
+    x, _, value, bound, stopped, point = column_generation(demand, lengths, max_len, pricer, patterns,
+                                                           centre=centre, deadline=deadline)
+    return patterns, x, value, max(bound, pre_bound if stopped else 0.0), stopped, point
+
+
+def _coarse_columns(histogram: np.ndarray, depth: int, deadline) -> list[np.ndarray]:
+    """Patterns of the real lengths from the LP on lengths rounded up to units of 2 tokens (see
+    `solve_relaxation`): every support pattern of the coarse LP with each unit replaced by the real lengths
+    of that unit, all combinations up to COARSE_VARIANTS a pattern (beyond that, a staircase: the first i
+    units at their shortest real length and the rest at their longest, for every i)."""
+    import itertools
+
+    max_len = len(histogram)
+    g = 2
+    present = np.nonzero(histogram)[0] + 1
+    up = -(-present // g)
+    coarse = np.zeros(max_len // g, dtype=np.int64)
+    np.add.at(coarse, up - 1, histogram[present - 1])
+    patterns, x, *_ = solve_relaxation(coarse, depth, [], True, deadline)
+    if x is None:
+        return []
+    options: dict[int, list[int]] = {}
+    for length, unit in zip(present.tolist(), up.tolist()):
+        options.setdefault(unit, []).append(length)
+    out = []
+    for pattern, xi in zip(patterns, x):
+        if xi <= 1e-9:
+            continue
+        choices = [options[int(u)] for u in pattern]
+        if math.prod(len(c) for c in choices) <= COARSE_VARIANTS:
+            out += [np.array(sorted(combo, reverse=True)) for combo in itertools.product(*choices)]
+        else:  # deep patterns: a staircase, the first i slots at their unit's shortest length, the rest longest
+            out += [np.array(sorted([c[0] for c in choices[:i]] + [c[-1] for c in choices[i:]], reverse=True))
+                    for i in range(len(choices) + 1)]
+    return out
+
+
+
+
+def length_index(lengths, max_len):
+    index_of = np.full(max_len + 1, -1)
+    index_of[lengths] = np.arange(len(lengths))
+    return index_of
