@@ -1,8 +1,11 @@
 """Writing files so that a crash, a full disk or a second writer never leaves something that looks complete
-but is not: fsync before a rename, and an exclusive lock per output.
+but is not: fsync before a rename, an exclusive lock per output, and checksums. The one helper per fact:
+every writer of the project (datasets, Wikipedia text, checkpoints, runs, exports) uses these.
 
     with OutputLock(Path("runs/data/packed_128")):     # a second writer of that folder is refused
         ...write NAME.partial/..., fsync_tree(partial), os.replace(partial, NAME), fsync_dir(NAME.parent)
+    write_json(Path("runs/x/results.json"), result)   # whole or not at all
+    sha256_of([Path("a.npy"), Path("b.npy")])          # one checksum over files, in order
 
 An atomic rename only orders the names: without fsync a power loss after the rename can leave the new name
 pointing at files whose data never reached the disk (empty or zero-filled). fsync of every file and folder of
@@ -12,6 +15,8 @@ the new tree, then of the parent folder after the rename, makes the rename the c
 from __future__ import annotations
 
 import errno
+import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -44,17 +49,36 @@ def fsync_tree(root: Path) -> None:
         fsync_dir(Path(dirpath))
 
 
+PARTIAL = ".partial"  # the suffix of a file or folder being written; renamed when complete
+
+
 def write_atomic(path: Path, text: str) -> None:
     """Replace a small file whole: PATH.partial, fsync, rename, fsync of the folder. A reader sees the old text or
     the new, never a part (and after a power loss not an empty file under the new name)."""
     path = Path(path)
-    tmp = path.with_name(path.name + ".partial")
+    tmp = path.with_name(path.name + PARTIAL)
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
     fsync_dir(path.parent)
+
+
+def write_json(path: Path, value, default=str) -> None:
+    """`value` as indented JSON (UTF-8, one trailing newline), written atomically (`write_atomic`); `default`
+    turns what JSON has no type for into something it has (str by default: paths, numpy scalars' repr)."""
+    write_atomic(path, json.dumps(value, indent=1, ensure_ascii=False, default=default) + "\n")
+
+
+def sha256_of(paths) -> str:
+    """One sha256 over the bytes of `paths` in order, read in 4 MiB blocks (about 1 s per GB)."""
+    h = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 22), b""):
+                h.update(block)
+    return h.hexdigest()
 
 
 def describe_os_error(e: OSError) -> str:
@@ -68,18 +92,19 @@ class OutputBusy(RuntimeError):
 
 
 class OutputLock:
-    """An exclusive, non-blocking lock (flock) on NAME.lock beside the output NAME, held while a job writes NAME.
+    """An exclusive, non-blocking lock (flock) held while a job writes the output NAME: on NAME.lock beside it
+    by default, or on `lock_file` (a run folder locks OUTPUT/.lock inside itself: it is never replaced whole).
 
-    The lock file sits beside the output, not in it, because the output is replaced by a rename; it is left in
-    place (removing it would let a third writer lock a new file while a second still holds the old one). The
+    The lock file of an output that is replaced by a rename sits beside it, not in it; it is left in place
+    (removing it would let a third writer lock a new file while a second still holds the old one). The
     kernel releases the lock when the process ends, even by SIGKILL, so a killed job never blocks its rerun."""
 
-    def __init__(self, output: Path):
+    def __init__(self, output: Path, lock_file: Path | None = None):
         import fcntl
 
         output = Path(output)
-        self.path = output.with_name(output.name + ".lock")
-        output.parent.mkdir(parents=True, exist_ok=True)
+        self.path = Path(lock_file) if lock_file is not None else output.with_name(output.name + ".lock")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         self.file = open(self.path, "a+")
         try:
             fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)

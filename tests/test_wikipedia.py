@@ -11,6 +11,7 @@ import pytest
 
 import prepare_wikipedia as cli  # data/ scripts, on sys.path via conftest
 from bert_ipu.data import wikipedia
+from bert_ipu.data.wikipedia import wikitext as wiki_text, writer as wiki_writer
 from bert_ipu.data.wikipedia import (MANIFEST, PROGRESS, WikipediaError, is_article, iter_pages, page_kind, prepare,
                                      split_into_sentences, text_to_paragraphs, wikitext_to_paragraphs)
 
@@ -205,22 +206,22 @@ def test_two_workers_write_the_same_bytes(tiny_out, tiny_bz2, tmp_path):
 
 def test_interrupted_run_resumes_to_the_same_bytes(tiny_out, monkeypatch, tmp_path):
     out = tmp_path / "out"
-    original = wikipedia._commit_shard
+    original = wiki_writer._commit_shard
 
     def commit_then_die(output, identity, shards):
         original(output, identity, shards)
         raise RuntimeError("simulated interruption after the first shard")
 
-    monkeypatch.setattr(wikipedia, "_commit_shard", commit_then_die)
+    monkeypatch.setattr(wiki_writer, "_commit_shard", commit_then_die)
     with pytest.raises(RuntimeError, match="simulated"):
         prepare(TINY, out, docs_per_shard=2, progress=False)
-    monkeypatch.setattr(wikipedia, "_commit_shard", original)
+    monkeypatch.setattr(wiki_writer, "_commit_shard", original)
     assert sorted(p.name for p in out.iterdir()) == [PROGRESS, "wiki-00000.txt"]  # no manifest, no .partial
     assert shard_files(out)["wiki-00000.txt"] == shard_files(tiny_out[0])["wiki-00000.txt"]
 
     converted = []
-    real = wikipedia.wikitext_to_paragraphs
-    monkeypatch.setattr(wikipedia, "wikitext_to_paragraphs", lambda text: converted.append(text) or real(text))
+    real = wiki_text.wikitext_to_paragraphs
+    monkeypatch.setattr(wiki_text, "wikitext_to_paragraphs", lambda text: converted.append(text) or real(text))
     manifest = prepare(TINY, out, docs_per_shard=2, progress=False)
     assert shard_files(out) == shard_files(tiny_out[0])
     assert manifest["resumed_shards"] == 1 and manifest["counts"] == tiny_out[1]["counts"]
@@ -237,7 +238,7 @@ def test_stopped_before_the_manifest_resumes_without_converting(tiny_out, tmp_pa
     out = tmp_path / "out"
     prepare(TINY, out, docs_per_shard=2, progress=False)
     (out / MANIFEST).unlink()  # stopped after the last shard (the short one), before the manifest
-    monkeypatch.setattr(wikipedia, "wikitext_to_paragraphs", lambda text: pytest.fail("converted again"))
+    monkeypatch.setattr(wiki_text, "wikitext_to_paragraphs", lambda text: pytest.fail("converted again"))
     manifest = prepare(TINY, out, docs_per_shard=2, progress=False)
     assert manifest["resumed_shards"] == 4 and manifest["counts"] == tiny_out[1]["counts"]
     assert shard_files(out) == shard_files(tiny_out[0])
@@ -316,8 +317,8 @@ def test_bad_input_is_one_clear_error_and_leaves_nothing(case, tmp_path, capsys)
 def test_truncated_dump_after_complete_shards_removes_them(tmp_path, monkeypatch):
     path, _ = _bad_inputs(tmp_path)["truncated_xml"]
     committed = []
-    original = wikipedia._commit_shard
-    monkeypatch.setattr(wikipedia, "_commit_shard", lambda o, i, s: committed.append(len(s)) or original(o, i, s))
+    original = wiki_writer._commit_shard
+    monkeypatch.setattr(wiki_writer, "_commit_shard", lambda o, i, s: committed.append(len(s)) or original(o, i, s))
     out = tmp_path / "out"
     out.mkdir()  # an existing empty folder stays, empty
     with pytest.raises(WikipediaError, match="ends early"):

@@ -12,6 +12,8 @@ never on how many replicas or pipeline stages share the work: a checkpoint resum
 topology. `drop_last` drops the epoch's last partial update (pretraining, static shapes); without it the last
 update is filled up with empty rows (no tokens, no labels: they add nothing to any loss or count), so every
 pack is seen once per epoch (fine-tuning).
+
+`PackedLoader` (at the end) reads plain micro-batches of one split of a dataset, for evaluation.
 """
 
 from __future__ import annotations
@@ -28,9 +30,13 @@ from .shards import PackedDataset, gather, widen
 class PackSource(Protocol):
     """Rows of packed data, addressable by index."""
     packs: int
+    stores_lengths: bool  # sequence lengths read at O(packs) (False: computed from every row's sequence ids)
 
     def gather(self, rows: np.ndarray) -> dict[str, np.ndarray]:
         """The rows (any order) as numpy arrays of the model's dtypes; index -1 = an empty row."""
+
+    def sequence_lengths(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """The sequences of rows [start, stop), ragged: (flat lengths, offsets), as `sequence_lengths`."""
 
 
 def empty_rows(template: dict[str, np.ndarray], n: int, label_fields=()) -> dict[str, np.ndarray]:
@@ -109,6 +115,8 @@ class ShardSource:
 
 class ArraySource:
     """Rows held in memory: a dict of (P, ...) arrays (e.g. SQuAD features packed on the fly)."""
+
+    stores_lengths = True  # in memory: computing them from the sequence ids is as cheap as reading
 
     def __init__(self, rows: dict[str, np.ndarray], label_fields=()):
         self.rows, self.label_fields = rows, tuple(label_fields)
@@ -224,3 +232,59 @@ class UpdateLoader:
                              f"{state['seed']}; this run has {self.packs_per_update} packs per update and seed "
                              f"{self.seed}: keep train.global_batch_size, the batch unit and train.seed to resume")
         self.epoch, self.update_in_epoch = state["epoch"], state["update_in_epoch"]
+
+
+class PackedLoader:
+    """Plain micro-batches of one split of a `PackedDataset` (evaluation reads the held-out split with it).
+
+        loader = PackedLoader(data, "validation", micro_batch_size=8, shuffle=False, rank=0, world_size=1)
+        for batch in loader: ...       # dict of (B, S) / (B, M) / (B, K) tensors, static shapes
+        state = loader.state_dict()    # resume later from the exact next micro-batch
+
+    Each epoch visits the packs in an order shuffled from (seed, epoch) (or in order); data-parallel rank r of
+    n takes every n-th pack of that order (the same number on every rank), then cuts micro-batches (the last
+    partial one is dropped so that shapes stay static)."""
+
+    def __init__(self, dataset: PackedDataset, split: str, micro_batch_size: int, seed: int = 0, rank: int = 0,
+                 world_size: int = 1, shuffle: bool = True):
+        if micro_batch_size < 1 or not 0 <= rank < world_size:
+            raise ValueError("micro_batch_size must be >= 1 and 0 <= rank < world_size")
+        self.dataset, self.split = dataset, split
+        self.shards = dataset.shards(split)  # kept mapped: training reads them again every epoch
+        self.sizes = dataset.shard_sizes(split)
+        self.micro_batch_size, self.seed, self.shuffle = micro_batch_size, seed, shuffle
+        self.rank, self.world_size = rank, world_size
+        self.epoch, self.batch_in_epoch = 0, 0
+        per_rank = dataset.packs(split) // world_size
+        self.batches_per_epoch = per_rank // micro_batch_size
+        if self.batches_per_epoch == 0:
+            raise ValueError(f"split {split!r} has {dataset.packs(split)} packs: not one micro-batch of "
+                             f"{micro_batch_size} per rank for {world_size} ranks")
+
+    def _order(self, epoch: int) -> np.ndarray:
+        n = self.dataset.packs(self.split)
+        order = np.random.default_rng([self.seed, epoch]).permutation(n) if self.shuffle else np.arange(n)
+        mine = order[self.rank::self.world_size][: n // self.world_size]
+        return mine[: self.batches_per_epoch * self.micro_batch_size].reshape(self.batches_per_epoch, -1)
+
+    def __len__(self) -> int:
+        return self.batches_per_epoch
+
+    def __iter__(self):
+        """Micro-batches from the current position to the end of the epoch; then the next epoch begins."""
+        batches = self._order(self.epoch)
+        while self.batch_in_epoch < self.batches_per_epoch:
+            rows = batches[self.batch_in_epoch]
+            self.batch_in_epoch += 1
+            arrays = gather(self.sizes, self.shards.__getitem__, rows)
+            yield {f: torch.from_numpy(widen(f, arrays[f])) for f in FIELDS}
+        self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch, "seed": self.seed,
+                "rank": self.rank, "world_size": self.world_size}
+
+    def load_state_dict(self, state: dict) -> None:
+        if (state["seed"], state["world_size"]) != (self.seed, self.world_size):
+            raise ValueError("the loader state was saved with another seed or world size")
+        self.epoch, self.batch_in_epoch = state["epoch"], state["batch_in_epoch"]

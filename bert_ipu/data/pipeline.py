@@ -8,11 +8,8 @@ run leaves no dataset behind.
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import platform
 import shutil
 import time
-from collections import deque
 from dataclasses import asdict
 from pathlib import Path
 
@@ -20,6 +17,7 @@ import numpy as np
 
 from .. import packing
 from .instances import InstanceConfig, WordPiece, create_instances, default_vocab, mlm_slots_for, train_vocab
+from .jobs import library_versions, ordered_map, worker_pool
 from .layout import PackLayout, lengths_of, pack_instances, pack_rows, stack_packs
 from .shards import DatasetError, DatasetWriter, PackedDataset, gather
 from .text import BUILTIN, BUILTIN_LICENSE, DataInputError, TextStats, read_documents
@@ -28,12 +26,7 @@ _WORKER: dict = {}
 
 
 def versions() -> dict:
-    import numpy
-    import scipy
-    import tokenizers
-
-    return {"python": platform.python_version(), "numpy": numpy.__version__, "scipy": scipy.__version__,
-            "tokenizers": tokenizers.__version__}
+    return library_versions("numpy", "scipy", "tokenizers")
 
 
 def _chunks(documents, size):
@@ -68,17 +61,6 @@ def _process_chunk(job):
         out[split] = stack_packs([pack_instances([x], layout) for x in instances]) if instances else None
     text_bytes = sum(len(s.encode("utf-8")) + 1 for d in documents for s in d)
     return out, counts, text_bytes
-
-
-def _ordered_map(pool, fn, items, in_flight):
-    """Like pool.imap, but never more than `in_flight` chunks in memory (imap reads its input eagerly)."""
-    pending = deque()
-    for item in items:
-        pending.append(pool.apply_async(fn, (item,)))
-        if len(pending) >= in_flight:
-            yield pending.popleft().get()
-    while pending:
-        yield pending.popleft().get()
 
 
 def no_instances_reason(stats: TextStats, counts: dict) -> str:
@@ -132,8 +114,8 @@ def create_pretraining_data(inputs: list[str], output: str | Path, config: Insta
             results = map(_process_chunk, jobs)
             pool = None
         else:
-            pool = mp.get_context("spawn").Pool(workers, initializer=_init_worker, initargs=args)
-            results = _ordered_map(pool, _process_chunk, jobs, in_flight=2 * workers)
+            pool = worker_pool(workers, initializer=_init_worker, initargs=args)
+            results = ordered_map(pool, _process_chunk, jobs, in_flight=2 * workers)
         try:
             for rows, chunk_counts, text_bytes in results:
                 for split, arrays in rows.items():
@@ -147,7 +129,7 @@ def create_pretraining_data(inputs: list[str], output: str | Path, config: Insta
         finally:
             bar.close()
             if pool is not None:
-                pool.terminate()
+                pool.shutdown(wait=True, cancel_futures=True)
         if sum(counts["instances"].values()) == 0:
             raise DataInputError(no_instances_reason(stats, counts))
         seconds = time.perf_counter() - start
@@ -210,13 +192,8 @@ def pack_pretraining_data(input_dir: str | Path, output: str | Path, algorithm: 
     with DatasetWriter(output, None, overwrite) as writer:  # the layout is known once every split is packed
         lengths = {split: _split_lengths(src, split) for split in src.splits}
         histograms = {split: packing.histogram_of(x, S) for split, x in lengths.items()}
-        if algorithm in packing.DEPTH_FREE:
-            limit = 1
-        elif requested == "auto":
-            basis = histograms["train"] if "train" in histograms else sum(histograms.values())
-            limit = packing.auto_depth(basis, algorithm)
-        else:
-            limit = requested
+        basis = histograms["train"] if "train" in histograms else sum(histograms.values())
+        limit = packing.resolve_depth(requested, basis, algorithm)
         results, groups = {}, {}
         for split in src.splits:
             results[split] = packing.pack(histograms[split], algorithm, limit)

@@ -32,7 +32,6 @@ code that does not know a derived field reads and verifies a dataset that has it
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -41,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..files import OutputBusy, OutputLock, describe_os_error, fsync_dir, fsync_tree
+from ..files import OutputBusy, OutputLock, describe_os_error, fsync_dir, fsync_tree, sha256_of, write_json
 from .layout import FIELDS, PackLayout, sequence_lengths_per_id
 
 FORMAT_VERSION = 1
@@ -57,15 +56,6 @@ DERIVED = {"sequence_lengths": lambda arrays, layout: sequence_lengths_per_id(ar
 
 class DatasetError(ValueError):
     """A dataset on disk that is missing, incomplete or corrupt; the message says what and how to fix it."""
-
-
-def _sha256_files(paths) -> str:
-    h = hashlib.sha256()
-    for path in paths:
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 22), b""):
-                h.update(block)
-    return h.hexdigest()
 
 
 class DatasetWriter:
@@ -127,10 +117,10 @@ class DatasetWriter:
                 raise ValueError(f"field {field} has {len(data)} rows, expected {packs}")
             np.save(folder / f"{field}.npy", data)
             paths.append(folder / f"{field}.npy")
-        entry = {"name": name, "packs": packs, "sha256": _sha256_files(paths), "derived_sha256": {}}
+        entry = {"name": name, "packs": packs, "sha256": sha256_of(paths), "derived_sha256": {}}
         for field, derive in DERIVED.items():
             np.save(folder / f"{field}.npy", derive(arrays, self.layout).astype(STORAGE[field], copy=False))
-            entry["derived_sha256"][field] = _sha256_files([folder / f"{field}.npy"])
+            entry["derived_sha256"][field] = sha256_of([folder / f"{field}.npy"])
         shards.append(entry)
         return entry
 
@@ -147,9 +137,7 @@ class DatasetWriter:
             **info,
             "derived_fields": list(DERIVED),  # after info: what this writer wrote, whatever a caller copied
         }
-        tmp = self.partial / (MANIFEST + ".tmp")
-        tmp.write_text(json.dumps(manifest, indent=1, default=_json_default) + "\n")
-        os.replace(tmp, self.partial / MANIFEST)
+        write_json(self.partial / MANIFEST, manifest, default=_json_default)
         fsync_tree(self.partial)
         if self.out_dir.exists():
             os.replace(self.out_dir, self.old)
@@ -322,8 +310,8 @@ class PackedDataset:
         for split, info in self.manifest["splits"].items():
             for index, shard in enumerate(info["shards"]):
                 paths = [self.path / shard["name"] / f"{field}.npy" for field in FIELDS]
-                if _sha256_files(paths) != shard["sha256"] or any(
-                        _sha256_files([self.path / shard["name"] / f"{field}.npy"]) != shard["derived_sha256"][field]
+                if sha256_of(paths) != shard["sha256"] or any(
+                        sha256_of([self.path / shard["name"] / f"{field}.npy"]) != shard["derived_sha256"][field]
                         for field in derived):
                     raise DatasetError(f"{self.path}: checksum mismatch in {shard['name']}: the files changed "
                                        "after writing; recreate the dataset")
@@ -402,7 +390,6 @@ def gather(sizes: list[int], open_shard, rows: np.ndarray, fields=FIELDS) -> dic
     sorted_rows = rows[order]
     shard_of = np.searchsorted(offsets, sorted_rows, side="right") - 1
     parts: dict[str, list] = {f: [] for f in fields}
-    shapes = {}
     for s in np.unique(shard_of):
         shard = open_shard(int(s))
         local = sorted_rows[shard_of == s] - offsets[s]

@@ -1,0 +1,371 @@
+"""Writing BERT's text format from a Wikipedia source: ordered, resumable shards and a manifest written last.
+
+    prepare("enwiki-latest-pages-articles.xml.bz2", "wiki/", workers=8)   # -> wiki/wiki-00000.txt, ...
+
+Output: OUTPUT/wiki-00000.txt, wiki-00001.txt, ... with `docs_per_shard` articles each (the last one
+fewer; an article that is empty after cleaning takes its place in the count but writes nothing), in the
+dump's order, byte-identical for any number of workers. Workers convert and split; the main process reads
+the dump and writes the shards in order.
+
+Resumable: a shard is written to NAME.partial and renamed when complete; OUTPUT/progress.json (the source,
+its size, docs_per_shard, and every complete shard with its counts, size and sha256) is rewritten after
+each shard. A rerun with the same source and output re-reads the dump but skips the conversion of the
+articles of complete shards, and writes what an uninterrupted run writes. OUTPUT/wikipedia.json, the
+manifest (source, counts, shards, seconds), is written last and atomically. Every shard and record is fsynced
+before its rename; a write that fails (a full disk) keeps the complete shards, as an interruption does. A run
+holds OUTPUT.lock (flock) while it writes: a second run on the same output is refused.
+
+Bad input (`WikipediaError`, one line): a missing or empty file, bytes that are not XML, XML that is not a
+MediaWiki export, a truncated or corrupt compressed file, a dump without a <page> or without an article
+that has text, an output that is a file or a folder that holds something else. When the input turns out bad
+while shards are being written, this run's files are removed: no manifest and no shard is left behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+from ...files import PARTIAL, OutputBusy, OutputLock, describe_os_error, sha256_of, write_json
+from ..jobs import library_versions, ordered_map, worker_pool
+from .reader import WikipediaError, check_source, hf_pages, hf_rows, iter_pages, page_kind, sniff, source_size
+from .wikitext import convert_batch
+
+FORMAT_VERSION = 1
+MANIFEST = "wikipedia.json"
+PROGRESS = "progress.json"
+SHARD = "wiki-{:05d}.txt"
+_SHARD_RE = re.compile(r"^wiki-\d{5,}\.txt(\.partial)?$")
+DEFAULT_DOCS_PER_SHARD = 10000
+LICENSE = "the dump's licence (Wikipedia text: CC BY-SA 4.0 and GFDL)"
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+
+def _ours(path: Path) -> bool:
+    return bool(_SHARD_RE.match(path.name)) or path.name in (
+        MANIFEST, PROGRESS, MANIFEST + PARTIAL, PROGRESS + PARTIAL,
+        MANIFEST + ".tmp", PROGRESS + ".tmp")  # .tmp: what this tool's records were written as before
+
+
+class _ShardWriter:
+    """Articles arrive in order (index, sentences); shard k holds articles [k N, (k + 1) N). Each shard is
+    written to NAME.partial and renamed once its last article is in; then progress.json is rewritten."""
+
+    def __init__(self, output: Path, docs_per_shard: int, identity: dict, done: list[dict]):
+        self.output, self.n, self.identity = output, docs_per_shard, identity
+        self.shards = list(done)
+        self.base = sum(r["articles"] for r in done)  # articles in the complete shards
+        self.file = None
+        self.partial: Path | None = None
+        self._new_record()
+
+    def _new_record(self) -> None:
+        self.record = {"file": SHARD.format(len(self.shards)), "articles": 0, "documents": 0,
+                       "empty_after_cleaning": 0, "sentences": 0, "bytes": 0}
+        self.hash = hashlib.sha256()
+
+    def add(self, index: int, sentences: list[str]) -> None:
+        assert index == self.base + self.record["articles"], "articles out of order"
+        if self.file is None:
+            self.partial = self.output / (self.record["file"] + ".partial")
+            self.file = open(self.partial, "wb")
+        r = self.record
+        r["articles"] += 1
+        if sentences:
+            data = ("\n" if r["documents"] else "") + "\n".join(sentences) + "\n"
+            data = data.encode("utf-8")
+            self.file.write(data)
+            self.hash.update(data)
+            r["documents"] += 1
+            r["sentences"] += len(sentences)
+            r["bytes"] += len(data)
+        else:
+            r["empty_after_cleaning"] += 1
+        if r["articles"] == self.n:
+            self.commit()
+
+    def commit(self) -> None:
+        if self.file is None:
+            return
+        self.file.flush()
+        os.fsync(self.file.fileno())  # the shard's bytes reach the disk before its name and progress.json do
+        self.file.close()
+        self.file = None
+        self.record["sha256"] = self.hash.hexdigest()
+        os.replace(self.partial, self.output / self.record["file"])
+        self.partial = None
+        self.shards.append(self.record)
+        self.base += self.record["articles"]
+        _commit_shard(self.output, self.identity, self.shards)
+        self._new_record()
+
+    def abort(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+        if self.partial is not None:
+            self.partial.unlink(missing_ok=True)
+            self.partial = None
+
+
+def _write_progress(output: Path, identity: dict, shards: list[dict]) -> None:
+    write_json(output / PROGRESS, {"identity": identity, "shards": shards})
+
+
+def _commit_shard(output: Path, identity: dict, shards: list[dict]) -> None:
+    """Record the complete shards (after each one): what a rerun skips."""
+    _write_progress(output, identity, shards)
+
+
+def _check_output(output: Path, identity: dict, overwrite: bool) -> list[dict]:
+    """The complete shards a rerun keeps (a verified prefix of progress.json); raises on an output that is
+    a file or holds something else."""
+    if output.exists() and not output.is_dir():
+        raise WikipediaError(f"--output {output} is an existing file; give a folder (new, or one this tool "
+                             "wrote for the same dump)")
+    if not output.exists():
+        return []
+    entries = list(output.iterdir())
+    foreign = sorted(p.name for p in entries if not _ours(p))
+    if foreign:
+        raise WikipediaError(f"--output {output} holds other files ({', '.join(foreign[:3])}"
+                             f"{', ...' if len(foreign) > 3 else ''}); give a new or empty folder")
+    if overwrite or not entries:
+        for p in entries:
+            p.unlink()
+        return []
+    progress = _read_json(output / PROGRESS) or {}
+    manifest = _read_json(output / MANIFEST) or {}
+    recorded = progress.get("identity") or manifest.get("identity")
+    if recorded is None and not any(_SHARD_RE.match(p.name) and not p.name.endswith(".partial") for p in entries):
+        for p in entries:  # only half-written files of a run stopped before its first shard
+            p.unlink()
+        return []
+    if recorded != identity:
+        if recorded is None:
+            raise WikipediaError(f"--output {output} holds shards without {PROGRESS}; pass --overwrite to "
+                                 "start over")
+        raise WikipediaError(f"--output {output} holds the output of {recorded.get('source')} with "
+                             f"--docs-per-shard {recorded.get('docs_per_shard')}; rerun with those to resume, "
+                             "or pass --overwrite to start over")
+    shards = progress.get("shards") or manifest.get("shards") or []
+    done = []
+    for i, record in enumerate(shards):
+        path = output / SHARD.format(i)
+        if (not isinstance(record, dict) or record.get("file") != path.name or not path.is_file()
+                or path.stat().st_size != record.get("bytes") or sha256_of([path]) != record.get("sha256")
+                or (done and done[-1].get("articles") != identity["docs_per_shard"])):  # only the last is short
+            break
+        done.append(record)
+    # everything after the verified prefix is redone: drop it, and any half-written shard
+    keep = {r["file"] for r in done} | {PROGRESS}
+    for p in entries:
+        if p.name not in keep and p.name != MANIFEST:
+            p.unlink()
+    if len(done) < len(shards):
+        (output / MANIFEST).unlink(missing_ok=True)
+    return done
+
+
+class _Progress:
+    """tqdm on a terminal; elsewhere a line on stderr every `every` seconds (and at the end)."""
+
+    def __init__(self, enabled: bool, total: int, unit: str, label: str, every: float = 30.0):
+        self.enabled, self.total, self.unit, self.label, self.every = enabled, total, unit, label, every
+        self.bar = None
+        self.done = 0
+        self.start = self.last = time.perf_counter()
+        if enabled and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit=unit, unit_scale=True, desc=label, file=sys.stderr)
+
+    def update(self, done: int, articles: int) -> None:
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.update(done - self.done)
+            self.bar.set_postfix(articles=articles, refresh=False)
+        elif time.perf_counter() - self.last >= self.every:
+            self.last = time.perf_counter()
+            self._line(done, articles)
+        self.done = done
+
+    def _line(self, done: int, articles: int) -> None:
+        seconds = time.perf_counter() - self.start
+        amount = (f"{done / 1e6:,.1f} of {self.total / 1e6:,.1f} MB" if self.unit == "B"
+                  else f"{done:,} of {self.total:,} {self.unit}")
+        print(f"{self.label}: {done / max(self.total, 1):.1%} ({amount}), {articles:,} articles, {seconds:.0f} s",
+              file=sys.stderr, flush=True)
+
+    def close(self, articles: int, ok: bool) -> None:
+        """The last line on success; on an error nothing is left (the error is the one line)."""
+        if self.bar is not None:
+            self.bar.leave = ok
+            self.bar.close()
+        elif self.enabled and ok:
+            self._line(self.done, articles)
+
+
+def prepare(dump_or_dataset: str | Path, output: str | Path, workers: int = 1,
+            docs_per_shard: int = DEFAULT_DOCS_PER_SHARD, progress: bool = True, overwrite: bool = False,
+            source_type: str | None = None, batch_bytes: int = 1 << 19) -> dict:
+    """A MediaWiki XML dump (file) or a Hugging Face wikipedia dataset (folder saved with save_to_disk) ->
+    OUTPUT/wiki-NNNNN.txt in BERT's text format and OUTPUT/wikipedia.json. Returns the manifest.
+
+    workers: processes that clean and split (the output does not depend on it). source_type: "dump" or
+    "hf-dataset" to insist on one (default: a folder is a dataset, a file a dump). Resumes the shards of an
+    interrupted run with the same source and docs_per_shard; `overwrite` starts over instead."""
+    start = time.perf_counter()
+    if workers < 1 or docs_per_shard < 1:
+        raise WikipediaError("--workers and --docs-per-shard must be >= 1")
+    source, output = Path(dump_or_dataset), Path(output)
+    kind = check_source(source, source_type)
+    size = source_size(source)
+    identity = {"source": str(source.resolve()), "type": kind, "bytes": size, "docs_per_shard": docs_per_shard,
+                "format_version": FORMAT_VERSION}
+    try:
+        lock = OutputLock(output)  # a second run writing the same folder is refused, not interleaved
+    except OutputBusy as e:
+        raise WikipediaError(str(e)) from None
+    except OSError as e:
+        raise WikipediaError(f"--output {output}: cannot create it ({e.strerror}); choose a folder that can be "
+                             "written") from None
+    try:
+        return _prepare(source, output, kind, size, identity, overwrite, workers, docs_per_shard, progress,
+                        batch_bytes, start)
+    except OSError as e:  # before the shards (progress.json, the folder itself): nothing is lost
+        raise WikipediaError(f"{describe_os_error(e)}; fix the cause (free space) and run the same command "
+                             "again") from None
+    finally:
+        lock.release()
+
+
+def _prepare(source: Path, output: Path, kind: str, size: int, identity: dict, overwrite: bool, workers: int,
+             docs_per_shard: int, progress: bool, batch_bytes: int, start: float) -> dict:
+    done = _check_output(output, identity, overwrite)
+    manifest = _read_json(output / MANIFEST)
+    if manifest and manifest.get("identity") == identity and len(done) == len(manifest.get("shards", [])):
+        return manifest  # complete already: every shard verified
+    created = not output.exists()
+    output.mkdir(parents=True, exist_ok=True)
+    _write_progress(output, identity, done)  # from the start, the folder says whose output it is
+
+    counts = {"pages": 0, "articles_kept": 0, "redirects": 0, "disambiguation": 0, "other_namespaces": 0,
+              "empty_after_cleaning": 0, "sentences": 0, "bytes": 0}
+    skip = sum(r["articles"] for r in done)  # articles of the complete shards: read, not converted
+    writer = _ShardWriter(output, docs_per_shard, identity, done)
+    if kind == "dump":
+        bar = _Progress(progress, size, "B", f"{source.name} -> text")
+        compression = sniff(source)
+    else:
+        bar = _Progress(progress, hf_rows(source), "rows", f"{source.name} -> text")
+        compression = None
+    articles = 0  # article indices handed out, skipped ones included
+
+    def on_progress(position: int) -> None:
+        bar.update(position, articles)
+
+    def tasks():
+        nonlocal articles
+        pages = iter_pages(source, on_progress) if kind == "dump" else hf_pages(source, on_progress)
+        text_kind = "wikitext" if kind == "dump" else "plain"
+        batch, batch_size = [], 0
+        for page in pages:
+            counts["pages"] += 1
+            what = page_kind(page)
+            if what == "redirect":
+                counts["redirects"] += 1
+            elif what == "disambiguation":
+                counts["disambiguation"] += 1
+            elif what == "other_namespace":
+                counts["other_namespaces"] += 1
+            else:
+                index = articles
+                articles += 1
+                if index < skip:
+                    continue
+                batch.append((index, page.text))
+                batch_size += len(page.text)
+                if batch_size >= batch_bytes or len(batch) >= 512:
+                    yield text_kind, batch
+                    batch, batch_size = [], 0
+        if batch:
+            yield text_kind, batch
+
+    pool = None
+    ok = False
+    try:
+        if workers == 1:
+            results = map(convert_batch, tasks())
+        else:
+            pool = worker_pool(workers)
+            results = ordered_map(pool, convert_batch, tasks(), in_flight=3 * workers)
+        for result in results:
+            for index, sentences in result:
+                writer.add(index, sentences)
+        writer.commit()  # the last shard, with fewer articles
+        if articles < skip:
+            raise WikipediaError(f"{source}: holds {articles:,} articles but {PROGRESS} records {skip:,} in "
+                                 "complete shards; pass --overwrite to start over")
+        shards = writer.shards
+        for record in shards:
+            counts["articles_kept"] += record["documents"]
+            counts["empty_after_cleaning"] += record["empty_after_cleaning"]
+            counts["sentences"] += record["sentences"]
+            counts["bytes"] += record["bytes"]
+        if counts["articles_kept"] == 0:
+            raise WikipediaError(f"{source}: no article with text ({counts['pages']:,} pages: "
+                                 f"{counts['redirects']:,} redirects, {counts['disambiguation']:,} disambiguation, "
+                                 f"{counts['other_namespaces']:,} in other namespaces, "
+                                 f"{counts['empty_after_cleaning']:,} empty after cleaning)")
+        manifest = {
+            "kind": "wikipedia-text",
+            "format": "BERT text: one sentence per line, a blank line between documents",
+            "source": {"path": str(source), "type": kind, "bytes": size, "compression": compression,
+                       "license": LICENSE},
+            "identity": identity,
+            "docs_per_shard": docs_per_shard,
+            "counts": counts,
+            "shards": shards,
+            "resumed_shards": len(done),
+            "workers": workers,
+            "seconds": time.perf_counter() - start,
+            "versions": library_versions("mwparserfromhell", "sentencex"),
+        }
+        write_json(output / MANIFEST, manifest)  # last
+        ok = True
+    except WikipediaError:
+        # bad input: nothing of this output is a conversion of it; leave nothing that looks complete
+        writer.abort()
+        for p in output.iterdir() if output.is_dir() else []:
+            if _ours(p):
+                p.unlink()
+        if created:
+            output.rmdir()
+        raise
+    except OSError as e:  # a full disk (or an unreadable dump): complete shards stay, as for an interruption
+        writer.abort()
+        raise WikipediaError(f"{describe_os_error(e)}; the complete shards in {output} are kept: fix the cause "
+                             "(free space) and run the same command again to resume") from None
+    except BaseException:
+        writer.abort()  # interrupted: complete shards and progress.json stay for the rerun
+        raise
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+        bar.close(articles, ok)
+    return manifest
