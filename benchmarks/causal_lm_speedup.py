@@ -7,7 +7,7 @@ sequences per update.
 
 Data: the SFT fixtures (tests/fixtures/sft/chat.jsonl and pairs.jsonl: 800 chats and prompt/response pairs
 made from the built-in corpus, 20-200 tokens) with a byte-level BPE tokenizer of 2,048 tokens trained on
-them (bert_ipu.data.causal), at pack length 256: short, varied sequences, as SFT data is.
+them (bert_ipu.tasks.causal_lm.data), at pack length 256: short, varied sequences, as SFT data is.
 
 Table 1 (packing): sequences, mean length, NONE's efficiency (one sequence per row), CGHP at the auto depth:
 depth, rows, efficiency, packing factor p, and the bound = NONE's computed tokens / CGHP's (what packing can
@@ -45,10 +45,11 @@ import numpy as np
 import torch
 from transformers import LlamaConfig
 
-from bert_ipu.causal_lm import PackedLlamaForCausalLM, causal_lm_loss, causal_lm_loss_sums
-from bert_ipu.data.causal import CausalReport, sft_sequences, source_texts, train_tokenizer
+from bert_ipu.models.llama import PackedLlamaForCausalLM
+from bert_ipu.models.losses import causal_lm_loss, causal_lm_loss_sums
+from bert_ipu.tasks.causal_lm.data import CausalReport, sft_sequences, source_texts, train_tokenizer
 from bert_ipu.data.contiguous import pack_sequences
-from bert_ipu.modeling import IGNORE_INDEX
+from bert_ipu.data.layout import IGNORE_INDEX
 from bert_ipu.packing import auto_depth
 from bert_ipu.packing.histogram import histogram_of
 
@@ -156,15 +157,15 @@ def speed(args, tok, depth, layouts) -> dict:
 
 
 def curves(args) -> dict:
-    from bert_ipu.config import CausalLMRunConfig, load_config
-    from bert_ipu.tasks.causal_lm import main
+    from bert_ipu.tasks import load_config
+    from bert_ipu.tasks import run as main
 
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in ("sft_tiny_chat", "sft_tiny_chat_packed"):
             cfg = load_config(name, [f"output_dir={tmp}/{name}", f"train.max_steps={args.curves}",
                                      "train.num_train_epochs=null", "train.validate_every=20",
-                                     "train.checkpoint_every=null", "train.log_every=1"], root=CausalLMRunConfig)
+                                     "train.checkpoint_every=null", "train.log_every=1"], kind="causal_lm")
             start = time.perf_counter()
             main(cfg, progress=False)
             rows = [json.loads(x) for x in (Path(tmp) / name / "metrics.jsonl").read_text().splitlines()]

@@ -5,7 +5,7 @@ speed-up of packed over unpacked rows, measured in one run on the real classifie
         [--rounds 8] [--time-limit 330] [--examples 4000] [--seed 0] [--json OUT]
 
 Length distributions (max length 128), made from the built-in corpus (bert_ipu.data.text.builtin_documents)
-with the default WordPiece vocab and GLUE's own featurize (bert_ipu.glue.data: [CLS] a [SEP] (b [SEP]),
+with the default WordPiece vocab and GLUE's own featurize (bert_ipu.tasks.glue.data: [CLS] a [SEP] (b [SEP]),
 longest-first truncation to 128), `--examples` drawn per distribution with `--seed`:
 
     single   [CLS] s [SEP], one sentence                              a CoLA / SST-2 stand-in
@@ -66,11 +66,11 @@ from bert_ipu.data.contiguous import PackedSequences, pack_sequences
 from bert_ipu.data.instances import WordPiece, default_vocab
 from bert_ipu.data.layout import IGNORE_INDEX
 from bert_ipu.data.text import builtin_documents
-from bert_ipu.glue.data import GlueExample, featurize
-from bert_ipu.modeling import PackedBertForSequenceClassification
+from bert_ipu.tasks.glue.data import GlueExample, featurize
+from bert_ipu.models.bert import PackedBertForSequenceClassification
 from bert_ipu.packing import auto_depth, pack
 from bert_ipu.packing.histogram import histogram_of
-from bert_ipu.profiling import WithPrecision, timed_step
+from bert_ipu.tasks.profile.run import WithPrecision, timed_step
 
 MAX_LEN = 128
 SHORT = 20  # tokens in all, [CLS] and [SEP] included

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from transformers import BertConfig, BertForPreTraining
 
-from bert_ipu.modeling import PackedBertForPreTraining
+from bert_ipu.models.bert import PackedBertForPreTraining
 from bert_ipu.ops import packed_attention_mask, reference_packed_attention_mask
 
 MODELS = {

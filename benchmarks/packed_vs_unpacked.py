@@ -21,18 +21,18 @@ from pathlib import Path
 
 import torch
 
-from bert_ipu.config import load_config
-from bert_ipu.data.dataset import PackedLoader
+from bert_ipu.tasks import load_config
+from bert_ipu.data.loader import PackedLoader
 from bert_ipu.data.instances import InstanceConfig
 from bert_ipu.data.pipeline import create_pretraining_data, pack_pretraining_data
 from bert_ipu.data.shards import PackedDataset
-from bert_ipu.tasks.pretraining import main as train
+from bert_ipu.tasks import run as train
 
 
 def throughput(packed: PackedDataset, unpacked: PackedDataset, rounds: int = 8, micro: int = 8) -> dict:
     from transformers import BertConfig
 
-    from bert_ipu.modeling import PackedBertForPreTraining
+    from bert_ipu.models.bert import PackedBertForPreTraining
 
     config = BertConfig(vocab_size=packed.manifest["vocab"]["size"], hidden_size=128, num_hidden_layers=2,
                         num_attention_heads=2, intermediate_size=512, max_position_embeddings=packed.layout.pack_len)

@@ -18,10 +18,10 @@ import torch
 import torch.distributed as dist
 from transformers import BertConfig
 
-from bert_ipu.modeling import PackedBertForPreTraining
+from bert_ipu.models.bert import PackedBertForPreTraining
 from bert_ipu.engine.parallel import PipelineParallel
 from bert_ipu.engine.runtime import Runtime
-from bert_ipu.tasks.pretraining import PretrainingTask
+from bert_ipu.tasks.pretraining.task import PretrainingTask
 
 
 def batch(n, S, M, K, vocab, rng):

@@ -8,7 +8,7 @@ lays them out ([CLS] question [SEP] context [SEP], span labels inside the contex
 model's speed does not depend on which tokens it sees. They are packed with CGHP at the depth `auto`
 chooses, and unpacked (NONE). One PackedBertForQuestionAnswering trains (forward, backward, AdamW step) on
 micro-batches of `--micro-batch` rows drawn from each, the two interleaved round by round, the first round
-dropped (bert_ipu.profiling.profile). Realized speed-up = features per second packed / unpacked, from the
+dropped (bert_ipu.tasks.profile.run.profile). Realized speed-up = features per second packed / unpacked, from the
 median step times; OH = packed step time / unpacked step time at the same shape - 1.
 """
 
@@ -22,10 +22,12 @@ import numpy as np
 import torch
 from transformers import BertConfig
 
-from bert_ipu.modeling import PackedBertForQuestionAnswering
+from bert_ipu.models.bert import PackedBertForQuestionAnswering
 from bert_ipu.packing.histogram import expand_histogram, load_histogram
-from bert_ipu.profiling import WithPrecision, format_table, peak_flops, profile, summarize
-from bert_ipu.squad.features import Features, auto_depth, micro_batches, pack_features
+from bert_ipu.tasks.profile.run import WithPrecision, format_table, peak_flops, profile, summarize
+from bert_ipu.packing import auto_depth
+from bert_ipu.packing.histogram import histogram_of
+from bert_ipu.tasks.squad.features import Features, micro_batches, pack_features
 
 SIZES = {"minilm": dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536),
          "base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
@@ -69,7 +71,7 @@ def main() -> None:
     lengths = lengths[lengths >= 4]  # [CLS] q [SEP] c [SEP] needs 4 tokens (the histogram's shortest is longer)
     rng = np.random.default_rng(0)
     features = synthetic_features(lengths, 30522, rng)
-    depth = auto_depth(features.lengths, S)
+    depth = auto_depth(histogram_of(features.lengths, S))
     layouts = {"none": pack_features(features, S, "none", depth), "cghp": pack_features(features, S, "cghp", depth)}
     print(f"[squad] {len(features):,} features at {S}: cghp depth {depth} (auto) -> {layouts['cghp'].packs:,} packs, "
           f"p = {layouts['cghp'].packing_factor:.3f}, efficiency {layouts['cghp'].efficiency:.2%}; unpacked "

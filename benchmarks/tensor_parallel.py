@@ -47,7 +47,7 @@ COLLECTIVES = ("all_reduce", "all_reduce_", "all_gather_into_tensor", "reduce_sc
 def make_model(shape: dict, layers: int):
     from transformers import BertConfig
 
-    from bert_ipu.modeling import PackedBertForPreTraining
+    from bert_ipu.models.bert import PackedBertForPreTraining
 
     config = BertConfig(vocab_size=shape["vocab"], hidden_size=shape["hidden"], num_hidden_layers=layers,
                         num_attention_heads=shape["heads"], intermediate_size=shape["intermediate"],
@@ -72,14 +72,13 @@ def make_batch(shape: dict) -> dict:
 
 def step(model, opt, batch: dict, tensor_parallel: int) -> None:
     from bert_ipu.engine.tensor import align_gradients, loss_context
-    from bert_ipu.modeling import pretraining_loss_sums
+    from bert_ipu.models.losses import pretraining_loss_sums
 
     with loss_context(tensor_parallel):
         mlm, nsp = model(batch["input_ids"], batch["position_ids"], batch["token_type_ids"], batch["sequence_ids"],
                          mlm_slots=batch["mlm_labels"].shape[1])
-        mlm_sum, mlm_count, nsp_sum, nsp_count = pretraining_loss_sums(mlm, nsp, batch["mlm_labels"],
-                                                                       batch["nsp_labels"], batch["nsp_weights"])
-        (mlm_sum / mlm_count + nsp_sum / nsp_count).backward()
+        sums = pretraining_loss_sums(mlm, nsp, batch["mlm_labels"], batch["nsp_labels"], batch["nsp_weights"])
+        (sums.mlm_loss_sum / sums.mlm_count + sums.nsp_loss_sum / sums.nsp_count).backward()
     if tensor_parallel > 1:
         align_gradients(model.parameters())
     if opt is not None:
@@ -112,7 +111,7 @@ class CollectiveBytes(torch.utils._python_dispatch.TorchDispatchMode):
 
 def split_model(shape: dict, layers: int, mesh):
     from bert_ipu.engine.tensor import parallelize
-    from bert_ipu.tasks import plans
+    from bert_ipu.models import plans
 
     return parallelize(make_model(shape, layers), mesh, plans.BERT, seed=0)
 
@@ -122,7 +121,7 @@ def communication(shape: dict, mesh) -> dict:
     each split parameter) and of the MLM accuracy's argmax over the split logits (as the pretraining task's
     loss computes it)."""
     from bert_ipu.engine.optim import ShardedLamb
-    from bert_ipu.modeling import whole
+    from bert_ipu.models.losses import whole
 
     batch = make_batch(shape)
     totals = {}

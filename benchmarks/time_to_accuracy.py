@@ -233,9 +233,9 @@ def full_validation_task(cfg):
     micro-batches (PackedLoader drops the remainder), so packed and unpacked runs, whose validation splits
     hold different numbers of rows, would be scored on slightly different masked tokens; here the last
     micro-batch is a short one instead. One process only (this benchmark runs no data parallelism)."""
-    from bert_ipu.data.dataset import PackedLoader
+    from bert_ipu.data.loader import PackedLoader
     from bert_ipu.engine.parallel import global_counts
-    from bert_ipu.tasks.pretraining import PretrainingTask
+    from bert_ipu.tasks.pretraining.task import PretrainingTask
 
     class FullValidation(PretrainingTask):
         def evaluate(self, engine, rt, step):
@@ -253,7 +253,7 @@ def full_validation_task(cfg):
 
 def run_pretraining(name: str, overrides: list[str], out: Path) -> dict:
     """One engine run (the pretraining task with full validation) into out/runs/NAME; reuses a finished run."""
-    from bert_ipu.config import load_config
+    from bert_ipu.tasks import load_config
     from bert_ipu.engine.runtime import Runtime
     from bert_ipu.engine.trainer import train as engine_train
 
@@ -306,9 +306,9 @@ def time_updates(init: Path | None, bert_config, shapes: dict, rounds: int, devi
     import torch
     from pytorch_optimizer import Lamb
 
-    from bert_ipu.data.dataset import PackedLoader
+    from bert_ipu.data.loader import PackedLoader
     from bert_ipu.data.shards import PackedDataset
-    from bert_ipu.modeling import PackedBertForPreTraining
+    from bert_ipu.models.bert import PackedBertForPreTraining
 
     dev = torch.device("cuda" if device in ("cuda", "auto") and torch.cuda.is_available() else "cpu")
     state = {}
@@ -354,11 +354,11 @@ def time_updates(init: Path | None, bert_config, shapes: dict, rounds: int, devi
 
 # --- downstream --------------------------------------------------------------------------------------------
 def downstream(name: str, export: Path, out: Path, args) -> dict:
-    from bert_ipu.config import load_config
-    from bert_ipu.tasks import glue, squad
+    from bert_ipu.tasks import load_config
+    from bert_ipu.tasks import run as run_task
 
     scores = {}
-    for task, config, module in (("squad", "squad_tiny_packed", squad), ("glue", "glue_tiny_packed", glue)):
+    for task, config in (("squad", "squad_tiny_packed"), ("glue", "glue_tiny_packed")):
         folder = out / "downstream" / f"{name}_{task}"
         done = folder / "results.json"
         # reused only if newer than the pretrained export (a pretraining run redone since makes it stale)
@@ -367,7 +367,7 @@ def downstream(name: str, export: Path, out: Path, args) -> dict:
         else:
             cfg = load_config(config, [f"model.init_checkpoint={export}", f"output_dir={folder}",
                                        f"train.device={args.device}", "train.seed=0"])
-            result = module.main(cfg, overwrite=True, progress=False)
+            result = run_task(cfg, overwrite=True, progress=False)
         if task == "squad":
             scores["squad_em"], scores["squad_f1"] = result["exact_match"], result["f1"]
         else:
@@ -470,7 +470,7 @@ def main(argv=None) -> dict:
 
     # 1. data
     paths = make_data(out, size["dupe"])
-    from bert_ipu.config import load_config
+    from bert_ipu.tasks import load_config
     from bert_ipu.data.shards import PackedDataset
 
     packed, unpacked = PackedDataset(paths[("packed", 512)]), PackedDataset(paths[("unpacked", 512)])

@@ -16,12 +16,14 @@ import torch.distributed as dist
 from pytorch_optimizer import Lamb
 from transformers import BertConfig, LlamaConfig
 
-from bert_ipu.causal_lm import PackedLlamaForCausalLM, causal_lm_loss_sums
+from bert_ipu.models.llama import PackedLlamaForCausalLM
+from bert_ipu.models.losses import causal_lm_loss_sums
 from bert_ipu.engine.optim import ShardedLamb
 from bert_ipu.engine.runtime import finish
 from bert_ipu.engine.tensor import full, loss_context, parallelize
-from bert_ipu.modeling import PackedBertForPreTraining, pretraining_loss_sums
-from bert_ipu.tasks import plans
+from bert_ipu.models.bert import PackedBertForPreTraining
+from bert_ipu.models.losses import pretraining_loss_sums
+from bert_ipu.models import plans
 
 V = 99  # odd: the vocabulary splits unevenly (50 + 49 rows), nothing padded
 
@@ -107,8 +109,8 @@ def main(path: str) -> None:
 
     def bert_loss(model):
         mlm, nsp = model(input_ids, position_ids, token_type_ids, sequence_ids, mlm_slots=4)
-        mlm_sum, mlm_count, nsp_sum, nsp_count = pretraining_loss_sums(mlm, nsp, mlm_labels, nsp_labels, nsp_weights)
-        return mlm_sum / mlm_count + nsp_sum / nsp_count
+        sums = pretraining_loss_sums(mlm, nsp, mlm_labels, nsp_labels, nsp_weights)
+        return sums.mlm_loss_sum / sums.mlm_count + sums.nsp_loss_sum / sums.nsp_count
 
     result = {"bert": compare(bert(), bert_loss, mesh, plans.BERT)}
 
@@ -121,7 +123,7 @@ def main(path: str) -> None:
 
     def llama_loss(model):
         sums = causal_lm_loss_sums(model(input_ids, position_ids, sequence_ids), labels, sequence_ids, 2)
-        return sums["token_loss_sum"] / sums["label_tokens"]
+        return sums.token_loss_sum / sums.label_tokens
 
     result["llama"] = compare(llama, llama_loss, mesh, plans.LLAMA)
 

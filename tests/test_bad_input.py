@@ -16,9 +16,9 @@ from bert_ipu.data.pipeline import create_pretraining_data, pack_pretraining_dat
 from bert_ipu.data.shards import DatasetError, PackedDataset
 from bert_ipu.data.text import DataInputError
 from bert_ipu.engine.runtime import RunError
-from bert_ipu.tasks.pretraining import main
+from bert_ipu.tasks import run as main
 
-from training_helpers import tiny
+from training_helpers import entry, tiny
 
 
 def _one_at_a_time(a, b, max_tokens, rng):
@@ -137,14 +137,16 @@ def test_manifest_totals_must_match_the_shards(dataset, tmp_path):
 ])
 def test_configs_that_cannot_be_meant_are_refused(override, named):
     """Values no run can mean are a ConfigError naming the key, at load time (before any work)."""
-    from bert_ipu.config import ConfigError, load_config
+    from bert_ipu.config import ConfigError
+    from bert_ipu.tasks import load_config
 
     with pytest.raises(ConfigError, match=named):
         load_config("test_tiny", [override])
 
 
 def test_a_binary_file_as_config_is_a_clear_error(tmp_path):
-    from bert_ipu.config import ConfigError, load_config
+    from bert_ipu.config import ConfigError
+    from bert_ipu.tasks import load_config
 
     bad = tmp_path / "model.yaml"
     bad.write_bytes(bytes(range(256)) * 4)
@@ -264,9 +266,7 @@ def _pack_cli(src: Path, out: Path) -> int:
 
 
 def _train_cli(dataset: Path, out: Path) -> int:
-    import run_pretraining
-
-    return run_pretraining.cli(["--config", "test_tiny", f"data.dataset={dataset}", f"output_dir={out}",
+    return entry("pretraining", ["--config", "test_tiny", f"data.dataset={dataset}", f"output_dir={out}",
                                 "model.max_position_embeddings=64", "data.max_seq_length=64", "train.max_steps=1"])
 
 
@@ -295,12 +295,12 @@ def test_a_damaged_shard_file_is_one_line_naming_it(dataset, tmp_path, capsys, r
 def _rewrite_checksums(dataset: Path) -> None:
     """Make a hand-edited dataset self-consistent again (what a buggy writer would produce)."""
     from bert_ipu.data.layout import FIELDS
-    from bert_ipu.data.shards import _sha256_files
+    from bert_ipu.files import sha256_of
 
     manifest = json.loads((dataset / "manifest.json").read_text())
     for info in manifest["splits"].values():
         for shard in info["shards"]:
-            shard["sha256"] = _sha256_files([dataset / shard["name"] / f"{f}.npy" for f in FIELDS])
+            shard["sha256"] = sha256_of([dataset / shard["name"] / f"{f}.npy" for f in FIELDS])
     (dataset / "manifest.json").write_text(json.dumps(manifest))
 
 
@@ -401,14 +401,13 @@ TRAINING_CLI_CASES = {
 def test_training_cli_bad_config_is_one_line(dataset, tmp_path, capsys, case):
     """Every training-config case the issue names, through run_pretraining.py: exit code 2, one `error:` line, no
     traceback, and nothing written (no run folder; a file given as output_dir is left as it was)."""
-    import run_pretraining
 
     (tmp_path / "file").write_text("mine")
     (tmp_path / "binary.yaml").write_bytes(bytes(range(256)) * 4)
     extra = [a.replace("{tmp}", str(tmp_path)) for a in TRAINING_CLI_CASES[case]]
     config = extra[1] if extra[0] == "--config" else "test_tiny"
     overrides = [] if extra[0] == "--config" else extra
-    rc = run_pretraining.cli(["--config", config, f"data.dataset={dataset}", f"output_dir={tmp_path / 'run'}",
+    rc = entry("pretraining", ["--config", config, f"data.dataset={dataset}", f"output_dir={tmp_path / 'run'}",
                               "model.max_position_embeddings=64", "data.max_seq_length=64", "train.max_steps=1",
                               *overrides])
     lines, err = _errors(capsys)

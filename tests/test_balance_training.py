@@ -20,7 +20,7 @@ from bert_ipu.data.loader import ArraySource, ShardSource, UpdateLoader, sequenc
 from bert_ipu.data.shards import DatasetError, PackedDataset
 from bert_ipu.engine import checkpoint
 from bert_ipu.packing.balance import balance_ratio, pack_costs
-from bert_ipu.tasks.pretraining import main
+from bert_ipu.tasks import run as main
 
 from training_helpers import final_weights, tiny
 

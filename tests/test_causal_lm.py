@@ -1,4 +1,4 @@
-"""Packed causal language models (bert_ipu/causal_lm.py, bert_ipu/data/causal.py, the causal_lm task) against
+"""Packed causal language models (bert_ipu/models/gpt2.py, llama.py, bert_ipu/tasks/causal_lm/) against
 `transformers` on the same sequences unpacked.
 
 Tolerances: float64 1e-10 (absolute, logits and gradients of order 1: only summation order differs, and RoPE's
@@ -16,13 +16,14 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from bert_ipu.causal_lm import (PackedGPT2LMHeadModel, PackedLlamaForCausalLM, causal_lm_loss,
-                                causal_lm_loss_sums)
-from bert_ipu.config import CausalLMRunConfig, load_config
-from bert_ipu.data.causal import CausalReport, chat_tokens, next_token_labels, sft_sequences, train_tokenizer
+from bert_ipu.models.gpt2 import PackedGPT2LMHeadModel
+from bert_ipu.models.llama import PackedLlamaForCausalLM
+from bert_ipu.models.losses import causal_lm_loss, causal_lm_loss_sums
+from bert_ipu.tasks import load_config
+from bert_ipu.tasks.causal_lm.data import CausalReport, chat_tokens, next_token_labels, sft_sequences, train_tokenizer
 from bert_ipu.data.contiguous import pack_sequences
 from bert_ipu.data.text import DataInputError
-from bert_ipu.modeling import IGNORE_INDEX
+from bert_ipu.data.layout import IGNORE_INDEX
 from training_helpers import ROOT, final_weights, run_cli
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
@@ -108,7 +109,7 @@ def test_equal_to_transformers_unpacked(family, dtype, tol, backend):
     ref = ref_sum / count
     ref.backward()
     torch.testing.assert_close(loss, ref, rtol=0, atol=tol)
-    assert sums["label_tokens"].item() == count
+    assert sums.label_tokens.item() == count
     grads = dict(hf.named_parameters())
     for name, p in ours.named_parameters():
         g, r = p.grad, grads[name].grad
@@ -177,7 +178,7 @@ def test_loss_modes_change_the_gradient_as_defined():
         # two micro-batches, normalised by the update's counts: the same gradient
         whole = {name: p.grad.clone() for name, p in ours.named_parameters()}
         ours.zero_grad()
-        norm = {"label_tokens": sums["label_tokens"], "labelled_sequences": sums["labelled_sequences"]}
+        norm = {"label_tokens": sums.label_tokens, "labelled_sequences": sums.labelled_sequences}
         for rows in ([[0, 1]], [[2, 3, 4]]):
             part, _ = pack(seqs, rows)
             s = causal_lm_loss_sums(ours(part["input_ids"], part["position_ids"], part["sequence_ids"]),
@@ -285,11 +286,11 @@ def test_sft_packed_run_exports_a_text_generation_model(tmp_path):
     packed model on one sequence) and pipeline("text-generation") with its tokenizer and chat template."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
 
-    from bert_ipu.tasks.causal_lm import main
+    from bert_ipu.tasks import run as main
 
     out = tmp_path / "run"
     cfg = load_config("sft_tiny_chat_packed", [*TINY, f"output_dir={out}", "train.max_steps=8"],
-                      root=CausalLMRunConfig)
+                      kind="causal_lm")
     result = main(cfg, progress=False)
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["loss"] < rows[0]["loss"]
@@ -325,13 +326,10 @@ def test_data_parallel_equals_one_process(tmp_path):
 
 
 def test_cli_bad_input_is_one_line(tmp_path, capsys, monkeypatch):
-    """run_causal_lm.py's cli (in this process: the DDP test runs it as a command): exit 2, one line naming the
-    problem, and no output folder."""
-    import importlib.util
+    """run_causal_lm.py's command line (in this process: the DDP test runs it as a command): exit 2, one line
+    naming the problem, and no output folder."""
+    from training_helpers import entry
 
-    spec = importlib.util.spec_from_file_location("run_causal_lm", ROOT / "run_causal_lm.py")
-    entry = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(entry)
     monkeypatch.chdir(ROOT)
     bad = write_jsonl(tmp_path / "bad.jsonl", ["{oops"])
     cases = [(["data.source=" + str(bad)], "bad.jsonl:1: not valid JSON"),
@@ -343,7 +341,7 @@ def test_cli_bad_input_is_one_line(tmp_path, capsys, monkeypatch):
     for overrides, message in cases:
         out = tmp_path / "out"
         capsys.readouterr()
-        code = entry.cli(["--config", "sft_tiny_chat_packed", *TINY, f"output_dir={out}", *overrides])
+        code = entry("causal_lm", ["--config", "sft_tiny_chat_packed", *TINY, f"output_dir={out}", *overrides])
         lines = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
         assert code == 2, overrides
         assert len(lines) == 1 and message in lines[0], (overrides, lines)
@@ -353,7 +351,7 @@ def test_cli_bad_input_is_one_line(tmp_path, capsys, monkeypatch):
 def test_text_is_cut_into_whole_sequences(tokenizer, tmp_path):
     """Text: every sequence starts with BOS and fits the pack length; a document's sequences, BOS removed,
     are its tokens in order (nothing dropped, a sentence longer than a sequence cut and counted)."""
-    from bert_ipu.data.causal import text_sequences
+    from bert_ipu.tasks.causal_lm.data import text_sequences
 
     sentences = ["Short one.", " ".join(["word"] * 40), "Another sentence here.", "End."]
     (tmp_path / "doc.txt").write_text("\n".join(sentences) + "\n")
@@ -376,11 +374,11 @@ def test_kill_and_resume_is_bitwise_identical(tmp_path, monkeypatch):
     """An SFT run stopped after its step-2 checkpoint and resumed (tokenizer retrained, data re-read and
     re-packed) ends with exactly the weights of a run never stopped; dropout on, so the RNG state counts too."""
     from bert_ipu.engine import checkpoint
-    from bert_ipu.tasks.causal_lm import main
+    from bert_ipu.tasks import run as main
 
     def cfg(out):
         return load_config("sft_tiny_chat_packed", [*TINY, f"output_dir={out}", "model.dropout=0.1"],
-                           root=CausalLMRunConfig)
+                           kind="causal_lm")
 
     main(cfg(tmp_path / "straight"), progress=False)
     real = checkpoint.save
@@ -405,7 +403,7 @@ def test_varlen_segments_are_the_packs_sequences():
     the CUDA path gets the right segments (empty slots are segments of length 0)."""
     import torch.nn.functional as F
 
-    from bert_ipu.causal_lm import Varlen
+    from bert_ipu.models.attention import Varlen
     from bert_ipu.ops import reference_packed_attention_mask
 
     batch, _ = pack(sequences(), [[0, 1], [2, 3, 4], [4]])

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from bert_ipu.data.dataset import PackedLoader
+from bert_ipu.data.loader import PackedLoader
 from bert_ipu.data.instances import InstanceConfig, mlm_slots_for
 from bert_ipu.data.layout import FIELDS, PackLayout, pack_instances, pack_rows, stack_packs, unpack
 from bert_ipu.data.pipeline import create_pretraining_data, pack_pretraining_data
@@ -234,7 +234,7 @@ def test_loader_shuffles_shards_by_rank_and_resumes(instances_dir, tmp_path):
 
 def test_builtin_corpus_end_to_end(tmp_path):
     """The built-in corpus (no download) -> instances -> packs -> loader -> packed BERT: a finite loss."""
-    from bert_ipu.modeling import PackedBertForPreTraining
+    from bert_ipu.models.bert import PackedBertForPreTraining
     from transformers import BertConfig
 
     manifest = create_pretraining_data(["builtin"], tmp_path / "i", InstanceConfig(max_seq_length=128),

@@ -13,11 +13,12 @@ import pytest
 import torch
 import yaml
 
-from bert_ipu.config import ConfigError, RunConfig, SquadRunConfig, load_config
+from bert_ipu.config import ConfigError
+from bert_ipu.tasks import load_config
 from bert_ipu.data.loader import ArraySource, UpdateLoader
 from bert_ipu.engine import checkpoint
 from bert_ipu.engine.runtime import RunError
-from bert_ipu.tasks.pretraining import main
+from bert_ipu.tasks import run as main
 
 from training_helpers import final_weights, run_cli, tiny
 
@@ -75,9 +76,9 @@ def test_config_kind_picks_the_entry_point():
     assert load_config("squad_tiny_packed").kind == "squad"
     assert load_config("test_tiny").kind == "pretraining"
     with pytest.raises(ConfigError, match="run it with run_squad.py"):
-        load_config("squad_tiny", root=RunConfig)
+        load_config("squad_tiny", kind="pretraining")
     with pytest.raises(ConfigError, match="run it with run_pretraining.py"):
-        load_config("test_tiny", root=SquadRunConfig)
+        load_config("test_tiny", kind="squad")
     assert load_config("test_tiny").output_dir == "runs/test_tiny"  # name defaults to the file, output to runs/NAME
 
 
@@ -244,7 +245,7 @@ SQUAD = ["train.max_steps=4", "train.log_every=1", "train.checkpoint_every=2", "
 def test_squad_kill_and_resume_is_bitwise_identical(tmp_path, monkeypatch):
     """SQuAD fine-tuning gains checkpoints and exact resume: a run killed after its step-2 checkpoint and
     resumed ends with exactly the weights of a run never stopped (dropout on: the RNG state is restored)."""
-    from bert_ipu.tasks.squad import main as squad
+    from bert_ipu.tasks import run as squad
 
     def cfg(out):
         return load_config("squad_tiny_packed", [*SQUAD, "data.predict_file=null", f"output_dir={out}"])
@@ -330,11 +331,11 @@ def test_resume_takes_a_new_learning_rate(dataset, tmp_path):
 
 def test_a_second_run_on_the_same_folder_is_refused(dataset, tmp_path):
     """While a run holds its folder, another run on it is refused with a clear error and writes nothing."""
-    from bert_ipu.engine.trainer import RunLock
+    from bert_ipu.engine.trainer import run_lock
 
     out = tmp_path / "run"
     out.mkdir()
-    lock = RunLock(out)
+    lock = run_lock(out)
     try:
         with pytest.raises(RunError, match="another run is writing"):
             main(tiny(dataset, out, *FAST), progress=False)

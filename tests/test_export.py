@@ -1,4 +1,4 @@
-"""The Hugging Face export (bert_ipu/export.py): a folder that transformers' AutoTokenizer, AutoModel* and
+"""The Hugging Face export (bert_ipu/models/hf_io.py): a folder that transformers' AutoTokenizer, AutoModel* and
 pipelines use as it is, with the right vocabulary, a model card, and an atomic replace."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from transformers import (AutoModelForPreTraining, AutoModelForQuestionAnswering
 from transformers.pipelines import SUPPORTED_TASKS
 
 from bert_ipu.data.instances import default_vocab
-from bert_ipu.export import ExportError, export_model, model_card
-from bert_ipu.modeling import PackedBertForPreTraining, PackedBertForQuestionAnswering
+from bert_ipu.models.hf_io import ExportError, export_model, model_card
+from bert_ipu.models.bert import PackedBertForPreTraining, PackedBertForQuestionAnswering
 
 VOCAB_SIZE = 30522
 

@@ -30,7 +30,7 @@ from bert_ipu.engine import checkpoint
 import create_pretraining_data as create_cli  # data/ scripts, on sys.path via conftest
 import pack_pretraining_data as pack_cli
 import prepare_wikipedia as wiki_cli
-import run_pretraining
+from training_helpers import entry
 
 ROOT = Path(__file__).resolve().parent.parent
 WIKI_DUMP = Path(__file__).resolve().parent / "fixtures" / "wiki" / "tiny.xml"
@@ -101,15 +101,17 @@ def _full_disk_at(monkeypatch, where: str, at: int) -> None:
                 Path(path).write_bytes(data[:len(data) // 2])
                 raise _enospc(path)
         monkeypatch.setattr(np, "save", save)
-    elif where == "manifest":
-        real_write = Path.write_text
+    elif where == "manifest":  # the manifest's atomic write runs out of space halfway through its temporary file
+        from bert_ipu import files
 
-        def write_text(self, text, *args, **kwargs):
-            if self.name == "manifest.json.tmp":
-                real_write(self, text[:len(text) // 2], *args, **kwargs)
-                raise _enospc(self)
-            return real_write(self, text, *args, **kwargs)
-        monkeypatch.setattr(Path, "write_text", write_text)
+        real_write = files.write_atomic
+
+        def write_atomic(path, text):
+            if Path(path).name == "manifest.json":
+                Path(f"{path}{files.PARTIAL}").write_text(text[:len(text) // 2])
+                raise _enospc(path)
+            return real_write(path, text)
+        monkeypatch.setattr(files, "write_atomic", write_atomic)
     elif where == "fsync":
         real_fsync = os.fsync
 
@@ -219,7 +221,7 @@ def _corrupt_dcp_stream(monkeypatch, step: str) -> None:
 
 
 def _train(dataset, out, *extra, resume=False) -> int:
-    return run_pretraining.cli(["--config", "test_tiny", f"data.dataset={dataset}", f"output_dir={out}",
+    return entry("pretraining", ["--config", "test_tiny", f"data.dataset={dataset}", f"output_dir={out}",
                                 "model.max_position_embeddings=64", "data.max_seq_length=64", "train.max_steps=2",
                                 "train.checkpoint_every=1", "train.keep_checkpoints=3", "train.validate_every=2",
                                 *extra] + (["--resume"] if resume else []))
@@ -271,7 +273,7 @@ def test_a_full_disk_while_exporting_keeps_the_checkpoint(dataset, tmp_path, cap
     """A full disk while writing the Hugging Face export at the end of a run: exit code 2, one line (was a
     traceback); no hf, hf.partial or hf.old is left, the final checkpoint is whole, and --resume writes the
     export."""
-    import bert_ipu.export as export
+    import bert_ipu.models.hf_io as export
 
     out = tmp_path / "run"
     real = export._write_tokenizer
@@ -438,7 +440,7 @@ def test_training_killed_at_more_points_resumes_bitwise(dataset, straight_weight
     extra = FOUR_STEPS
     out = tmp_path / "run"
     if point == "inside the export":
-        import bert_ipu.export as export
+        import bert_ipu.models.hf_io as export
 
         real = export._write_tokenizer
 

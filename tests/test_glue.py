@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from bert_ipu.config import load_config
-from bert_ipu.tasks.glue import main
+from bert_ipu.tasks import load_config
+from bert_ipu.tasks import run as main
 
 from training_helpers import run_cli
 

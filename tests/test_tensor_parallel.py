@@ -17,10 +17,11 @@ import shutil
 import pytest
 import torch
 
-from bert_ipu.config import ConfigError, load_config
+from bert_ipu.config import ConfigError
+from bert_ipu.tasks import load_config
 from bert_ipu.engine.optim import ShardedLamb
 from bert_ipu.engine.runtime import RunError
-from bert_ipu.tasks.pretraining import main
+from bert_ipu.tasks import run as main
 from training_helpers import ROOT, final_weights, run_cli, tiny, torchrun
 
 COMMON = ["model.max_position_embeddings=64", "data.max_seq_length=64", "train.max_steps=4",
@@ -157,10 +158,10 @@ def test_tensor_parallel_bad_settings_are_one_line(dataset, tmp_path):
     model without a plan (GPT-2's fused c_attn), is a one-line RunError before anything is written."""
     from transformers import GPT2Config
 
-    from bert_ipu.causal_lm import PackedGPT2LMHeadModel
+    from bert_ipu.models.gpt2 import PackedGPT2LMHeadModel
     from bert_ipu.engine.parallel import tensor_plan
-    from bert_ipu.tasks.causal_lm import CausalLMTask
-    from bert_ipu.tasks.pretraining import PretrainingTask
+    from bert_ipu.tasks.causal_lm.task import CausalLMTask
+    from bert_ipu.tasks.pretraining.task import PretrainingTask
 
     with pytest.raises(ConfigError, match="parallel.tensor_parallel must be an integer >= 1"):
         tiny(dataset, tmp_path / "x", "parallel.tensor_parallel=0")
@@ -168,7 +169,7 @@ def test_tensor_parallel_bad_settings_are_one_line(dataset, tmp_path):
     task = PretrainingTask(cfg)
     from transformers import BertConfig
 
-    from bert_ipu.modeling import PackedBertForPreTraining
+    from bert_ipu.models.bert import PackedBertForPreTraining
 
     model = PackedBertForPreTraining(BertConfig(vocab_size=30, hidden_size=12, num_attention_heads=2,
                                                 num_hidden_layers=1, intermediate_size=24))

@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from bert_ipu.config import CONFIG_DIR, ConfigError, load_config
+from bert_ipu.config import CONFIG_DIR, ConfigError
+from bert_ipu.tasks import load_config
 from bert_ipu.engine import checkpoint
 from bert_ipu.engine.runtime import RunError as TrainingError
-from bert_ipu.tasks import pretraining
-from bert_ipu.tasks.pretraining import main
+from bert_ipu.tasks.pretraining import task as pretraining
+from bert_ipu.tasks import run as main
 
 from training_helpers import ROOT, final_weights, tiny, torchrun
 

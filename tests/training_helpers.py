@@ -1,4 +1,5 @@
-"""Shared helpers of the training tests: a tiny run config, final weights, torchrun."""
+"""Shared helpers of the training tests: a tiny run config, final weights, the command line in-process and in
+fresh processes (torchrun)."""
 
 from __future__ import annotations
 
@@ -7,15 +8,21 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bert_ipu.config import load_config
+from bert_ipu import cli
 from bert_ipu.engine import checkpoint
+from bert_ipu.tasks import load_config, registry
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def tiny(dataset, out, *overrides, name="test_tiny", root=None):
+def tiny(dataset, out, *overrides, name="test_tiny", kind=None):
     return load_config(name, [f"data.dataset={dataset}", f"output_dir={out}", "model.max_position_embeddings=64",
-                              "data.max_seq_length=64", *overrides], root=root)
+                              "data.max_seq_length=64", *overrides], kind=kind)
+
+
+def entry(kind: str, argv: list[str]) -> int:
+    """The entry point of `kind` (run_pretraining.py, ...) called in this process: its exit code."""
+    return cli.main(argv, kind, str(ROOT / registry()[kind].script))
 
 
 def final_weights(out: Path) -> dict:

@@ -14,27 +14,16 @@ lacks, and parameter names stay the full model's.
 from __future__ import annotations
 
 from contextlib import nullcontext
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..models.plans import PipelinePlan, TensorPlan
 from . import tensor
 from .runtime import Runtime, RunError
 
 StepSums = dict  # name -> float: the sums a task reports for a step (loss sums, counts, tokens, ...)
-
-
-@dataclass(frozen=True)
-class PipelinePlan:
-    """Where a model splits, by module path: `first` modules live on stage 0, `last` on the last stage,
-    `layers` is a ModuleDict keyed "0".."N-1" cut at layer boundaries; `tied` names a weight of the first
-    stage and its tied twin on the last (their gradients are summed, as in Megatron)."""
-    first: tuple[str, ...]
-    layers: str
-    last: tuple[str, ...]
-    tied: tuple[str, str] | None = None
 
 
 def split_layers(num_layers: int, stages: int, layers_per_stage: list[int] | None = None) -> list[list[int]]:
@@ -87,9 +76,9 @@ def stack_sums(sums: dict[str, torch.Tensor], names) -> torch.Tensor:
     return torch.stack([v.to(device, torch.float64) for v in values]).cpu()
 
 
-def tensor_plan(task, model: nn.Module, size: int) -> tensor.TensorPlan:
+def tensor_plan(task, model: nn.Module, size: int) -> TensorPlan:
     """The task's tensor-parallel plan for `model`; a RunError when it has none or it cannot split `size` ways."""
-    plan = task.tensor_plan(model) if hasattr(task, "tensor_plan") else None
+    plan = task.tensor_plan(model)
     if plan is None:
         raise RunError(f"the {task.name} task has no tensor-parallel plan for {type(model).__name__}; set "
                        "parallel.tensor_parallel=1")
@@ -237,7 +226,7 @@ class PipelineParallel:
                  layers_per_stage: list[int] | None = None, seed: int = 0):
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-        plan = getattr(task, "pipeline_plan", None)
+        plan = task.pipeline_plan
         if plan is None:
             raise RunError(f"the {task.name} task has no pipeline plan; set parallel.pipeline_stages=1")
         self.task, self.rt, self.plan = task, rt, plan

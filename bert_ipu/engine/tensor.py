@@ -38,38 +38,18 @@ from __future__ import annotations
 
 import fnmatch
 from contextlib import nullcontext
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-
-@dataclass(frozen=True)
-class TensorPlan:
-    """Where a model splits, by module path (`fnmatch` patterns: "*" stands for a layer key)."""
-    colwise: tuple[str, ...]
-    rowwise: tuple[str, ...]
-    vocab_embedding: str | None = None
-    vocab_output: str | None = None
-    rng_region: tuple[str, ...] = ()
-    shared_input: tuple[tuple[str, int], ...] = ()
-    """(module, its number of positional inputs): a module whose first input feeds several column-parallel
-    projections (attention: query, key and value). That input becomes one replicated DTensor, so autograd
-    sums the projections' input gradients on each rank and all-reduces once, as Megatron's fused QKV does,
-    instead of once per projection"""
-    head_counts: tuple[str, ...] = ()
-    """attributes of `model.config` that must divide by the tensor-parallel size (each rank holds whole heads)"""
+from ..models.losses import whole as full  # the whole tensor on this rank: an all-gather for a shard
+from ..models.plans import TensorPlan
 
 
 def is_distributed(t) -> bool:
     from torch.distributed.tensor import DTensor
 
     return isinstance(t, DTensor)
-
-
-def full(t: torch.Tensor) -> torch.Tensor:
-    """The whole tensor on this rank (an all-gather for a shard; the local value when replicated)."""
-    return t.full_tensor() if is_distributed(t) else t
 
 
 def local(t: torch.Tensor) -> torch.Tensor:

@@ -1,16 +1,19 @@
-"""The one training loop every task runs: `train(task, cfg, rt) -> result`.
+"""The one training loop every task runs: `run(task, cfg) -> result`.
+
+    result = run(PretrainingTask(cfg), cfg, resume=False, overwrite=False)   # starts the runtime, trains
 
 Per update: read this replica's micro-batches of the update (UpdateLoader), count what the loss divides by
 (the task's counts, summed over replicas: masked tokens, sequences, features, ...), run forward and backward
 with the task's loss on the engine (LocalParallel / DDP, or PipelineParallel), stop on a non-finite loss,
 clip, step the optimizer and the schedule, then log, evaluate and checkpoint at their cadence. At the end the
 task exports the model. The loop knows nothing about BERT: the task says what the model, data, loss,
-evaluation and export are (bert_ipu/tasks/).
+evaluation and export are (bert_ipu/tasks/). A task that does not train (`task.trains` False: fine-tuning
+tasks asked to evaluate a checkpoint only) is evaluated once instead (`evaluate_only`), in a run folder of its
+own all the same.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import shutil
 import time
@@ -20,8 +23,9 @@ import torch
 import yaml
 
 from ..data.loader import UpdateLoader, source_pack_costs
-from ..export import ExportError
-from ..files import write_atomic
+from ..files import OutputBusy, OutputLock, write_atomic, write_json
+from ..models import attention
+from ..models.hf_io import ExportError
 from . import checkpoint
 from .metrics import MetricsLogger
 from .optim import build_optimizer, packing_betas, packs_per_update, schedule_length
@@ -33,33 +37,23 @@ RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "tensorboard", "hf",
              "predictions*.json")
 
 
-class RunLock:
-    """An exclusive lock on a run folder (OUTPUT/.lock, flock) held while a run writes it: a second run on the
-    same folder is refused instead of mixing checkpoints. Released at exit, also when the process dies."""
-
-    def __init__(self, out: Path):
-        import fcntl
-
-        self.file = open(out / ".lock", "a+")
-        try:
-            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            self.file.close()
-            raise RunError(f"another run is writing {out}; wait for it to finish or choose another output_dir") from None
-
-    def release(self) -> None:
-        if not self.file.closed:
-            self.file.close()
+def run_lock(out: Path) -> OutputLock:
+    """An exclusive lock on a run folder (OUTPUT/.lock) held while a run writes it: a second run on the same
+    folder is refused instead of mixing checkpoints. Released at exit, also when the process dies."""
+    try:
+        return OutputLock(out, lock_file=out / ".lock")
+    except OutputBusy:
+        raise RunError(f"another run is writing {out}; wait for it to finish or choose another output_dir") from None
 
 
-def prepare_run_dir(out: Path, resume: bool, overwrite: bool, rt: Runtime, config: dict) -> RunLock | None:
-    """Never mix two runs in one folder: a second run while one writes it is refused (RunLock); resuming needs
+def prepare_run_dir(out: Path, resume: bool, overwrite: bool, rt: Runtime, config: dict) -> OutputLock | None:
+    """Never mix two runs in one folder: a second run while one writes it is refused (run_lock); resuming needs
     a checkpoint; a folder that holds another run is an error unless `overwrite` (which removes that run's
     files, and only those). Rank 0 decides, all ranks raise the same error. Returns rank 0's lock."""
     error, lock = None, None
     if rt.main and out.is_dir():
         try:
-            lock = RunLock(out)
+            lock = run_lock(out)
         except RunError as e:
             error = str(e)
         except OSError as e:
@@ -80,7 +74,7 @@ def prepare_run_dir(out: Path, resume: bool, overwrite: bool, rt: Runtime, confi
                         target = out / name
                         shutil.rmtree(target) if target.is_dir() else target.unlink()
                 out.mkdir(parents=True, exist_ok=True)
-                lock = lock or RunLock(out)
+                lock = lock or run_lock(out)
                 write_atomic(out / "config.yaml", yaml.safe_dump(config, sort_keys=False))
             except OSError as e:
                 error = f"cannot write the run folder {out}: {e.strerror}; choose another output_dir"
@@ -94,20 +88,57 @@ def prepare_run_dir(out: Path, resume: bool, overwrite: bool, rt: Runtime, confi
     return lock
 
 
-def write_json(path: Path, value) -> None:
-    write_atomic(path, json.dumps(value, indent=1, default=str))
+def run(task, cfg, resume: bool = False, overwrite: bool = False, progress: bool = True) -> dict:
+    """Start this process's runtime (device, process group, grid) and run `task` as `cfg` says: train it, or
+    evaluate it only when it does not train. Returns the result (also in OUTPUT/results.json)."""
+    rt = Runtime.start(cfg.train.device, cfg.parallel.pipeline_stages, cfg.parallel.tensor_parallel)
+    if task.trains:
+        return train(task, cfg, rt, resume=resume, overwrite=overwrite, progress=progress)
+    return evaluate_only(task, cfg, rt, overwrite=overwrite)
+
+
+def run_config(cfg, task) -> dict:
+    """What OUTPUT/config.yaml records: the config and the data layout the run trained on."""
+    import dataclasses
+
+    return dataclasses.asdict(cfg) | {"data_layout": task.layout_record()}
+
+
+def check_backend(cfg, rt: Runtime, training: bool) -> None:
+    """The attention backend can run here (one line, before anything is written)."""
+    try:
+        attention.check_device(cfg.model.attention_backend, rt.device, training)
+    except ValueError as e:
+        raise RunError(f"model.attention_backend={cfg.model.attention_backend}: {e}") from None
+
+
+def evaluate_only(task, cfg, rt: Runtime, overwrite: bool = False) -> dict:
+    """Evaluate the task's model (its init checkpoint) once: no training, no checkpoints; the run folder holds
+    config.yaml, the task's predictions and results.json."""
+    check_backend(cfg, rt, training=False)
+    task.prepare(rt)
+    torch.manual_seed(cfg.train.seed)
+    model = task.build_model().to(rt.device).eval()
+    lock = prepare_run_dir(Path(cfg.output_dir), False, overwrite, rt, run_config(cfg, task))
+    try:
+        engine = LocalParallel(model, task, rt, cfg.train.precision, seed=cfg.train.seed)
+        metrics = task.evaluate(engine, rt, 0)
+        result = {"output_dir": cfg.output_dir, "metrics": metrics} | task.result_extra()
+        if rt.main:
+            write_json(Path(cfg.output_dir) / "results.json", result)
+    finally:
+        if lock:
+            lock.release()
+    rt.barrier()
+    return result
 
 
 def train(task, cfg, rt: Runtime, resume: bool = False, overwrite: bool = False, progress: bool = True) -> dict:
-    import dataclasses
-
     t = cfg.train
     out = Path(cfg.output_dir)
     # everything that can refuse the config comes first (data, update size, schedule, model): a refused run
     # writes nothing, and --overwrite deletes nothing, not even an init checkpoint inside the old run
-    if getattr(cfg.model, "attention_backend", None) == "varlen" and rt.device.type != "cuda":
-        raise RunError(f"model.attention_backend=varlen needs CUDA (flash attention), and this run is on "
-                       f"{rt.device.type}; use mask, reference or flex")
+    check_backend(cfg, rt, training=True)
     task.prepare(rt)
     p = task.packing_factor
     P = packs_per_update(t, p, rt.dp_world)
@@ -116,7 +147,7 @@ def train(task, cfg, rt: Runtime, resume: bool = False, overwrite: bool = False,
         costs = source_pack_costs(source) if t.balance == "attention" else None
     except ValueError as e:
         raise RunError(f"train.balance=attention: {e}; use train.balance=none") from None
-    if costs is not None and getattr(source, "stores_lengths", True) is False:
+    if costs is not None and not source.stores_lengths:
         rt.say("train.balance=attention: the dataset stores no sequence lengths (written before them), so the pack "
                "costs were computed from its sequence_ids; repack it to read them at O(packs)")
     try:
@@ -134,7 +165,7 @@ def train(task, cfg, rt: Runtime, resume: bool = False, overwrite: bool = False,
     model = task.build_model().to(rt.device).train()
     if rt.tensor > 1:
         tensor_plan(task, model, rt.tensor)  # a model that cannot be split is refused before anything is written
-    lock = prepare_run_dir(out, resume, overwrite, rt, dataclasses.asdict(cfg) | {"data_layout": task.layout_record()})
+    lock = prepare_run_dir(out, resume, overwrite, rt, run_config(cfg, task))
     try:
         return _train(task, cfg, rt, out, resume, progress, loader, model, P, total, warmup)
     finally:
@@ -162,7 +193,6 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, load
             sched.base_lrs = [t.learning_rate] * len(opt.param_groups)
             for group, factor in zip(opt.param_groups, [f(sched.last_epoch) for f in sched.lr_lambdas]):
                 group["lr"] = t.learning_rate * factor
-            sched._last_lr = [g["lr"] for g in opt.param_groups]
             rt.say(f"train.learning_rate {saved_lr} -> {t.learning_rate} from step {state['step']} on")
         try:
             loader.load_state_dict(state["loader"])

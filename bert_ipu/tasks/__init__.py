@@ -1,39 +1,56 @@
-"""Tasks: what differs between packed trainings, one file each, on the one engine (bert_ipu/engine).
+"""Tasks: what differs between packed trainings, one folder each, on the one engine (bert_ipu/engine/).
 
-A task supplies:
-    name, input_fields (the model's positional inputs), target_fields (what the loss reads)
-    stat_names        the named sums its loss reports (e.g. mlm_loss_sum), besides the counts
-    prepare(rt)       read or create its packed data; a config that disagrees with the data is an error
-    packed, packing_factor, drop_last, train_source(), layout_record(), describe()
-    build_model()     the full model (a pipeline stage is made from it by deleting modules: pipeline_plan)
-    tensor_plan(model)  how tensor parallelism splits it (plans.py), or None
-    counts(micro)     data-only sums of an update: what the loss divides by, "sequences", "tokens"
-    normalizers(counts), loss(output, targets, normalizers) -> (loss, sums)   one loss for every engine
-    summarize(sums)   means for people ("loss" at least)
-    has_evaluation, evaluate(engine, rt, step), headline, progress_keys
-    export(model, folder, info), result_extra()
+    cfg = load_config("squad_tiny_packed", ["train.num_train_epochs=1"])   # the kind comes from the config
+    result = run(cfg)                                                      # the task of its kind
 
-`run(cfg)` picks the task from the config's kind.
+A task is a folder here whose `__init__.py` defines `SPEC` (a `base.TaskSpec`: kind, root config, entry
+point, how to run); `registry()` finds every folder, so a new task is a new folder plus its configs, never an
+edit elsewhere. `base.Task` is the protocol the engine trains; common.py holds what the fine-tuning tasks
+share.
 """
 
 from __future__ import annotations
 
+import functools
 
-def task_for(cfg):
-    if cfg.kind == "pretraining":
-        from .pretraining import PretrainingTask
+from .base import Task, TaskSpec
 
-        return PretrainingTask(cfg)
-    if cfg.kind == "squad":
-        from .squad import SquadTask
+__all__ = ["Task", "TaskSpec", "load_config", "registry", "run", "spec"]
 
-        return SquadTask(cfg)
-    if cfg.kind == "glue":
-        from .glue import GlueTask
 
-        return GlueTask(cfg)
-    if cfg.kind == "causal_lm":
-        from .causal_lm import CausalLMTask
+@functools.cache
+def registry() -> dict[str, TaskSpec]:
+    """{kind: TaskSpec} of every task folder (a subpackage with a SPEC)."""
+    import importlib
+    import pkgutil
 
-        return CausalLMTask(cfg)
-    raise ValueError(f"no task of kind {cfg.kind!r}")
+    found = {}
+    for module in pkgutil.iter_modules(__path__):
+        if module.ispkg:
+            spec_ = getattr(importlib.import_module(f"{__name__}.{module.name}"), "SPEC", None)
+            if isinstance(spec_, TaskSpec):
+                found[spec_.kind] = spec_
+    return dict(sorted(found.items()))
+
+
+def spec(kind: str) -> TaskSpec:
+    from ..config import ConfigError
+
+    kinds = registry()
+    if kind not in kinds:
+        raise ConfigError(f"kind {kind!r}: choose one of {', '.join(kinds)}")
+    return kinds[kind]
+
+
+def load_config(name: str, overrides=(), kind: str | None = None):
+    """The config NAME (configs/NAME.yaml or a path) with `section.key=value` overrides, as the root dataclass
+    of its kind; `kind`, when given, is the kind the caller runs (another kind is an error naming its entry
+    point)."""
+    from .. import config
+
+    return config.load_config(name, overrides, registry(), expected=kind)
+
+
+def run(cfg, resume: bool = False, overwrite: bool = False, progress: bool = True) -> dict:
+    """Run a loaded config: the job of its kind's task; returns its result."""
+    return spec(cfg.kind).run(cfg, resume=resume, overwrite=overwrite, progress=progress)

@@ -1,9 +1,8 @@
 """SQuAD v1.1 fine-tuning and evaluation, packed or unpacked: the second task of the engine.
 
-    python run_squad.py --config squad_tiny_packed          # main(cfg) below
+    python run_squad.py --config squad_tiny_packed
 
-1. Read the training and/or evaluation file, make the reference's windowed features
-   (bert_ipu/squad/features.py) and say what was left out and why.
+1. Read the training and/or evaluation file, make the reference's windowed features (features.py) and say what was left out and why.
 2. Pack each split's features (`data.algorithm`; `none` = unpacked, one feature per row) at one depth limit K
    (`data.max_sequences_per_pack`: N, max, or auto = the smallest depth that packs the training features as
    tightly as unlimited depth).
@@ -29,18 +28,21 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..data.instances import WordPiece
-from ..data.loader import ArraySource
-from ..data.text import DataInputError
-from ..engine.runtime import RunError, Runtime, autocast
-from ..modeling import IGNORE_INDEX, PackedBertForQuestionAnswering, span_loss_sums
-from ..packing import PackingInputError
-from ..squad import metrics, postprocess
-from ..squad.features import (SLOT_FIELDS, Features, PackedFeatures, SquadExample, SquadInputError, make_features,
-                              micro_batches, pack_features, read_squad)
-from . import plans
-from .finetune import (card, check_model_fits, pack_depth, packing_line, require_checkpoint_folder,
-                       resolve_vocab)
+from ...data.instances import WordPiece
+from ...data.layout import IGNORE_INDEX
+from ...data.loader import ArraySource
+from ...data.text import DataInputError
+from ...engine.runtime import RunError, Runtime, autocast
+from ...files import write_json
+from ...models import plans
+from ...models.bert import PackedBertForQuestionAnswering
+from ...models.hf_io import export_model
+from ...models.losses import span_loss_sums
+from ...packing import PackingInputError
+from ..common import card, check_model_fits, pack_depth, packing_line, require_checkpoint_folder, resolve_vocab
+from . import metrics, postprocess
+from .features import (SLOT_FIELDS, Features, PackedFeatures, SquadExample, SquadInputError, make_features,
+                       micro_batches, pack_features, read_squad)
 
 
 def build_model(cfg, vocab_size: int, depth: int) -> PackedBertForQuestionAnswering:
@@ -103,6 +105,11 @@ class SquadTask:
 
     def __init__(self, cfg, progress: bool = True):
         self.cfg, self.progress = cfg, progress
+        self.eval_result: dict = {}
+
+    @property
+    def trains(self) -> bool:
+        return self.cfg.data.train_file is not None
 
     # --- data ----------------------------------------------------------------------------------------------
     def _split(self, path, training: bool, say):
@@ -161,8 +168,8 @@ class SquadTask:
         return {"features": max(counts["sequences"], 1.0)}
 
     def loss(self, out, targets: dict, normalizers: dict):
-        loss_sum, _ = span_loss_sums(out.start_logits, out.end_logits, targets["start_positions"],
-                                     targets["end_positions"])
+        loss_sum = span_loss_sums(out.start_logits, out.end_logits, targets["start_positions"],
+                                  targets["end_positions"]).loss_sum
         return loss_sum / normalizers["features"], {"loss_sum": loss_sum}
 
     @staticmethod
@@ -183,8 +190,6 @@ class SquadTask:
         return self._evaluate(model)
 
     def _evaluate(self, model) -> dict:
-        from ..engine.trainer import write_json
-
         examples, dropped, features = self.eval_split
         start = time.perf_counter()
         preds, scores = evaluate(model, examples, dropped, features, self.packed_splits["eval"], self.cfg,
@@ -200,11 +205,9 @@ class SquadTask:
         return scores
 
     def export(self, model, folder: Path, info: dict) -> None:
-        from ..export import export_model
-
         data = f"{self.cfg.data.train_file} ({len(self.packed_splits['train'].row):,} features)"
         about = card(self.cfg, "SQuAD v1.1 question answering (span extraction)", "question-answering", data,
-                     self.depth, self.packing_factor, info, ("loss", "exact_match", "f1"), "run_squad.py")
+                     self.depth, self.packing_factor, info, ("loss", "exact_match", "f1"))
         export_model(model, folder, self.wp.path, card=about, lowercase=self.wp.lowercase)
 
     def result_extra(self) -> dict:
@@ -213,38 +216,5 @@ class SquadTask:
                                   "efficiency": pf.efficiency} for name, pf in self.packed_splits.items()}}
         if self.train_split:
             out["report_train"] = vars(self.train_split[2].report)
-        return out | getattr(self, "eval_result", {})
+        return out | self.eval_result
 
-
-def main(cfg, resume: bool = False, overwrite: bool = False, progress: bool = True) -> dict:
-    """Fine-tune (when data.train_file is set) and evaluate (when data.predict_file is set); returns the result
-    (EM/F1, packing, paths) and writes it to OUTPUT/results.json."""
-    import dataclasses
-
-    from ..engine.trainer import prepare_run_dir, train, write_json
-
-    rt = Runtime.start(cfg.train.device, cfg.parallel.pipeline_stages, cfg.parallel.tensor_parallel)
-    task = SquadTask(cfg, progress)
-    if cfg.data.train_file:
-        result = train(task, cfg, rt, resume=resume, overwrite=overwrite, progress=progress)
-        result |= {k: v for k, v in result["metrics"].items() if k in ("exact_match", "f1", "questions")}
-        if rt.main:
-            write_json(Path(cfg.output_dir) / "results.json", result)
-        return result
-    # evaluation only: no training, no checkpoints
-    task.prepare(rt)
-    torch.manual_seed(cfg.train.seed)
-    model = task.build_model().to(rt.device)
-    lock = prepare_run_dir(Path(cfg.output_dir), False, overwrite, rt,
-                           dataclasses.asdict(cfg) | {"data_layout": task.layout_record()})
-    try:
-        result = {"output_dir": cfg.output_dir} | task.result_extra()
-        if rt.main:
-            scores = task._evaluate(model)
-            result |= task.result_extra() | scores
-            write_json(Path(cfg.output_dir) / "results.json", result)
-    finally:
-        if lock:
-            lock.release()
-    rt.barrier()
-    return result

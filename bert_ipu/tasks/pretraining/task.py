@@ -1,6 +1,6 @@
 """BERT pretraining (MLM + NSP) on packed shards: the first task of the engine.
 
-    python run_pretraining.py --config pretrain_tiny_128_packed        # main(cfg) below
+    python run_pretraining.py --config pretrain_tiny_128_packed
 
 The dataset manifest is the single source of truth for the packed layout (pack length S, MLM slots M, NSP
 slots K): a config whose data settings disagree with an existing dataset is an error naming both values, a
@@ -17,16 +17,19 @@ from pathlib import Path
 
 import torch
 
-from ..data.loader import ShardSource
-from ..data.pipeline import check_dataset_matches, dataset_settings, prepare_dataset
-from ..data.shards import DatasetError, PackedDataset
-from ..data.text import DataInputError
-from ..packing import PackingInputError
-from ..engine.parallel import PipelinePlan, global_counts
-from ..engine.runtime import RunError, Runtime
-from .finetune import require_checkpoint_folder
-from ..modeling import IGNORE_INDEX, PackedBertForPreTraining, pretraining_loss_sums, whole
-from . import plans
+from ...data.layout import IGNORE_INDEX
+from ...data.loader import PackedLoader, ShardSource
+from ...data.pipeline import check_dataset_matches, dataset_settings, prepare_dataset
+from ...data.shards import DatasetError, PackedDataset
+from ...data.text import DataInputError
+from ...engine.parallel import global_counts
+from ...engine.runtime import RunError, Runtime
+from ...models import plans
+from ...models.bert import PackedBertForPreTraining
+from ...models.hf_io import export_model
+from ...models.losses import pretraining_loss_sums, whole
+from ...packing import PackingInputError
+from ..common import command, require_checkpoint_folder
 
 
 class PretrainingTask:
@@ -34,15 +37,14 @@ class PretrainingTask:
     input_fields = ("input_ids", "position_ids", "token_type_ids", "sequence_ids")
     target_fields = ("masked_lm_labels", "next_sentence_labels", "next_sentence_weights")
     stat_names = ("mlm_loss_sum", "mlm_correct", "nsp_loss_sum", "nsp_correct")
-    pipeline_plan = PipelinePlan(first=("bert.embeddings",), layers="bert.encoder.layer",
-                                 last=("bert.pooler", "cls"),
-                                 tied=("bert.embeddings.word_embeddings.weight", "cls.predictions.decoder.weight"))
+    pipeline_plan = plans.BERT_PRETRAINING_PIPELINE
     drop_last = True
+    trains = True
     has_evaluation = True
     headline = ("loss", "val_mlm_accuracy", "val_nsp_accuracy")
     progress_keys = ("loss", "mlm_accuracy", "nsp_accuracy", "sequences_per_second", "tokens_per_second")
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, progress: bool = True):
         self.cfg = cfg
         self.expected = None
 
@@ -86,7 +88,7 @@ class PretrainingTask:
         self.packing_factor = manifest["packing"]["train"]["packing_factor"] if "packing" in manifest else 1.0
         self.packed = self.layout.max_sequences_per_pack > 1
         if t.loss_balancing:  # expected counts per pack, from the whole training split
-            from ..engine.optim import packs_per_update
+            from ...engine.optim import packs_per_update
 
             masked = sum(int((s["masked_lm_labels"] != IGNORE_INDEX).sum()) for s in data.shards("train"))
             P = packs_per_update(t, self.packing_factor, world)
@@ -139,8 +141,8 @@ class PretrainingTask:
         mlm_logits, nsp_logits = out  # PackedPreTrainingOutput, or the plain tuple of a pipeline's last stage
         labels = targets["masked_lm_labels"]
         weights = targets["next_sentence_weights"]
-        mlm_sum, _, nsp_sum, _ = pretraining_loss_sums(mlm_logits, nsp_logits, labels,
-                                                      targets["next_sentence_labels"], weights)
+        sums = pretraining_loss_sums(mlm_logits, nsp_logits, labels, targets["next_sentence_labels"], weights)
+        mlm_sum, nsp_sum = sums.mlm_loss_sum, sums.nsp_loss_sum
         with torch.no_grad():
             mlm_correct = ((whole(mlm_logits.argmax(-1)) == labels) & (labels != IGNORE_INDEX)).sum()
             nsp_correct = ((nsp_logits.argmax(-1) == targets["next_sentence_labels"]).float() * weights.float()).sum()
@@ -160,8 +162,6 @@ class PretrainingTask:
     def evaluate(self, engine, rt: Runtime, step: int) -> dict:
         """MLM and NSP loss and accuracy on (up to `validation_batches` micro-batches of) the held-out split,
         split over the data-parallel replicas."""
-        from ..data.dataset import PackedLoader
-
         group = engine.eval_group
         t = self.cfg.train
         # a small held-out split still validates: the micro-batch shrinks to what every rank can fill
@@ -182,8 +182,6 @@ class PretrainingTask:
         return {f"val_{k}": v for k, v in self.summarize(sums).items()}
 
     def export(self, model, folder: Path, info: dict) -> None:
-        from ..export import export_model
-
         m = self.data.manifest
         metrics = {k: v for k, v in info["metrics"].items() if k in ("loss", "mlm_accuracy", "nsp_accuracy",
                                                                       "val_loss", "val_mlm_accuracy",
@@ -195,17 +193,9 @@ class PretrainingTask:
                 "packing": {"algorithm": dataset_settings(m)["algorithm"],
                             "max_sequences_per_pack": self.layout.max_sequences_per_pack,
                             "packing_factor": round(self.packing_factor, 4)},
-                "metrics": metrics, "command": f"python run_pretraining.py --config {self.cfg.name}"}
+                "metrics": metrics, "command": command(self.cfg)}
         export_model(model, folder, self.path / "vocab.txt", card=card, lowercase=m.get("vocab", {}).get("lowercase"))
 
     def result_extra(self) -> dict:
         return {"dataset": str(self.path), "layout": self.layout_record()}
 
-
-def main(cfg, resume: bool = False, overwrite: bool = False, progress: bool = True) -> dict:
-    """Pretrain as `cfg` says; returns the result (final metrics, paths)."""
-    from ..engine.runtime import Runtime
-    from ..engine.trainer import train
-
-    rt = Runtime.start(cfg.train.device, cfg.parallel.pipeline_stages, cfg.parallel.tensor_parallel)
-    return train(PretrainingTask(cfg), cfg, rt, resume=resume, overwrite=overwrite, progress=progress)

@@ -22,12 +22,11 @@ order and by `bert_ipu.packing.balance.balanced_order`; the mean attention balan
 ratio (DBR) of both and the padding ratio (`balance_of`; SORT: n/a, its rows differ in length).
 
 `summarize` holds the arithmetic; `profile` the measurement; `run` a whole profile from its config
-(`ProfilingRunConfig`: run_profiling.py is its command line).
+(`ProfilingRunConfig`, config.py: run_profiling.py is its command line).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import statistics
 import time
@@ -37,10 +36,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import packing
-from .engine.runtime import RunError, autocast, pick_device
-from .data.instances import InstanceConfig, mlm_slots_for
-from .data.layout import IGNORE_INDEX, Instance, PackLayout, pack_instances, stack_packs
+from ... import packing
+from ...data.instances import InstanceConfig, mlm_slots_for
+from ...data.layout import IGNORE_INDEX, Instance, PackLayout, pack_instances, stack_packs
+from ...config import to_yaml
+from ...engine.runtime import RunError, autocast, pick_device
+from ...models.attention import check_device
 
 STATIC = ("none", "greedy", "spfhp", "lpfhp", "nnlshp", "cghp")
 
@@ -177,7 +178,7 @@ def balance_of(mixture, pack_length: int, ranks: int, micro_batch: int, updates:
     """Balance of `updates` updates of ranks x micro_batch packs drawn from the mixture (strategies in
     proportion to their counts, as the profiled batches are): `bert_ipu.packing.balance.update_balance`'s
     means (keys BALANCE_KEYS and "updates"), each rank taking one micro-batch."""
-    from .packing.balance import update_balance
+    from ...packing.balance import update_balance
 
     packs = ranks * micro_batch
     picks = np.random.default_rng(seed).choice(len(mixture.counts), size=packs * updates,
@@ -399,7 +400,7 @@ def run(cfg, say=print) -> dict:
     table, and write what `cfg.profile` asks for (JSON rows and the config beside them, traces, plots, the
     Section E scaling study). Returns {"rows": the table's rows, "scaling": the study's rows or None}.
     Bad input raises a ValueError (packing.PackingInputError for the histogram, ProfilingError otherwise)."""
-    from .modeling import PackedBertForPreTraining
+    from ...models.bert import PackedBertForPreTraining
 
     prof = cfg.profile
     histogram = packing.load_histogram(prof.histogram)
@@ -434,11 +435,10 @@ def run(cfg, say=print) -> dict:
         extra["hf"] = WithPrecision(HFPreTrainingBaseline(config).to(device).train(), device, prof.precision)
     rows = []
     for backend in prof.backends or [cfg.model.attention_backend]:
-        if backend == "flex" and device.type == "cpu":
-            say("[profile] backend flex: skipped, PyTorch has no FlexAttention backward on the CPU")
-            continue
-        if backend == "varlen" and device.type != "cuda":
-            say(f"[profile] backend varlen: skipped, flash attention needs CUDA (this run is on {device.type})")
+        try:
+            check_device(backend, device, training=True)
+        except ValueError as e:
+            say(f"[profile] backend {backend}: skipped: {e}")
             continue
         model = PackedBertForPreTraining(config, depth, backend).to(device).train()
         model.load_state_dict(base.state_dict())
@@ -493,10 +493,8 @@ def run(cfg, say=print) -> dict:
 
 def write_config(cfg, path: Path) -> None:
     """The effective config as YAML: `load_config(path)` runs the same profile again."""
-    import yaml
-
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
+    path.write_text(to_yaml(cfg))
 
 
 def format_scaling(study) -> str:

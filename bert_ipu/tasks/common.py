@@ -1,16 +1,38 @@
-"""What the fine-tuning tasks (SQuAD, GLUE) share: the vocab, the depth of their packs, the checks that a
-model fits the data, and the model card of their export."""
+"""What the tasks that pack their data in memory (SQuAD, GLUE, causal LM) share: the fine-tuning train
+section, the vocab, the depth of their packs, the checks that a model fits the data, the packing line they
+say, and the model card of their export."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from ..config import TrainConfig
 from ..data.instances import default_vocab
 from ..engine.runtime import RunError
-from ..packing import auto_depth, pack
+from ..packing import pack, resolve_depth
 from ..packing.histogram import histogram_of
+
+
+@dataclass
+class FinetuneConfig(TrainConfig):
+    """TrainConfig with fine-tuning defaults (the reference's SQuAD recipe)."""
+    micro_batch_size: int = 4
+    global_batch_size: int = 32
+    """about this many sequences (features) per update: packed data takes 1/p as many packs"""
+    batch_unit: str = "sequences"
+    optimizer: str = "adamw"
+    learning_rate: float = 3e-5
+    max_steps: int | None = None
+    """stop after this many updates (None: num_train_epochs)"""
+    num_train_epochs: float | None = 2.0
+    warmup_steps: int | None = None
+    warmup_proportion: float = 0.1
+    """linear warm-up over this fraction of the updates, then polynomial decay"""
+    validate_every: int | None = None
+    checkpoint_every: int | None = None
 
 
 def resolve_vocab(cfg) -> Path:
@@ -25,13 +47,9 @@ def resolve_vocab(cfg) -> Path:
 def pack_depth(lengths: np.ndarray, max_len: int, algorithm: str, requested) -> int:
     """The K slots of every row: 1 unpacked; N; auto (the smallest depth that packs as tightly as unlimited
     depth); max (as many as the deepest pack of unlimited depth holds)."""
-    if algorithm == "none":
-        return 1
-    if requested == "auto":
-        return auto_depth(histogram_of(lengths, max_len), algorithm)
-    if requested == "max":
-        return pack(histogram_of(lengths, max_len), algorithm, None).mixture.depth
-    return requested
+    histogram = histogram_of(lengths, max_len)
+    limit = resolve_depth(requested, histogram, algorithm)
+    return pack(histogram, algorithm, None).mixture.depth if limit is None else limit
 
 
 def packing_line(split: str, algorithm: str, noun: str, packed, pack_len: int) -> str:
@@ -59,11 +77,16 @@ def check_model_fits(model, vocab_size: int, max_seq_length: int):
 
 
 def card(cfg, task: str, pipeline_tag: str, data: str, depth: int, packing_factor: float, info: dict,
-         metric_keys, entry: str) -> dict:
+         metric_keys) -> dict:
     """The model card of a fine-tuning export (bert_ipu.export.model_card)."""
     return {"task": task, "pipeline_tag": pipeline_tag, "base_model": cfg.model.init_checkpoint or "from scratch",
             "data": data, "steps": info["steps"], "sequences_seen": int(info["sequences_seen"]),
             "packing": {"algorithm": cfg.data.algorithm, "max_sequences_per_pack": depth,
                         "packing_factor": round(packing_factor, 4)},
             "metrics": {k: v for k, v in info["metrics"].items() if k in metric_keys},
-            "command": f"python {entry} --config {cfg.name}"}
+            "command": command(cfg)}
+
+
+def command(cfg) -> str:
+    """The command line that runs `cfg` (model cards say how a model was made)."""
+    return f"python {cfg.script} --config {cfg.name}"

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..data.layout import IGNORE_INDEX
+from ...data.layout import IGNORE_INDEX
 from .data import task_spec
 
 
@@ -54,6 +54,6 @@ def compute(task: str, predictions: np.ndarray, labels: np.ndarray) -> dict[str,
             out[name] = float(pearsonr(predictions, labels).statistic)
         elif name == "spearman":
             out[name] = float(spearmanr(predictions, labels).statistic)
-        else:  # a TaskSpec naming a metric this module lacks
+        else:  # a GlueTaskSpec naming a metric this module lacks
             raise ValueError(f"{spec.name}: unknown metric {name!r}")
     return out

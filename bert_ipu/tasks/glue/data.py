@@ -30,8 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..data.instances import WordPiece
-from ..data.layout import IGNORE_INDEX
+from ...data.instances import WordPiece
+from ...data.layout import IGNORE_INDEX
 
 
 class GlueInputError(ValueError):
@@ -45,7 +45,7 @@ _MNLI_SPLITS = ("train", "dev_matched", "dev_mismatched", "test_matched", "test_
 
 
 @dataclass(frozen=True)
-class TaskSpec:
+class GlueTaskSpec:
     """What a GLUE task is and where its fields lie in the official TSV files and in the `datasets` layout."""
     name: str
     labels: tuple[str, ...] | None              # class names in `glue` dataset order; None = regression (STS-B)
@@ -86,41 +86,41 @@ class TaskSpec:
 
 _BINARY = ("0", "1")
 
-TASKS: dict[str, TaskSpec] = {t.name: t for t in (
-    TaskSpec("cola", ("unacceptable", "acceptable"), ("matthews_correlation",), "CoLA",
+TASKS: dict[str, GlueTaskSpec] = {t.name: t for t in (
+    GlueTaskSpec("cola", ("unacceptable", "acceptable"), ("matthews_correlation",), "CoLA",
              ("sentence",), "label", _BINARY, ("sentence",),
              tsv_headerless=("train", "dev"), tsv_columns=("source", "label", "original_label", "sentence")),
-    TaskSpec("sst2", ("negative", "positive"), ("accuracy",), "SST-2",
+    GlueTaskSpec("sst2", ("negative", "positive"), ("accuracy",), "SST-2",
              ("sentence",), "label", _BINARY, ("sentence",)),
-    TaskSpec("mrpc", ("not_equivalent", "equivalent"), ("accuracy", "f1"), "MRPC",
+    GlueTaskSpec("mrpc", ("not_equivalent", "equivalent"), ("accuracy", "f1"), "MRPC",
              ("#1 String", "#2 String"), "Quality", _BINARY, ("sentence1", "sentence2")),
-    TaskSpec("qqp", ("not_duplicate", "duplicate"), ("accuracy", "f1"), "QQP",
+    GlueTaskSpec("qqp", ("not_duplicate", "duplicate"), ("accuracy", "f1"), "QQP",
              ("question1", "question2"), "is_duplicate", _BINARY, ("question1", "question2"), tsv_id="id"),
-    TaskSpec("stsb", None, ("pearson", "spearman"), "STS-B",
+    GlueTaskSpec("stsb", None, ("pearson", "spearman"), "STS-B",
              ("sentence1", "sentence2"), "score", None, ("sentence1", "sentence2")),
-    TaskSpec("mnli", ("entailment", "neutral", "contradiction"), ("accuracy",), "MNLI",
+    GlueTaskSpec("mnli", ("entailment", "neutral", "contradiction"), ("accuracy",), "MNLI",
              ("sentence1", "sentence2"), "gold_label", ("entailment", "neutral", "contradiction"),
              ("premise", "hypothesis"), splits=_MNLI_SPLITS),
-    TaskSpec("qnli", ("entailment", "not_entailment"), ("accuracy",), "QNLI",
+    GlueTaskSpec("qnli", ("entailment", "not_entailment"), ("accuracy",), "QNLI",
              ("question", "sentence"), "label", ("entailment", "not_entailment"), ("question", "sentence")),
-    TaskSpec("rte", ("entailment", "not_entailment"), ("accuracy",), "RTE",
+    GlueTaskSpec("rte", ("entailment", "not_entailment"), ("accuracy",), "RTE",
              ("sentence1", "sentence2"), "label", ("entailment", "not_entailment"), ("sentence1", "sentence2")),
-    TaskSpec("wnli", ("not_entailment", "entailment"), ("accuracy",), "WNLI",
+    GlueTaskSpec("wnli", ("not_entailment", "entailment"), ("accuracy",), "WNLI",
              ("sentence1", "sentence2"), "label", _BINARY, ("sentence1", "sentence2")),
 )}
 
 STSB_RANGE = (0.0, 5.0)
 
 
-def task_spec(task: str) -> TaskSpec:
-    """The TaskSpec of `task`, also spelt as GLUE does ("SST-2", "STS-B", "MNLI")."""
+def task_spec(task: str) -> GlueTaskSpec:
+    """The GlueTaskSpec of `task`, also spelt as GLUE does ("SST-2", "STS-B", "MNLI")."""
     key = str(task).lower().replace("-", "").replace("_", "")
     if key not in TASKS:
         raise GlueInputError(f"unknown GLUE task {task!r}; the tasks are {', '.join(TASKS)}")
     return TASKS[key]
 
 
-def _split_name(spec: TaskSpec, split: str) -> str:
+def _split_name(spec: GlueTaskSpec, split: str) -> str:
     """The canonical split name; `datasets` names (validation, validation_matched) are accepted too."""
     name = "dev" + split[len("validation"):] if split.startswith("validation") else split
     if name not in spec.splits:
@@ -168,7 +168,7 @@ _TSV_MARKERS = ("train.tsv", "dev.tsv", "test.tsv", "dev_matched.tsv", "test_mat
 _DATASETS_MARKERS = ("dataset_dict.json", "state.json")
 
 
-def _resolve_source(spec: TaskSpec, source: Path) -> Path:
+def _resolve_source(spec: GlueTaskSpec, source: Path) -> Path:
     """The folder holding the task's files: `source`, or its subfolder for the task (GLUE's download)."""
     if not source.exists():
         raise GlueInputError(f"{source} does not exist; give a GLUE {spec.name} folder (the official "
@@ -196,7 +196,7 @@ def read_split(task: str, source: str | Path, split: str) -> tuple[list[GlueExam
     return _read_tsv(spec, folder, split)
 
 
-def _labels_text(spec: TaskSpec) -> str:
+def _labels_text(spec: GlueTaskSpec) -> str:
     if spec.labels is None:
         return f"a number from {STSB_RANGE[0]:g} to {STSB_RANGE[1]:g}"
     if spec.tsv_label_values == spec.labels:
@@ -204,7 +204,7 @@ def _labels_text(spec: TaskSpec) -> str:
     return ", ".join(f"{v} ({n})" for v, n in zip(spec.tsv_label_values, spec.labels))
 
 
-def _score(spec: TaskSpec, where: str, value) -> float:
+def _score(spec: GlueTaskSpec, where: str, value) -> float:
     try:
         score = float(value)
     except (TypeError, ValueError):
@@ -217,7 +217,7 @@ def _score(spec: TaskSpec, where: str, value) -> float:
 class _Collector:
     """Keeps examples, counts rows, empty sentences and missing labels."""
 
-    def __init__(self, spec: TaskSpec):
+    def __init__(self, spec: GlueTaskSpec):
         self.spec, self.examples, self.report = spec, [], InputReport()
 
     def add(self, uid: str, a, b, label) -> None:
@@ -238,7 +238,7 @@ class _Collector:
         return self.examples, self.report
 
 
-def _read_tsv(spec: TaskSpec, folder: Path, split: str) -> tuple[list[GlueExample], InputReport]:
+def _read_tsv(spec: GlueTaskSpec, folder: Path, split: str) -> tuple[list[GlueExample], InputReport]:
     path = folder / spec.tsv_file(split)
     if not path.is_file():
         present = sorted(p.name for p in folder.glob("*.tsv"))
@@ -297,7 +297,7 @@ def _read_tsv(spec: TaskSpec, folder: Path, split: str) -> tuple[list[GlueExampl
     return collector.done(path, split)
 
 
-def _read_datasets(spec: TaskSpec, folder: Path, split: str) -> tuple[list[GlueExample], InputReport]:
+def _read_datasets(spec: GlueTaskSpec, folder: Path, split: str) -> tuple[list[GlueExample], InputReport]:
     from datasets import ClassLabel, DatasetDict, load_from_disk
 
     try:

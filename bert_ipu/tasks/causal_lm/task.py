@@ -1,13 +1,13 @@
 """Causal language modelling (GPT-2, Llama), packed or unpacked, pretraining or SFT: a task of the engine.
 
-    python run_causal_lm.py --config causal_tiny_llama_packed     # main(cfg) below
+    python run_causal_lm.py --config causal_tiny_llama_packed
 
-1. Tokenize the source (bert_ipu/data/causal.py): text cut into sequences of at most the pack length, or SFT
+1. Tokenize the source (data.py): text cut into sequences of at most the pack length, or SFT
    chats / prompt-response pairs with labels on the assistant's tokens only. Labels are next tokens of the
    same sequence: none crosses a boundary. Hold out `data.validation_fraction` of the sequences.
 2. Pack the sequences whole, back to back (bert_ipu/data/contiguous.py), with any packing algorithm
    (`none` = one per row, padded) at depth K; positions restart in every sequence.
-3. Train PackedLlamaForCausalLM / PackedGPT2LMHeadModel (bert_ipu/causal_lm.py; document-causal attention) on
+3. Train PackedLlamaForCausalLM / PackedGPT2LMHeadModel (bert_ipu/models/; document-causal attention) on
    the engine: about `train.global_batch_size` sequences per update, the loss of `data.loss_mode` with the
    update's global counts (all micro-batches, all ranks).
 4. Validate (loss and perplexity per label token, over the ranks) and export a folder that
@@ -23,17 +23,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..causal_lm import (FAMILIES, PackedLlamaForCausalLM, causal_lm_loss, causal_lm_loss_sums,
-                         packed_causal_lm_class)
-from ..data.causal import (CausalReport, load_tokenizer, sft_sequences, source_texts, text_sequences,
-                           train_tokenizer)
-from ..data.contiguous import pack_sequences
-from ..data.loader import ArraySource
-from ..engine.runtime import RunError, Runtime
-from ..modeling import IGNORE_INDEX, whole
-from ..packing import PackingInputError
-from . import plans
-from .finetune import pack_depth, packing_line, require_checkpoint_folder
+from ...data.contiguous import pack_sequences
+from ...data.layout import IGNORE_INDEX
+from ...data.loader import ArraySource
+from ...data.text import DataInputError
+from ...engine.parallel import global_counts
+from ...engine.runtime import RunError, Runtime
+from ...models import causal_lm_class, causal_lm_classes, plans
+from ...models.hf_io import export_model
+from ...models.llama import PackedLlamaForCausalLM
+from ...models.losses import causal_lm_loss, causal_lm_loss_sums, whole
+from ...packing import PackingInputError
+from ..common import command, pack_depth, packing_line, require_checkpoint_folder
+from .data import CausalReport, load_tokenizer, sft_sequences, source_texts, text_sequences, train_tokenizer
 
 INPUTS = ("input_ids", "position_ids", "sequence_ids")
 NORMALIZER = {"token": "label_tokens", "sequence": "labelled_sequences", "sum": None}
@@ -46,6 +48,7 @@ class CausalLMTask:
     stat_names = ("token_loss_sum", "sequence_loss_sum", "correct")
     pipeline_plan = None
     drop_last = False
+    trains = True
     has_evaluation = True
     headline = ("val_loss", "val_perplexity")
     progress_keys = ("loss", "val_loss", "tokens_per_second")
@@ -55,8 +58,6 @@ class CausalLMTask:
 
     # --- data ----------------------------------------------------------------------------------------------
     def prepare(self, rt: Runtime) -> None:
-        from ..data.text import DataInputError
-
         self.rt = rt
         d, m = self.cfg.data, self.cfg.model
         say = lambda msg: rt.say(msg, "causal_lm")  # noqa: E731
@@ -123,12 +124,12 @@ class CausalLMTask:
 
             config = AutoConfig.from_pretrained(m.init_checkpoint, local_files_only=True)
             try:
-                cls = packed_causal_lm_class(config)
+                cls = causal_lm_class(config)
             except ValueError as e:
                 raise RunError(f"model.init_checkpoint {m.init_checkpoint}: {e}") from None
             model = cls.from_pretrained(m.init_checkpoint, **kwargs)
         else:
-            model = FAMILIES[m.family](m.hf_config(self.tokenizer, S), **kwargs)
+            model = causal_lm_classes()[m.family](m.hf_config(self.tokenizer, S), **kwargs)
         if model.config.vocab_size < len(self.tokenizer):
             raise RunError(f"the tokenizer has {len(self.tokenizer)} tokens but the model only "
                            f"{model.config.vocab_size}; give the tokenizer the model was trained with (data.tokenizer)")
@@ -163,7 +164,7 @@ class CausalLMTask:
         with torch.no_grad():
             correct = ((whole(logits.argmax(-1)) == labels) & (labels != IGNORE_INDEX)).sum()
         loss = causal_lm_loss(sums, self.cfg.data.loss_mode, normalizers)
-        return loss, {"token_loss_sum": sums["token_loss_sum"], "sequence_loss_sum": sums["sequence_loss_sum"],
+        return loss, {"token_loss_sum": sums.token_loss_sum, "sequence_loss_sum": sums.sequence_loss_sum,
                       "correct": correct}
 
     @staticmethod
@@ -177,8 +178,6 @@ class CausalLMTask:
     def evaluate(self, engine, rt: Runtime, step: int) -> dict:
         """Loss and perplexity per label token over (up to `validation_batches` micro-batches per rank of) the
         held-out sequences, split over the data-parallel replicas."""
-        from ..engine.parallel import global_counts
-
         if "validation" not in self.packed_splits:
             return {}
         t = self.cfg.train
@@ -196,8 +195,6 @@ class CausalLMTask:
         return {"val_loss": out["loss"], "val_perplexity": out["perplexity"], "val_accuracy": out["accuracy"]}
 
     def export(self, model, folder: Path, info: dict) -> None:
-        from ..export import export_model
-
         d = self.cfg.data
         family = {"gpt2": "GPT-2", "llama": "Llama"}.get(model.config.model_type, model.config.model_type)
         what = "supervised fine-tuning (loss on the assistant's tokens)" if d.format == "sft" else "causal language modelling"
@@ -209,7 +206,7 @@ class CausalLMTask:
                 "packing": {"algorithm": d.algorithm, "max_sequences_per_pack": self.depth,
                             "packing_factor": round(self.packing_factor, 4)},
                 "metrics": {k: v for k, v in info["metrics"].items() if k in ("loss", "val_loss", "val_perplexity")},
-                "command": f"python run_causal_lm.py --config {self.cfg.name}"}
+                "command": command(self.cfg)}
         export_model(model, folder, card=card, tokenizer=self.tokenizer)
 
     def result_extra(self) -> dict:
@@ -219,10 +216,3 @@ class CausalLMTask:
                                     "efficiency": p.efficiency} for split, p in self.packed_splits.items()},
                 "input": vars(self.report)}
 
-
-def main(cfg, resume: bool = False, overwrite: bool = False, progress: bool = True) -> dict:
-    """Train as `cfg` says; returns the result (final metrics, paths) and writes OUTPUT/results.json."""
-    from ..engine.trainer import train
-
-    rt = Runtime.start(cfg.train.device, cfg.parallel.pipeline_stages, cfg.parallel.tensor_parallel)
-    return train(CausalLMTask(cfg, progress), cfg, rt, resume=resume, overwrite=overwrite, progress=progress)

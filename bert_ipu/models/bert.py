@@ -20,39 +20,28 @@ Packed inputs, per micro-batch of B packs of length S (see bert_ipu/data/layout.
 `PackedBertForQuestionAnswering` (at the end) is the SQuAD twin: HF `BertForQuestionAnswering` names, packs of
 contiguous features, start/end logits per feature masked to its own candidate positions.
 
-Attention backends (`attention_backend`), all giving the same numbers:
-    "mask"       the custom op's additive mask + SDPA (default; built by `make`; has a CPU backward)
-    "reference"  the same mask built with plain PyTorch ops (no custom op needed)
-    "flex"       FlexAttention with a document block mask, compiled on GPU, where it skips fully masked
-                 blocks. Forward only on CPU (PyTorch has no FlexAttention backward there)
-    "varlen"     CUDA only: flash attention over cumulative sequence lengths (`torch.nn.attention.varlen`),
-                 half precision. It needs every sequence contiguous, and the pretraining layout puts the MLM
-                 tokens first and the [CLS] tokens last, so the model permutes each pack's tokens once into
-                 sequence order (ids 1..K, then padding; a stable sort of the sequence ids, static shapes)
-                 before the encoder and back after it: the heads still read the first M and last K slots,
-                 which is what the fixed-size index tensors `order` / `inverse` are. Attention in a
-                 bidirectional encoder does not depend on the order within a sequence (positions come from
-                 `position_ids`), so the numbers are the other backends'.
-flex and varlen apply no attention-probability dropout (their kernels have none); training with it set warns
-once.
+Attention is any backend of bert_ipu/models/attention.py (`attention_backend`: mask, reference, flex, varlen),
+all giving the same numbers. A backend that needs each sequence's tokens contiguous (varlen) gets them: the
+pretraining layout puts the MLM tokens first and the [CLS] tokens last, so `PackedBertModel` permutes each
+pack's tokens once into sequence order (a stable sort of the sequence ids, static shapes) before the encoder
+and back after it; the heads still read the first M and last K slots. Attention in a bidirectional encoder
+does not depend on the order within a sequence (positions come from `position_ids`), so the numbers are the
+other backends'.
 """
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers import BertConfig
 from transformers.activations import ACT2FN
 
-from .ops import packed_attention_mask, reference_packed_attention_mask
-
-ATTENTION_BACKENDS = ("mask", "reference", "flex", "varlen")
-IGNORE_INDEX = -100
+from . import attention as attn
+from .hf_io import from_hf, init_weights, save_as_hf
+from .losses import classification_loss_sums, pretraining_loss_sums, span_loss_sums
 
 
 # --- encoder -----------------------------------------------------------------------------------------------
@@ -87,21 +76,12 @@ class BertSelfAttention(nn.Module):
         self.dropout_p = config.attention_probs_dropout_prob
 
     def forward(self, hidden, attention):
-        # hidden: (B, S, H); attention: an additive mask (B, 1, S, S) or a flex BlockMask
+        # hidden: (B, S, H); attention: what bert_ipu.models.attention.attention_for built for the batch
         B, S, _ = hidden.shape
         # (B, nh, S, hd); nh = this rank's heads under tensor parallelism (the projections hold whole heads)
         q, k, v = (proj(hidden).view(B, S, -1, self.head_dim).transpose(1, 2)
                    for proj in (self.query, self.key, self.value))
-        if isinstance(attention, torch.Tensor):
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attention.to(q.dtype),
-                                                 dropout_p=self.dropout_p if self.training else 0.0)
-        else:
-            if self.training and self.dropout_p > 0:
-                warn_no_attention_dropout(self.dropout_p)
-            if isinstance(attention, Varlen):
-                out = varlen_attention(q, k, v, attention)
-            else:
-                out = _flex_attention(q.device)(q, k, v, block_mask=attention)
+        out = attention(q, k, v, self.dropout_p if self.training else 0.0)
         return out.transpose(1, 2).reshape(B, S, -1)
 
 
@@ -184,130 +164,6 @@ class BertPooler(nn.Module):
         return self.activation(self.dense(cls_hidden))
 
 
-@functools.cache
-def _flex_attention(device: torch.device):
-    """FlexAttention, compiled on GPU (its fused kernel skips fully masked blocks; eager flex is a slow
-    reference); eager on the CPU, where the compiled kernel has no backward either."""
-    from torch.nn.attention.flex_attention import flex_attention
-
-    return torch.compile(flex_attention, dynamic=False) if device.type == "cuda" else flex_attention
-
-
-@functools.cache
-def warn_no_attention_dropout(p: float) -> None:
-    import warnings
-
-    warnings.warn(f"attention dropout {p} is not applied by the flex and varlen attention backends (their kernels "
-                  "have none); use mask or reference to train with it, or set it to 0", RuntimeWarning, stacklevel=3)
-
-
-class Varlen:
-    """Variable-length attention's view of a batch of packs whose sequences are contiguous, in id order 1..K
-    and then the row's padding: every slot's sequence and each row's padding run as one segment of the
-    flattened (B * S) tokens, from cumulative lengths of fixed size B * (K + 1) + 1 (empty slots are segments
-    of length 0), so the shapes stay static. `causal`: attention within a segment only to earlier tokens."""
-
-    def __init__(self, sequence_ids: torch.Tensor, slots: int, causal: bool = False):
-        B, S = sequence_ids.shape
-        ones = torch.ones_like(sequence_ids, dtype=torch.int32)
-        counts = torch.zeros(B, slots + 1, dtype=torch.int32, device=sequence_ids.device).scatter_add_(
-            1, sequence_ids.long(), ones)                          # (B, K + 1): padding, slot 1..K
-        lengths = torch.cat([counts[:, 1:], counts[:, :1]], 1).flatten()  # slots, then the padding run
-        self.cu = F.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))
-        self.max_len = S
-        self.causal = causal
-
-
-# The varlen kernel: None = torch's flash attention (`torch.nn.attention.varlen.varlen_attn`, CUDA only); the
-# CPU tests set `reference_varlen_attn` to check everything around it.
-VARLEN_KERNEL = None
-
-
-def require_varlen_device(device: torch.device) -> None:
-    """torch's varlen kernel is flash attention: CUDA only (unless a test put in the reference kernel)."""
-    if device.type != "cuda" and VARLEN_KERNEL is None:
-        raise ValueError("attention backend varlen needs CUDA (flash attention); use mask, reference or flex")
-
-
-def varlen_attention(q, k, v, attention: Varlen, scale: float | None = None) -> torch.Tensor:
-    """(B, heads, S, D) queries, keys, values -> (B, heads, S, D), attending within the segments of
-    `attention` (tokens in sequence order: see `contiguous_order`)."""
-    B, H, S, D = q.shape
-    flat = [x.transpose(1, 2).reshape(B * S, H, D) for x in (q, k, v)]
-    kernel = VARLEN_KERNEL
-    if kernel is None:
-        from torch.nn.attention.varlen import varlen_attn as kernel
-    out = kernel(*flat, attention.cu, attention.cu, attention.max_len, attention.max_len,
-                 **_varlen_options(kernel, attention.causal, scale, D))
-    return out.view(B, S, H, D).transpose(1, 2)
-
-
-@functools.cache  # once per kernel and layer shape, not inspect.signature in every layer of every step
-def _varlen_options(kernel, causal: bool, scale: float | None, head_dim: int) -> dict:
-    """Keyword arguments for both signatures torch has had: `window_size` and `scale` (2.12's docs), or
-    `is_causal` without `scale` (earlier releases). The caller must not change the returned dict."""
-    import inspect
-
-    params = inspect.signature(kernel).parameters
-    if "window_size" in params:
-        options = {"window_size": (-1, 0) if causal else (-1, -1)}
-    else:
-        options = {"is_causal": causal}
-    if "scale" in params:
-        options["scale"] = scale
-    elif scale is not None and abs(scale - head_dim ** -0.5) > 1e-12:
-        raise ValueError(f"this torch's varlen_attn takes no scale, and the model needs {scale}; use another "
-                         "attention backend or a newer torch")
-    return options
-
-
-def reference_varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, window_size=(-1, -1)):
-    """What `torch.nn.attention.varlen.varlen_attn` computes, in plain PyTorch (SDPA with a block-diagonal
-    mask over the flattened tokens): the CPU's check of the varlen path. (T, H, D) -> (T, H, D)."""
-    T = q.shape[0]
-    segment = torch.searchsorted(cu_q[1:].long(), torch.arange(T, device=q.device), right=True)
-    allowed = segment[:, None] == segment[None, :]
-    if window_size == (-1, 0):
-        allowed = allowed & torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
-    out = F.scaled_dot_product_attention(*(x.transpose(0, 1)[None] for x in (q, k, v)), attn_mask=allowed, scale=scale)
-    return out[0].transpose(0, 1)
-
-
-def contiguous_order(sequence_ids: torch.Tensor, slots: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, S) permutations: `order` puts each pack's tokens in sequence order (ids 1..slots, then padding;
-    stable, so a sequence keeps its tokens' order) and `inverse` undoes it."""
-    key = torch.where(sequence_ids > 0, sequence_ids.long(), slots + 1)
-    order = torch.argsort(key, dim=1, stable=True)
-    return order, torch.argsort(order, dim=1)
-
-
-def _take(hidden: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """hidden (B, S, H) with its tokens reordered by index (B, S)."""
-    return hidden.gather(1, index[..., None].expand_as(hidden))
-
-
-def attention_for(sequence_ids: torch.Tensor, backend: str, dtype: torch.dtype, causal: bool = False):
-    """What every layer attends with: an additive (B, 1, S, S) mask, or a flex BlockMask. A token attends to
-    the tokens of its own sequence (`sequence_ids`); with `causal` (decoders) only to those at or before it."""
-    if backend == "mask":
-        return packed_attention_mask(sequence_ids, dtype, causal)
-    if backend == "reference":
-        return reference_packed_attention_mask(sequence_ids, dtype, causal)
-    if backend == "flex":
-        from torch.nn.attention.flex_attention import create_block_mask
-
-        def same_sequence(b, h, q, kv):
-            return sequence_ids[b, q] == sequence_ids[b, kv]
-
-        def same_sequence_causal(b, h, q, kv):
-            return (sequence_ids[b, q] == sequence_ids[b, kv]) & (kv <= q)
-
-        B, S = sequence_ids.shape
-        return create_block_mask(same_sequence_causal if causal else same_sequence, B, None, S, S,
-                                 device=sequence_ids.device, _compile=sequence_ids.device.type == "cuda")
-    raise ValueError(f"unknown attention backend {backend!r}; choose from {', '.join(ATTENTION_BACKENDS)}")
-
-
 class PackedBertModel(nn.Module):
     """Embeddings + encoder (+ pooler), HF `BertModel` names. Returns the encoder output (B, S, H); the heads
     apply the pooler where they need it."""
@@ -315,9 +171,7 @@ class PackedBertModel(nn.Module):
     def __init__(self, config: BertConfig, attention_backend: str = "mask", add_pooling_layer: bool = True,
                  slots: int | None = None):
         super().__init__()
-        if attention_backend not in ATTENTION_BACKENDS:
-            raise ValueError(f"unknown attention backend {attention_backend!r}; "
-                             f"choose from {', '.join(ATTENTION_BACKENDS)}")
+        attn.backend(attention_backend)  # a ValueError naming the choices for an unknown name
         self.config = config
         self.attention_backend = attention_backend
         self.slots = slots  # K, the most sequences a pack holds (varlen's segments; None: the pack length)
@@ -329,28 +183,13 @@ class PackedBertModel(nn.Module):
         """(B, S) ids -> encoder output (B, S, H). On a pipeline stage without the embeddings (deleted),
         `input_ids` is the previous stage's hidden state (B, S, H) and passes straight to the layers."""
         hidden = input_ids if self.embeddings is None else self.embeddings(input_ids, position_ids, token_type_ids)
-        if self.attention_backend == "varlen":  # sequences made contiguous for the encoder, and put back
-            require_varlen_device(sequence_ids.device)
-            slots = self.slots or sequence_ids.shape[1]
-            order, inverse = contiguous_order(sequence_ids, slots)
-            attention = Varlen(sequence_ids, slots)  # lengths per id: the same before and after the reorder
-            return _take(self.encoder(_take(hidden, order), attention), inverse)
-        attention = attention_for(sequence_ids, self.attention_backend, hidden.dtype)
+        slots = self.slots or sequence_ids.shape[1]
+        # lengths per id: the same before and after a reorder
+        attention = attn.attention_for(sequence_ids, self.attention_backend, hidden.dtype, slots=slots)
+        if attn.backend(self.attention_backend).contiguous:  # sequences made contiguous for the encoder, and back
+            order, inverse = attn.contiguous_order(sequence_ids, slots)
+            return attn.take(self.encoder(attn.take(hidden, order), attention), inverse)
         return self.encoder(hidden, attention)
-
-
-def init_weights(module: nn.Module, std: float) -> None:
-    """BERT's initialisation (as HF's `_init_weights`)."""
-    if isinstance(module, (nn.Linear, nn.Embedding)):
-        nn.init.normal_(module.weight, std=std)
-    if isinstance(module, nn.Linear) and module.bias is not None:
-        nn.init.zeros_(module.bias)
-    if isinstance(module, nn.Embedding) and module.padding_idx is not None:
-        with torch.no_grad():
-            module.weight[module.padding_idx].zero_()
-    if isinstance(module, nn.LayerNorm):
-        nn.init.ones_(module.weight)
-        nn.init.zeros_(module.bias)
 
 
 # --- heads -------------------------------------------------------------------------------------------------
@@ -385,28 +224,6 @@ class BertPreTrainingHeads(nn.Module):
 
     def forward(self, mlm_hidden, pooled):  # (B, M, H), (B, K, H) -> (B, M, V), (B, K, 2), as HF's
         return self.predictions(mlm_hidden), self.seq_relationship(pooled)
-
-
-def whole(x: torch.Tensor) -> torch.Tensor:
-    """Under tensor parallelism (bert_ipu/engine/tensor.py) the logits are split along the vocabulary (a DTensor)
-    and so is what is computed from them: a cross-entropy (under loss_parallel, a replicated DTensor: the same
-    value on every rank) or an argmax. Returned whole as a plain tensor (differentiable), so that it adds to the
-    rest of a loss; any other tensor passes unchanged."""
-    return x.full_tensor() if hasattr(x, "full_tensor") else x
-
-
-def pretraining_loss_sums(mlm_logits, nsp_logits, masked_lm_labels, next_sentence_labels, next_sentence_weights):
-    """The pretraining losses as sums and counts (one definition for the model and every training engine):
-    (MLM cross-entropy summed over masked tokens, masked tokens, NSP cross-entropy summed over present
-    sequences, present sequences). In at least float32, also under bf16 autocast."""
-    loss_dtype = torch.promote_types(mlm_logits.dtype, torch.float32)
-    mlm_sum = whole(F.cross_entropy(mlm_logits.flatten(0, 1).to(loss_dtype), masked_lm_labels.flatten(),
-                                    ignore_index=IGNORE_INDEX, reduction="sum"))
-    mlm_count = (masked_lm_labels != IGNORE_INDEX).sum()
-    weights = next_sentence_weights.flatten().to(loss_dtype)
-    nsp_each = F.cross_entropy(nsp_logits.flatten(0, 1).to(loss_dtype), next_sentence_labels.flatten(),
-                               reduction="none")
-    return mlm_sum, mlm_count, (nsp_each * weights).sum(), weights.sum()
 
 
 class PackedPreTrainingOutput(tuple):
@@ -462,8 +279,10 @@ class PackedBertForPreTraining(nn.Module):
         out = PackedPreTrainingOutput(mlm_logits, nsp_logits)
         if masked_lm_labels is None or next_sentence_labels is None or next_sentence_weights is None:
             return out
-        out.mlm_loss_sum, out.mlm_count, out.nsp_loss_sum, out.nsp_count = pretraining_loss_sums(
-            mlm_logits, nsp_logits, masked_lm_labels, next_sentence_labels, next_sentence_weights)
+        sums = pretraining_loss_sums(mlm_logits, nsp_logits, masked_lm_labels, next_sentence_labels,
+                                     next_sentence_weights)
+        out.mlm_loss_sum, out.mlm_count, out.nsp_loss_sum, out.nsp_count = (
+            sums.mlm_loss_sum, sums.mlm_count, sums.nsp_loss_sum, sums.nsp_count)
         # clamp keeps an all-padding micro-batch at loss 0 instead of 0/0, with no data-dependent branch
         mlm_div = out.mlm_count.clamp_min(1) if mlm_normalizer is None else mlm_normalizer
         nsp_div = out.nsp_count.clamp_min(1) if nsp_normalizer is None else nsp_normalizer
@@ -488,48 +307,14 @@ class PackedBertForPreTraining(nn.Module):
         """Write a folder that `transformers.BertForPreTraining.from_pretrained` loads."""
         from transformers import BertForPreTraining
 
-        _save_as_hf(self, BertForPreTraining, path)
+        save_as_hf(self, BertForPreTraining, path)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
 
 
-def _from_hf(cls, hf_class, path, hf_kwargs: dict, kwargs: dict):
-    """Our model `cls` from a Hugging Face folder read by `hf_class` (a head it lacks starts fresh, silently:
-    "some weights were newly initialised" is expected), its state dict loaded with strict=True."""
-    from transformers.utils import logging
-
-    verbosity = logging.get_verbosity()
-    logging.set_verbosity_error()
-    try:
-        hf = hf_class.from_pretrained(str(path), **hf_kwargs)
-    finally:
-        logging.set_verbosity(verbosity)
-    model = cls(hf.config, **kwargs)
-    model.load_state_dict(hf.state_dict(), strict=True)
-    return model
-
-
-def _save_as_hf(model: nn.Module, hf_class, path) -> None:
-    """Write `model` as a folder that `hf_class.from_pretrained` loads (same names, strict)."""
-    hf = hf_class(model.config)
-    hf.load_state_dict(model.state_dict(), strict=True)
-    hf.save_pretrained(str(path))
-
-
 # --- question answering (SQuAD) ----------------------------------------------------------------------------
-
-def span_loss_sums(start_logits, end_logits, start_positions, end_positions):
-    """The SQuAD loss as a sum and a count (one definition for the model and every training engine): the sum
-    over labelled slots of (start CE + end CE) / 2, and the number of labelled slots. An empty slot has label
-    -100 (ignored) and all-lowest logits: a uniform softmax, never NaN."""
-    ce_start = F.cross_entropy(start_logits.flatten(0, 1), start_positions.flatten(), reduction="sum",
-                               ignore_index=IGNORE_INDEX)
-    ce_end = F.cross_entropy(end_logits.flatten(0, 1), end_positions.flatten(), reduction="sum",
-                             ignore_index=IGNORE_INDEX)
-    return (ce_start + ce_end) / 2, (start_positions != IGNORE_INDEX).sum()
-
 
 @dataclass
 class PackedQuestionAnsweringOutput:
@@ -586,7 +371,8 @@ class PackedBertForQuestionAnswering(nn.Module):
         out = PackedQuestionAnsweringOutput(start_logits, end_logits)
         if start_positions is None or end_positions is None:
             return out
-        out.loss_sum, out.count = span_loss_sums(start_logits, end_logits, start_positions, end_positions)
+        sums = span_loss_sums(start_logits, end_logits, start_positions, end_positions)
+        out.loss_sum, out.count = sums.loss_sum, sums.count
         out.loss = out.loss_sum / (out.count.clamp_min(1) if normalizer is None else normalizer)
         return out
 
@@ -597,13 +383,13 @@ class PackedBertForQuestionAnswering(nn.Module):
         from torch's generator, so seed it)."""
         from transformers import BertForQuestionAnswering
 
-        return _from_hf(cls, BertForQuestionAnswering, path, {}, kwargs)
+        return from_hf(cls, BertForQuestionAnswering, path, {}, kwargs)
 
     def save_pretrained(self, path: str | Path) -> None:
         """Write a folder that `transformers.BertForQuestionAnswering.from_pretrained` loads."""
         from transformers import BertForQuestionAnswering
 
-        _save_as_hf(self, BertForQuestionAnswering, path)
+        save_as_hf(self, BertForQuestionAnswering, path)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
@@ -617,20 +403,6 @@ class PackedSequenceClassifierOutput:
     loss: torch.Tensor | None = None    # loss_sum / count (or / normalizer)
     loss_sum: torch.Tensor | None = None  # summed over labelled slots: cross-entropy, or squared error (regression)
     count: torch.Tensor | None = None     # labelled slots
-
-
-def classification_loss_sums(logits, labels):
-    """The sequence-classification loss as a sum and a count (one definition for the model and every engine),
-    as Hugging Face's BertForSequenceClassification defines it per example: cross-entropy for classes (labels
-    int, -100 = no example), squared error for regression (one output; labels float, NaN = no example)."""
-    dtype = torch.promote_types(logits.dtype, torch.float32)
-    if logits.shape[-1] == 1:
-        present = ~torch.isnan(labels)
-        error = (logits[..., 0].to(dtype) - torch.nan_to_num(labels.to(dtype))) ** 2
-        return (error * present).sum(), present.sum()
-    loss_sum = F.cross_entropy(logits.flatten(0, 1).to(dtype), labels.flatten(), ignore_index=IGNORE_INDEX,
-                               reduction="sum")
-    return loss_sum, (labels != IGNORE_INDEX).sum()
 
 
 class PackedBertForSequenceClassification(nn.Module):
@@ -667,7 +439,8 @@ class PackedBertForSequenceClassification(nn.Module):
         out = PackedSequenceClassifierOutput(self.classifier(self.dropout(pooled)))   # (B, K, num_labels)
         if labels is None:
             return out
-        out.loss_sum, out.count = classification_loss_sums(out.logits, labels)
+        sums = classification_loss_sums(out.logits, labels)
+        out.loss_sum, out.count = sums.loss_sum, sums.count
         out.loss = out.loss_sum / (out.count.clamp_min(1) if normalizer is None else normalizer)
         return out
 
@@ -680,14 +453,14 @@ class PackedBertForSequenceClassification(nn.Module):
         from transformers import BertForSequenceClassification
 
         labels = {} if id2label is None else {"id2label": id2label, "label2id": {v: k for k, v in id2label.items()}}
-        return _from_hf(cls, BertForSequenceClassification, path,
+        return from_hf(cls, BertForSequenceClassification, path,
                         {"num_labels": num_labels, "ignore_mismatched_sizes": True, **labels}, kwargs)
 
     def save_pretrained(self, path: str | Path) -> None:
         """Write a folder that `transformers.BertForSequenceClassification.from_pretrained` loads."""
         from transformers import BertForSequenceClassification
 
-        _save_as_hf(self, BertForSequenceClassification, path)
+        save_as_hf(self, BertForSequenceClassification, path)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

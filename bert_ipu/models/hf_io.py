@@ -1,4 +1,8 @@
-"""Export a trained model as a folder that Hugging Face `transformers` uses as it is.
+"""Hugging Face I/O: our models load from and save to `transformers` folders with the same names (strict),
+start from Hugging Face's initialisation, and export as a folder that `transformers` uses as it is.
+
+    model = from_hf(PackedBertForQuestionAnswering, BertForQuestionAnswering, "runs/x/hf", {}, kwargs)
+    save_as_hf(model, BertForQuestionAnswering, "out/")
 
 `export_model(model, folder, vocab_file, card=...)` writes, atomically:
 
@@ -24,10 +28,55 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from .data.instances import WordPiece
-from .files import describe_os_error
-from .files import fsync_dir as _fsync_dir
-from .files import fsync_tree as _fsync_tree
+from torch import nn
+
+from ..data.instances import WordPiece
+from ..files import describe_os_error
+from ..files import fsync_dir as _fsync_dir
+from ..files import fsync_tree as _fsync_tree
+
+# --- loading and saving ---------------------------------------------------------------------------------------
+
+def init_weights(module: nn.Module, std: float) -> None:
+    """Hugging Face's initialisation (`_init_weights` of BERT, GPT-2 and Llama alike) of one module."""
+    import torch
+
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, std=std)
+    if isinstance(module, nn.Linear) and module.bias is not None:
+        nn.init.zeros_(module.bias)
+    if isinstance(module, nn.Embedding) and module.padding_idx is not None:
+        with torch.no_grad():
+            module.weight[module.padding_idx].zero_()
+    if isinstance(module, nn.LayerNorm):
+        nn.init.ones_(module.weight)
+        nn.init.zeros_(module.bias)
+
+
+def from_hf(cls, hf_class, path, hf_kwargs: dict, kwargs: dict):
+    """Our model `cls` from a Hugging Face folder read by `hf_class` (a head it lacks starts fresh, silently:
+    "some weights were newly initialised" is expected), its state dict loaded with strict=True."""
+    from transformers.utils import logging
+
+    verbosity = logging.get_verbosity()
+    logging.set_verbosity_error()
+    try:
+        hf = hf_class.from_pretrained(str(path), **hf_kwargs)
+    finally:
+        logging.set_verbosity(verbosity)
+    model = cls(hf.config, **kwargs)
+    model.load_state_dict(hf.state_dict(), strict=True)
+    return model
+
+
+def save_as_hf(model: nn.Module, hf_class, path) -> None:
+    """Write `model` as a folder that `hf_class.from_pretrained` loads (same names, strict)."""
+    hf = hf_class(model.config)
+    hf.load_state_dict(model.state_dict(), strict=True)
+    hf.save_pretrained(str(path))
+
+
+# --- exports ---------------------------------------------------------------------------------------------------
 
 class ExportError(RuntimeError):
     """An export that could not be written (a full disk, a folder that cannot be created): one line; the previous
@@ -256,4 +305,4 @@ def _write_export(model, folder: Path, vocab_file: Path | None, lowercase: bool,
     return folder
 
 
-__all__ = ["export_model", "model_card", "ExportError", "PIPELINE_TAGS"]
+__all__ = ["export_model", "model_card", "ExportError", "PIPELINE_TAGS", "from_hf", "save_as_hf", "init_weights"]

@@ -1,9 +1,9 @@
 """GLUE sequence classification (and STS-B regression), packed or unpacked: a task of the engine.
 
-    python run_glue.py --config glue_tiny_packed          # main(cfg) below
+    python run_glue.py --config glue_tiny_packed
 
 1. Read the task's splits (official TSV files of a GLUE task folder, or a `datasets` dataset on disk in the
-   glue/<task> layout; bert_ipu/glue/data.py), tokenize each example as [CLS] a [SEP] (b [SEP]), and say
+   glue/<task> layout; data.py), tokenize each example as [CLS] a [SEP] (b [SEP]), and say
    what was left out or cut and why.
 2. Pack the examples back to back (bert_ipu/data/contiguous.py) with any packing algorithm (`data.algorithm`;
    `none` = one example per row) at one depth limit K (`data.max_sequences_per_pack`: N, max, or auto = the
@@ -25,15 +25,21 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..data.contiguous import pack_sequences
-from ..data.instances import WordPiece
-from ..data.loader import ArraySource
-from ..engine.runtime import RunError, Runtime, autocast
-from ..modeling import IGNORE_INDEX, PackedBertForSequenceClassification, classification_loss_sums
-from ..packing import PackingInputError
-from . import plans
-from .finetune import (card, check_model_fits, pack_depth, packing_line, require_checkpoint_folder,
-                       resolve_vocab)
+from ...data.contiguous import pack_sequences
+from ...data.instances import WordPiece
+from ...data.layout import IGNORE_INDEX
+from ...data.loader import ArraySource
+from ...data.text import DataInputError
+from ...engine.runtime import RunError, Runtime, autocast
+from ...files import write_json
+from ...models import plans
+from ...models.bert import PackedBertForSequenceClassification
+from ...models.hf_io import export_model
+from ...models.losses import classification_loss_sums
+from ...packing import PackingInputError
+from ..common import card, check_model_fits, pack_depth, packing_line, require_checkpoint_folder, resolve_vocab
+from .data import TASKS, GlueInputError, featurize, read_split
+from .metrics import compute
 
 INPUTS = ("input_ids", "position_ids", "token_type_ids", "sequence_ids", "cls_positions")
 
@@ -57,11 +63,12 @@ class GlueTask:
         self.cfg, self.progress = cfg, progress
         self.eval_result: dict = {}
 
+    @property
+    def trains(self) -> bool:
+        return self.cfg.data.train_split is not None
+
     # --- data ----------------------------------------------------------------------------------------------
     def prepare(self, rt: Runtime) -> None:
-        from ..data.text import DataInputError
-        from ..glue.data import TASKS, GlueInputError, featurize, read_split
-
         self.rt = rt
         d = self.cfg.data
         say = lambda msg: rt.say(msg, "glue")  # noqa: E731
@@ -153,7 +160,7 @@ class GlueTask:
 
     def loss(self, out, targets: dict, normalizers: dict):
         labels = targets["labels"]
-        loss_sum, _ = classification_loss_sums(out.logits, labels)
+        loss_sum = classification_loss_sums(out.logits, labels).loss_sum
         with torch.no_grad():
             correct = (torch.zeros(()) if self.regression else
                        ((out.logits.argmax(-1) == labels) & (labels != IGNORE_INDEX)).sum())
@@ -202,9 +209,6 @@ class GlueTask:
         return self._evaluate(model)
 
     def _evaluate(self, model) -> dict:
-        from ..engine.trainer import write_json
-        from ..glue.metrics import compute
-
         out = Path(self.cfg.output_dir)
         scores = {}
         start = time.perf_counter()
@@ -223,13 +227,11 @@ class GlueTask:
         return scores
 
     def export(self, model, folder: Path, info: dict) -> None:
-        from ..export import export_model
-
         d = self.cfg.data
         task = f"GLUE {d.task} sequence {'regression' if self.regression else 'classification'}"
         data = f"{d.data_dir} ({len(self.features[d.train_split]):,} training examples)"
         about = card(self.cfg, task, "text-classification", data, self.depth, self.packing_factor, info,
-                     ("loss", "accuracy", *self.headline), "run_glue.py")
+                     ("loss", "accuracy", *self.headline))
         export_model(model, folder, self.wp.path, card=about, lowercase=self.wp.lowercase)
 
     def result_extra(self) -> dict:
@@ -238,35 +240,3 @@ class GlueTask:
                                     "efficiency": p.efficiency} for split, p in self.by_split.items()},
                 "input": {split: vars(r) for split, r in self.reports.items()}} | self.eval_result
 
-
-def main(cfg, resume: bool = False, overwrite: bool = False, progress: bool = True) -> dict:
-    """Fine-tune (when data.train_split is set) and evaluate on the dev split(s); returns the result (metrics,
-    packing, paths) and writes it to OUTPUT/results.json."""
-    import dataclasses
-
-    from ..engine.trainer import prepare_run_dir, train, write_json
-
-    rt = Runtime.start(cfg.train.device, cfg.parallel.pipeline_stages, cfg.parallel.tensor_parallel)
-    task = GlueTask(cfg, progress)
-    if cfg.data.train_split:
-        result = train(task, cfg, rt, resume=resume, overwrite=overwrite, progress=progress)
-        result |= {k: v for k, v in result["metrics"].items() if k in task.headline}
-        if rt.main:
-            write_json(Path(cfg.output_dir) / "results.json", result)
-        return result
-    task.prepare(rt)  # evaluation only
-    torch.manual_seed(cfg.train.seed)
-    model = task.build_model().to(rt.device)
-    lock = prepare_run_dir(Path(cfg.output_dir), False, overwrite, rt,
-                           dataclasses.asdict(cfg) | {"data_layout": task.layout_record()})
-    try:
-        result = {"output_dir": cfg.output_dir}
-        if rt.main:
-            task._evaluate(model)
-            result |= task.result_extra()
-            write_json(Path(cfg.output_dir) / "results.json", result)
-    finally:
-        if lock:
-            lock.release()
-    rt.barrier()
-    return result

@@ -28,8 +28,8 @@ from typing import Iterator
 
 import numpy as np
 
-from ..modeling import IGNORE_INDEX
-from .text import DataInputError, read_documents
+from ...data.layout import IGNORE_INDEX
+from ...data.text import DataInputError, read_documents
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|pad|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>")
 # the chat template of a tokenizer trained here: role token, content, <|end|>; a prompt ends with <|assistant|>

@@ -32,11 +32,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..data.instances import WordPiece
-from ..modeling import IGNORE_INDEX
-from ..data.contiguous import PackedSequences, pack_sequences
-from ..packing import PackingInputError  # noqa: F401 - raised by pack_features, part of its API
-from ..packing.histogram import histogram_of
+from ...data.contiguous import PackedSequences, pack_sequences
+from ...data.instances import WordPiece
+from ...data.layout import IGNORE_INDEX
+from ...packing import PackingInputError  # noqa: F401 - raised by pack_features, part of its API
 
 
 class SquadInputError(ValueError):
@@ -301,14 +300,6 @@ SLOT_FIELDS = ("start_positions", "end_positions")
 # [offset[f], offset[f] + length[f]) of that row; rows holds ROW_FIELDS (P, S) and SLOT_FIELDS (P, K), positions
 # in the row, -100 = none. The one type of contiguous packing (bert_ipu/data/contiguous.py).
 PackedFeatures = PackedSequences
-
-
-def auto_depth(lengths: np.ndarray, max_len: int, algorithm: str = "cghp") -> int:
-    """`bert_ipu.packing.auto_depth` of the lengths' histogram: the smallest depth limit at which CGHP needs
-    no more packs than with unlimited depth (capped at 3 for NNLSHP)."""
-    from ..packing import auto_depth as auto_depth_of_histogram
-
-    return auto_depth_of_histogram(histogram_of(lengths, max_len), algorithm)
 
 
 def pack_features(features: Features, max_len: int, algorithm: str = "cghp", max_sequences_per_pack: int = 3,

@@ -1,0 +1,108 @@
+"""The one command line of every task: run_pretraining.py, run_squad.py, run_glue.py, run_causal_lm.py,
+run_profiling.py and `python -m bert_ipu` are this parser.
+
+    python -m bert_ipu --config NAME [--resume | --overwrite | --eval-only] [--print-config] [KEY=VALUE ...]
+
+NAME is a file in configs/ (without .yaml) or a path to a YAML file; KEY=VALUE pairs (anywhere on the line)
+override single fields (section.key=value). `--print-config` prints the resolved config (overlays and
+overrides applied) as YAML and exits. A kind's own flags (the profile's --algorithms, --json, ...) set fields
+of its config. A config of several processes per replica (pipeline stages x tensor-parallel ranks) started
+without torchrun launches them on this machine. Errors are one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .config import ConfigError, to_yaml
+from .engine.launch import launch_if_needed
+from .engine.runtime import RunError, finish, report_error
+from .tasks import TaskSpec, load_config, registry
+
+
+def _split(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(KEY=VALUE overrides, everything else): overrides may come anywhere, also after --resume or after a flag
+    that takes several values (which would otherwise swallow them)."""
+    overrides = [a for a in argv if "=" in a and not a.startswith("-")]
+    return overrides, [a for a in argv if a not in overrides]
+
+
+def parser(specs: list[TaskSpec], prog: str | None = None) -> argparse.ArgumentParser:
+    """The parser of a command line that runs configs of the kinds `specs` (one for run_X.py, all for -m)."""
+    doc = specs[0].doc if len(specs) == 1 else __doc__
+    p = argparse.ArgumentParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", required=True, metavar="NAME", help="config name in configs/ or path to a .yaml file")
+    if any(s.resumable for s in specs):
+        mode = p.add_mutually_exclusive_group()
+        mode.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in output_dir "
+                          "(on any number of processes)")
+        mode.add_argument("--overwrite", action="store_true", help="replace the run already in output_dir")
+        if any(s.eval_only is not None for s in specs):
+            mode.add_argument("--eval-only", action="store_true", help="no training: evaluate model.init_checkpoint "
+                              "on the evaluation data")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config (YAML) and exit")
+    seen = set()
+    for s in specs:
+        for flag, kwargs, _ in s.arguments:
+            if flag not in seen:
+                seen.add(flag)
+                p.add_argument(flag, **kwargs)
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                   help="override one field, e.g. train.max_steps=50 output_dir=runs/x")
+    return p
+
+
+def config(argv: list[str], kind: str | None = None):
+    """(the config a command line runs, its parsed flags, its spec)."""
+    specs = registry()
+    chosen = [specs[kind]] if kind else list(specs.values())
+    overrides, rest = _split(argv)
+    args = parser(chosen).parse_args(rest)
+    if kind is None:  # python -m bert_ipu: the config's own kind decides; its flags must be its kind's
+        kind = load_config(args.config, overrides).kind
+    spec = specs[kind]
+    flags = vars(args)
+    if flags.get("eval_only"):
+        if spec.eval_only is None:
+            raise ConfigError(f"--eval-only: a {kind} run cannot evaluate only; drop --eval-only")
+        overrides += list(spec.eval_only)
+    own = {flag for flag, _, _ in spec.arguments}
+    for flag, _, key in (a for s in chosen for a in s.arguments):
+        value = flags[flag.lstrip("-").replace("-", "_")]
+        if value is None or value is False:  # not given: the config decides
+            continue
+        if flag not in own:
+            raise ConfigError(f"{flag} is a flag of another kind of config; {args.config} is of kind {kind}")
+        overrides.append(f"{key}={json.dumps(value)}")  # JSON is YAML: paths stay strings, lists lists
+    return load_config(args.config, overrides, kind), args, spec
+
+
+def main(argv: list[str] | None = None, kind: str | None = None, script: str | None = None) -> int:
+    """Run the command line `argv` (default sys.argv[1:]) for configs of `kind` (None: any kind); `script` is the
+    file that re-runs it in launched processes (the caller's entry point). Returns the exit code."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        cfg, args, spec = config(argv, kind)
+        flags = vars(args)
+        if args.print_config:
+            print(to_yaml(cfg), end="")
+            return 0
+        if spec.launches:
+            code = launch_if_needed(cfg, script or sys.argv[0], argv, cfg.model.parameter_estimate())
+            if code is not None:  # its processes were launched here and have finished
+                return code
+        result = spec.run(cfg, resume=flags.get("resume", False), overwrite=flags.get("overwrite", False))
+    except (ConfigError, RunError) as e:
+        report_error(e)
+        return 2
+    line = spec.summary(result)
+    if line:
+        print(line)
+    return 0
+
+
+def run(kind: str | None, script: str) -> None:
+    """An entry point's whole body: `run("pretraining", __file__)` runs the command line and ends the process."""
+    finish(main(kind=kind, script=script))

@@ -1,0 +1,240 @@
+"""Attention over packs without cross-contamination: the backends, a registry by name.
+
+    attention = attention_for(sequence_ids, "mask", dtype=torch.float32, causal=False)   # once per forward
+    out = attention(q, k, v, dropout_p=0.1)     # in every layer: (B, heads, S, D) -> (B, heads, S, D)
+
+A token attends only to the tokens of its own sequence (`sequence_ids`: 1..k per sequence, 0 = padding); with
+`causal` (decoders) only to those at or before it. Every backend computes the same numbers; they differ in
+speed, in where they run and in what they need of the layout:
+
+    mask       the custom op's additive (B, 1, S, S) mask + SDPA (default; built by `make`; a CPU backward)
+    reference  the same mask built with plain PyTorch ops (no custom op needed)
+    flex       FlexAttention with a document block mask, compiled on GPU, where it skips fully masked blocks.
+               Forward only on the CPU (PyTorch has no FlexAttention backward there)
+    varlen     CUDA only: flash attention over cumulative sequence lengths (`torch.nn.attention.varlen`), half
+               precision. It needs every sequence's tokens contiguous (`Backend.contiguous`): a model whose
+               layout scatters them (BERT pretraining's MLM-first / [CLS]-last) permutes each pack once with
+               `contiguous_order` and back
+
+flex and varlen apply no attention-probability dropout (their kernels have none); training with it set warns
+once. Adding a backend is one `register(Backend(...))`: its name then works in every config, model and
+profile (`BACKENDS` is the one list of names).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from ..ops import packed_attention_mask, reference_packed_attention_mask
+
+
+@dataclass(frozen=True)
+class Backend:
+    """An attention backend: `build(sequence_ids, dtype, causal, slots)` makes what every layer calls as
+    `attention(q, k, v, dropout_p, scale)`."""
+    name: str
+    build: Callable
+    cuda_only: bool = False       # no kernel off CUDA
+    cpu_backward: bool = True     # trains on the CPU (flex: forward only there)
+    contiguous: bool = False      # needs each sequence's tokens contiguous, in id order, then padding
+    summary: str = ""
+
+
+BACKENDS: dict[str, Backend] = {}
+
+
+def register(backend: Backend) -> Backend:
+    BACKENDS[backend.name] = backend
+    return backend
+
+
+def backend(name: str) -> Backend:
+    """The backend called `name`; a ValueError naming the choices for any other name."""
+    if name not in BACKENDS:
+        raise ValueError(f"unknown attention backend {name!r}; choose from {', '.join(BACKENDS)}")
+    return BACKENDS[name]
+
+
+def check_device(name: str, device: torch.device | str, training: bool = True) -> None:
+    """The one device check of a backend: a ValueError (one line, naming the fix) where it cannot run: varlen
+    off CUDA (unless a test put in the reference kernel), flex training off CUDA (no backward there)."""
+    b, kind = backend(name), torch.device(device).type
+    if b.cuda_only and kind != "cuda" and VARLEN_KERNEL is None:
+        raise ValueError(f"attention backend {name} needs CUDA (flash attention), and this run is on {kind}; "
+                         f"use {' or '.join(n for n, x in BACKENDS.items() if x.cpu_backward and not x.cuda_only)}")
+    if training and not b.cpu_backward and kind != "cuda":
+        raise ValueError(f"attention backend {name} has no backward on {kind} (PyTorch's FlexAttention trains on "
+                         f"CUDA only); train with "
+                         f"{' or '.join(n for n, x in BACKENDS.items() if x.cpu_backward and not x.cuda_only)}, "
+                         f"or use {name} for evaluation")
+
+
+def attention_for(sequence_ids: torch.Tensor, name: str, dtype: torch.dtype, causal: bool = False,
+                  slots: int | None = None):
+    """What every layer attends with, for packs laid out by `sequence_ids` (B, S). `slots` (K, the most
+    sequences a pack holds; default S) sizes varlen's segments."""
+    return backend(name).build(sequence_ids, dtype, causal, slots or sequence_ids.shape[1])
+
+
+# --- mask + SDPA -------------------------------------------------------------------------------------------
+
+class MaskAttention:
+    """SDPA with an additive (B, 1, S, S) mask: 0 within a sequence, the dtype's lowest value elsewhere."""
+
+    def __init__(self, mask: torch.Tensor):
+        self.mask = mask
+
+    def __call__(self, q, k, v, dropout_p: float = 0.0, scale: float | None = None) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask.to(q.dtype), dropout_p=dropout_p,
+                                              scale=scale)
+
+
+register(Backend("mask", lambda ids, dtype, causal, slots: MaskAttention(packed_attention_mask(ids, dtype, causal)),
+                 summary="the custom op's additive mask + SDPA"))
+register(Backend("reference",
+                 lambda ids, dtype, causal, slots: MaskAttention(reference_packed_attention_mask(ids, dtype, causal)),
+                 summary="the same mask in plain PyTorch"))
+
+
+# --- flex --------------------------------------------------------------------------------------------------
+
+@functools.cache
+def _flex_attention(device: torch.device):
+    """FlexAttention, compiled on GPU (its fused kernel skips fully masked blocks; eager flex is a slow
+    reference); eager on the CPU, where the compiled kernel has no backward either."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False) if device.type == "cuda" else flex_attention
+
+
+@functools.cache
+def warn_no_attention_dropout(p: float) -> None:
+    import warnings
+
+    warnings.warn(f"attention dropout {p} is not applied by the flex and varlen attention backends (their kernels "
+                  "have none); use mask or reference to train with it, or set it to 0", RuntimeWarning, stacklevel=3)
+
+
+class FlexAttention:
+    """FlexAttention with a document (or document-causal) block mask."""
+
+    def __init__(self, sequence_ids: torch.Tensor, causal: bool):
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        def same_sequence(b, h, q, kv):
+            return sequence_ids[b, q] == sequence_ids[b, kv]
+
+        def same_sequence_causal(b, h, q, kv):
+            return (sequence_ids[b, q] == sequence_ids[b, kv]) & (kv <= q)
+
+        B, S = sequence_ids.shape
+        self.block_mask = create_block_mask(same_sequence_causal if causal else same_sequence, B, None, S, S,
+                                            device=sequence_ids.device, _compile=sequence_ids.device.type == "cuda")
+
+    def __call__(self, q, k, v, dropout_p: float = 0.0, scale: float | None = None) -> torch.Tensor:
+        if dropout_p > 0:
+            warn_no_attention_dropout(dropout_p)
+        return _flex_attention(q.device)(q, k, v, block_mask=self.block_mask, scale=scale)
+
+
+register(Backend("flex", lambda ids, dtype, causal, slots: FlexAttention(ids, causal), cpu_backward=False,
+                 summary="FlexAttention with a document block mask (compiled on GPU)"))
+
+
+# --- varlen ------------------------------------------------------------------------------------------------
+
+class Varlen:
+    """Variable-length attention's view of a batch of packs whose sequences are contiguous, in id order 1..K
+    and then the row's padding: every slot's sequence and each row's padding run as one segment of the
+    flattened (B * S) tokens, from cumulative lengths of fixed size B * (K + 1) + 1 (empty slots are segments
+    of length 0), so the shapes stay static. `causal`: attention within a segment only to earlier tokens."""
+
+    def __init__(self, sequence_ids: torch.Tensor, slots: int, causal: bool = False):
+        B, S = sequence_ids.shape
+        ones = torch.ones_like(sequence_ids, dtype=torch.int32)
+        counts = torch.zeros(B, slots + 1, dtype=torch.int32, device=sequence_ids.device).scatter_add_(
+            1, sequence_ids.long(), ones)                          # (B, K + 1): padding, slot 1..K
+        lengths = torch.cat([counts[:, 1:], counts[:, :1]], 1).flatten()  # slots, then the padding run
+        self.cu = F.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))
+        self.max_len = S
+        self.causal = causal
+
+    def __call__(self, q, k, v, dropout_p: float = 0.0, scale: float | None = None) -> torch.Tensor:
+        if dropout_p > 0:
+            warn_no_attention_dropout(dropout_p)
+        return varlen_attention(q, k, v, self, scale)
+
+
+def _build_varlen(sequence_ids, dtype, causal, slots):
+    check_device("varlen", sequence_ids.device, training=False)
+    return Varlen(sequence_ids, slots, causal)
+
+
+register(Backend("varlen", _build_varlen, cuda_only=True, contiguous=True,
+                 summary="flash attention over cumulative sequence lengths (CUDA)"))
+
+# The varlen kernel: None = torch's flash attention (`torch.nn.attention.varlen.varlen_attn`, CUDA only); the
+# CPU tests set `reference_varlen_attn` to check everything around it.
+VARLEN_KERNEL = None
+
+
+def varlen_attention(q, k, v, attention: Varlen, scale: float | None = None) -> torch.Tensor:
+    """(B, heads, S, D) queries, keys, values -> (B, heads, S, D), attending within the segments of
+    `attention` (tokens in sequence order: see `contiguous_order`)."""
+    B, H, S, D = q.shape
+    flat = [x.transpose(1, 2).reshape(B * S, H, D) for x in (q, k, v)]
+    kernel = VARLEN_KERNEL
+    if kernel is None:
+        from torch.nn.attention.varlen import varlen_attn as kernel
+    out = kernel(*flat, attention.cu, attention.cu, attention.max_len, attention.max_len,
+                 **_varlen_options(kernel, attention.causal, scale, D))
+    return out.view(B, S, H, D).transpose(1, 2)
+
+
+@functools.cache  # once per kernel and layer shape, not inspect.signature in every layer of every step
+def _varlen_options(kernel, causal: bool, scale: float | None, head_dim: int) -> dict:
+    """Keyword arguments for both signatures torch has had: `window_size` and `scale` (2.12's docs), or
+    `is_causal` without `scale` (earlier releases). The caller must not change the returned dict."""
+    import inspect
+
+    params = inspect.signature(kernel).parameters
+    if "window_size" in params:
+        options = {"window_size": (-1, 0) if causal else (-1, -1)}
+    else:
+        options = {"is_causal": causal}
+    if "scale" in params:
+        options["scale"] = scale
+    elif scale is not None and abs(scale - head_dim ** -0.5) > 1e-12:
+        raise ValueError(f"this torch's varlen_attn takes no scale, and the model needs {scale}; use another "
+                         "attention backend or a newer torch")
+    return options
+
+
+def reference_varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, window_size=(-1, -1)):
+    """What `torch.nn.attention.varlen.varlen_attn` computes, in plain PyTorch (SDPA with a block-diagonal
+    mask over the flattened tokens): the CPU's check of the varlen path. (T, H, D) -> (T, H, D)."""
+    T = q.shape[0]
+    segment = torch.searchsorted(cu_q[1:].long(), torch.arange(T, device=q.device), right=True)
+    allowed = segment[:, None] == segment[None, :]
+    if window_size == (-1, 0):
+        allowed = allowed & torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    out = F.scaled_dot_product_attention(*(x.transpose(0, 1)[None] for x in (q, k, v)), attn_mask=allowed, scale=scale)
+    return out[0].transpose(0, 1)
+
+
+def contiguous_order(sequence_ids: torch.Tensor, slots: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, S) permutations: `order` puts each pack's tokens in sequence order (ids 1..slots, then padding;
+    stable, so a sequence keeps its tokens' order) and `inverse` undoes it."""
+    key = torch.where(sequence_ids > 0, sequence_ids.long(), slots + 1)
+    order = torch.argsort(key, dim=1, stable=True)
+    return order, torch.argsort(order, dim=1)
+
+
+def take(hidden: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """hidden (B, S, H) with its tokens reordered by index (B, S)."""
+    return hidden.gather(1, index[..., None].expand_as(hidden))

@@ -1,0 +1,93 @@
+"""Packed Llama: RoPE, RMSNorm, SwiGLU and grouped-query attention, with Hugging Face `LlamaForCausalLM`'s names,
+on packs of several sequences (bert_ipu/models/causal_lm.py says what packing changes). RoPE rotates by the
+restarting `position_ids`, with Hugging Face's own rotary embedding.
+
+    model = PackedLlamaForCausalLM(LlamaConfig(...), attention_backend="mask")
+    logits = model(input_ids, position_ids, sequence_ids)      # (B, S) each -> (B, S, V)
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from .causal_lm import PackedCausalLM
+
+
+def repeat_kv(x, groups: int):
+    """(B, kv_heads, S, D) -> (B, kv_heads * groups, S, D): grouped-query attention's shared keys/values."""
+    return x if groups == 1 else x.repeat_interleave(groups, dim=1)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
+        self.dropout_p = config.attention_dropout
+
+    def forward(self, hidden, attention, cos, sin):
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+        B, S, _ = hidden.shape
+        # (B, heads, S, hd): this rank's heads under tensor parallelism (the projections hold whole heads)
+        q, k, v = (proj(hidden).view(B, S, -1, self.head_dim).transpose(1, 2)
+                   for proj in (self.q_proj, self.k_proj, self.v_proj))
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)  # rotated by the restarting positions
+        groups = self.num_heads // self.num_kv_heads
+        out = attention(q, repeat_kv(k, groups), repeat_kv(v, groups), self.dropout_p if self.training else 0.0,
+                        self.head_dim ** -0.5)
+        return self.o_proj(out.transpose(1, 2).reshape(B, S, -1))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
+
+        self.self_attn = LlamaAttention(config)
+        self.mlp = LlamaMLP(config)
+        self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(self, hidden, attention, cos, sin):
+        hidden = hidden + self.self_attn(self.input_layernorm(hidden), attention, cos, sin)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
+
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
+        self.layers = nn.ModuleDict({str(i): LlamaDecoderLayer(config) for i in range(config.num_hidden_layers)})
+        self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        # Hugging Face's own RoPE (every rope type it knows; its buffers are not in the state dict)
+        self.rotary_emb = LlamaRotaryEmbedding(config)
+
+    def forward(self, input_ids, position_ids, attention):
+        hidden = self.embed_tokens(input_ids)
+        cos, sin = self.rotary_emb(hidden, position_ids)
+        for layer in self.layers.values():
+            hidden = layer(hidden, attention, cos, sin)
+        return self.norm(hidden)
+
+
+class PackedLlamaForCausalLM(PackedCausalLM):
+    """Llama (RoPE, RMSNorm, SwiGLU, grouped-query attention); HF `LlamaForCausalLM` names."""
+
+    model_type, hf_class_name, base, embeddings = "llama", "LlamaForCausalLM", "model", "embed_tokens"
+    decoder_class = LlamaModel
+
+    def init_family_weights(self, std: float) -> None:
+        from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+        for module in self.modules():
+            if isinstance(module, LlamaRMSNorm):
+                nn.init.ones_(module.weight)

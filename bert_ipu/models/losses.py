@@ -1,0 +1,121 @@
+"""Every loss as sums and counts, one definition for the models and every training engine.
+
+    sums = pretraining_loss_sums(mlm_logits, nsp_logits, labels, nsp_labels, nsp_weights)
+    loss = sums.mlm_loss_sum / global_masked_tokens + sums.nsp_loss_sum / global_sequences
+
+A loss is a sum divided by a global count of valid items (masked tokens, sequences, label tokens) taken across
+micro-batches and data-parallel ranks, never a mean per micro-batch, so packing, gradient accumulation and
+parallelism never change the weight of a token or a sequence. The records are named (no tuples read by
+position). Sums are in at least float32, also under bf16 autocast. Labels use `IGNORE_INDEX` (-100) for
+"no label", as Hugging Face does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..data.layout import IGNORE_INDEX
+
+LOSS_MODES = ("token", "sequence", "sum")
+
+
+def whole(x: torch.Tensor) -> torch.Tensor:
+    """Under tensor parallelism (bert_ipu/engine/tensor.py) the logits are split along the vocabulary (a DTensor)
+    and so is what is computed from them: a cross-entropy (under loss_parallel, a replicated DTensor: the same
+    value on every rank) or an argmax. Returned whole as a plain tensor (differentiable), so that it adds to the
+    rest of a loss; any other tensor passes unchanged."""
+    return x.full_tensor() if hasattr(x, "full_tensor") else x
+
+
+@dataclass(frozen=True)
+class LossSums:
+    """A loss summed over the items that have a label, and how many items that is."""
+    loss_sum: torch.Tensor
+    count: torch.Tensor
+
+
+@dataclass(frozen=True)
+class PretrainingSums:
+    """BERT pretraining: MLM cross-entropy summed over masked tokens, NSP cross-entropy over present sequences."""
+    mlm_loss_sum: torch.Tensor
+    mlm_count: torch.Tensor      # masked tokens
+    nsp_loss_sum: torch.Tensor
+    nsp_count: torch.Tensor      # present sequences (NSP weight 1)
+
+
+@dataclass(frozen=True)
+class CausalLMSums:
+    """The next-token loss for every loss mode (`causal_lm_loss` picks one)."""
+    token_loss_sum: torch.Tensor      # cross-entropy summed over label tokens     (token: / label_tokens)
+    label_tokens: torch.Tensor        # tokens with a label
+    sequence_loss_sum: torch.Tensor   # sum over sequences of their mean cross-entropy (sequence: / labelled_sequences)
+    labelled_sequences: torch.Tensor  # sequences with at least one label token
+
+
+def pretraining_loss_sums(mlm_logits, nsp_logits, masked_lm_labels, next_sentence_labels,
+                          next_sentence_weights) -> PretrainingSums:
+    """mlm_logits (B, M, V), nsp_logits (B, K, 2), masked_lm_labels (B, M) (-100 = none), next_sentence_labels
+    (B, K), next_sentence_weights (B, K) (1 where the slot holds a sequence)."""
+    loss_dtype = torch.promote_types(mlm_logits.dtype, torch.float32)
+    mlm_sum = whole(F.cross_entropy(mlm_logits.flatten(0, 1).to(loss_dtype), masked_lm_labels.flatten(),
+                                    ignore_index=IGNORE_INDEX, reduction="sum"))
+    weights = next_sentence_weights.flatten().to(loss_dtype)
+    nsp_each = F.cross_entropy(nsp_logits.flatten(0, 1).to(loss_dtype), next_sentence_labels.flatten(),
+                               reduction="none")
+    return PretrainingSums(mlm_sum, (masked_lm_labels != IGNORE_INDEX).sum(), (nsp_each * weights).sum(),
+                           weights.sum())
+
+
+def span_loss_sums(start_logits, end_logits, start_positions, end_positions) -> LossSums:
+    """The SQuAD loss: the sum over labelled slots of (start CE + end CE) / 2, and the number of labelled slots.
+    An empty slot has label -100 (ignored) and all-lowest logits: a uniform softmax, never NaN."""
+    ce_start = F.cross_entropy(start_logits.flatten(0, 1), start_positions.flatten(), reduction="sum",
+                               ignore_index=IGNORE_INDEX)
+    ce_end = F.cross_entropy(end_logits.flatten(0, 1), end_positions.flatten(), reduction="sum",
+                             ignore_index=IGNORE_INDEX)
+    return LossSums((ce_start + ce_end) / 2, (start_positions != IGNORE_INDEX).sum())
+
+
+def classification_loss_sums(logits, labels) -> LossSums:
+    """The sequence-classification loss as Hugging Face's BertForSequenceClassification defines it per example:
+    cross-entropy for classes (labels int, -100 = no example), squared error for regression (one output;
+    labels float, NaN = no example)."""
+    dtype = torch.promote_types(logits.dtype, torch.float32)
+    if logits.shape[-1] == 1:
+        present = ~torch.isnan(labels)
+        error = (logits[..., 0].to(dtype) - torch.nan_to_num(labels.to(dtype))) ** 2
+        return LossSums((error * present).sum(), present.sum())
+    loss_sum = F.cross_entropy(logits.flatten(0, 1).to(dtype), labels.flatten(), ignore_index=IGNORE_INDEX,
+                               reduction="sum")
+    return LossSums(loss_sum, (labels != IGNORE_INDEX).sum())
+
+
+def causal_lm_loss_sums(logits, labels, sequence_ids, slots: int) -> CausalLMSums:
+    """The next-token loss of packed rows, logits (B, S, V) and labels (B, S) (-100 = none), for every loss
+    mode. `slots` is K, the most sequences a pack holds (static shapes: a (B, K + 1) scatter by sequence id)."""
+    dtype = torch.promote_types(logits.dtype, torch.float32)
+    B, S = labels.shape
+    each = whole(F.cross_entropy(logits.flatten(0, 1).to(dtype), labels.flatten(), ignore_index=IGNORE_INDEX,
+                                 reduction="none")).view(B, S)
+    has = (labels != IGNORE_INDEX).to(dtype)
+    ids = sequence_ids.long()
+    per_sum = torch.zeros(B, slots + 1, dtype=dtype, device=logits.device).scatter_add(1, ids, each)[:, 1:]
+    per_count = torch.zeros(B, slots + 1, dtype=dtype, device=logits.device).scatter_add(1, ids, has)[:, 1:]
+    return CausalLMSums(each.sum(), has.sum(), (per_sum / per_count.clamp_min(1)).sum(), (per_count > 0).sum())
+
+
+def causal_lm_loss(sums: CausalLMSums, mode: str, normalizers: dict | None = None):
+    """The loss of a mode: token = mean over the label tokens of the update (pass the update's global count in
+    `normalizers["label_tokens"]`: accumulation and ranks), sequence = mean over its sequences of each
+    sequence's mean, sum = the plain sum over label tokens."""
+    n = normalizers or {}
+    if mode == "token":
+        return sums.token_loss_sum / n.get("label_tokens", sums.label_tokens.clamp_min(1))
+    if mode == "sequence":
+        return sums.sequence_loss_sum / n.get("labelled_sequences", sums.labelled_sequences.clamp_min(1))
+    if mode == "sum":
+        return sums.token_loss_sum
+    raise ValueError(f"unknown loss mode {mode!r}; choose from {', '.join(LOSS_MODES)}")

@@ -1,0 +1,57 @@
+"""The GLUE run's config: the data section (task, splits, packing), and the root (kind: glue)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from ...config import ConfigError, ModelConfig, ParallelConfig, check_algorithm, check_run, depth_value
+from ..common import FinetuneConfig
+
+
+GLUE_TASKS = ("cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte", "wnli")
+
+
+@dataclass
+class GlueDataConfig:
+    task: str
+    """cola, sst2, mrpc, qqp, stsb, mnli, qnli, rte or wnli"""
+    data_dir: str
+    """the task's folder of official GLUE TSV files, or a `datasets` dataset saved to disk (glue/<task> layout)"""
+    train_split: str | None = "train"
+    """null: evaluate model.init_checkpoint only"""
+    eval_splits: list | None = None
+    """splits to score (default dev; mnli: dev_matched and dev_mismatched)"""
+    predict_split: str | None = None
+    """a split to predict without scoring (e.g. test)"""
+    vocab: str | None = None
+    """WordPiece vocab.txt; None = the init checkpoint's vocab.txt if it has one, else bert-base-uncased's"""
+    max_seq_length: int = 128
+    algorithm: str = "cghp"
+    """packing algorithm over the examples' lengths; none = unpacked (one example per row)"""
+    max_sequences_per_pack: int | str = "auto"
+    """depth limit: N, max, or auto: the smallest depth that packs the examples as tightly as unlimited depth"""
+
+    def __post_init__(self):
+        if self.task not in GLUE_TASKS:
+            raise ConfigError(f"data.task {self.task!r}: choose one of {', '.join(GLUE_TASKS)}")
+        if self.max_seq_length < 8:
+            raise ConfigError("data.max_seq_length must be >= 8")
+        check_algorithm(self.algorithm)
+        self.max_sequences_per_pack = depth_value(self.max_sequences_per_pack, "data.max_sequences_per_pack")
+
+
+@dataclass
+class GlueRunConfig:
+    """A GLUE fine-tuning run (kind: glue; run_glue.py)."""
+    script: ClassVar[str] = "run_glue.py"
+    data: GlueDataConfig
+    kind: str = "glue"
+    name: str = "unnamed"
+    output_dir: str | None = None
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: FinetuneConfig = field(default_factory=FinetuneConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+
+    def __post_init__(self):
+        check_run(self, pipeline=False, what="GLUE fine-tuning")
