@@ -65,8 +65,14 @@ def launch_if_needed(cfg, script: str, argv: list[str] | None, parameters: int |
 def launch(processes: int, script: str, argv: list[str]) -> int:
     """Run `python script argv...` in `processes` processes on this machine (elastic launch, as torchrun
     --standalone); returns 0, or the exit code of the first process that failed (it printed its error)."""
+    import logging
+
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    # each process reports its own error in one line; the launcher's log of the same failure (which process,
+    # which signal it sent the others) would only repeat it in many
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
 
     print(f"[run] starting {processes} processes on this machine (as torchrun --nproc-per-node {processes}); "
           "use torchrun yourself for several machines", flush=True)

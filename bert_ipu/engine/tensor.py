@@ -110,12 +110,22 @@ class _RankGenerator:
 
 
 def check(model: nn.Module, plan: TensorPlan, size: int) -> None:
-    """ValueError when `model` cannot be split `size` ways by `plan`."""
+    """ValueError (one line, naming the fix) when `model` cannot be split `size` ways by `plan`: every rank
+    holds whole attention heads, and an even share of every split width (the MLP's hidden units: a column-
+    parallel layer's outputs and a row-parallel layer's inputs). The vocabulary may split unevenly."""
     for what in plan.head_counts:
         count = getattr(model.config, what, None)
         if count is not None and count % size:
             raise ValueError(f"the model's {what} ({count}) does not divide by parallel.tensor_parallel ({size}): "
                              "every rank holds whole attention heads; choose a tensor-parallel size that divides it")
+    for patterns, side in ((plan.colwise, "out_features"), (plan.rowwise, "in_features")):
+        for name in (n for pattern in patterns for n in _matching(model, pattern)):
+            width = getattr(model.get_submodule(name), side)
+            if width % size:
+                raise ValueError(f"{name} has {width} {side.replace('_', ' ')}, which do not divide by "
+                                 f"parallel.tensor_parallel ({size}): every rank holds an equal share of a split "
+                                 "layer; choose a tensor-parallel size that divides it (or a model width that "
+                                 "divides by it, e.g. model.intermediate_size)")
 
 
 def parallelize(model: nn.Module, mesh, plan: TensorPlan, seed: int) -> nn.Module:

@@ -68,7 +68,8 @@ class LlamaModel(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
         self.layers = nn.ModuleDict({str(i): LlamaDecoderLayer(config) for i in range(config.num_hidden_layers)})
         self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        # Hugging Face's own RoPE (every rope type it knows; its buffers are not in the state dict)
+        # Hugging Face's own RoPE (its buffers are not in the state dict); PackedLlamaForCausalLM refuses the rope
+        # types under which a packed row's short sequences would rotate differently from the same sequences alone
         self.rotary_emb = LlamaRotaryEmbedding(config)
 
     def forward(self, input_ids, position_ids, attention):
@@ -79,11 +80,33 @@ class LlamaModel(nn.Module):
         return self.norm(hidden)
 
 
+# Rope types whose frequencies depend on the longest sequence a row holds: longrope picks its short or long
+# factors by the batch's largest position, so in a pack a short sequence next to a long one would rotate with the
+# long factors (alone, with the short ones). Hugging Face does the same to a padded batch; packing must not.
+# (dynamic NTK also scales by the largest position, but only above max_position_embeddings, which no sequence of
+# the causal LM task exceeds: there it is the default rope. default, linear, yarn and llama3 are fixed by the config.)
+LENGTH_DEPENDENT_ROPE = ("longrope",)
+
+
+def rope_type(config) -> str:
+    parameters = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    return parameters.get("rope_type", parameters.get("type", "default"))
+
+
 class PackedLlamaForCausalLM(PackedCausalLM):
-    """Llama (RoPE, RMSNorm, SwiGLU, grouped-query attention); HF `LlamaForCausalLM` names."""
+    """Llama (RoPE, RMSNorm, SwiGLU, grouped-query attention); HF `LlamaForCausalLM` names. Every rope type of
+    `transformers` except those in LENGTH_DEPENDENT_ROPE, which are refused for packed rows (more than one
+    sequence a row): they would make a packed sequence differ from the same sequence alone."""
 
     model_type, hf_class_name, base, embeddings = "llama", "LlamaForCausalLM", "model", "embed_tokens"
     decoder_class = LlamaModel
+
+    def __init__(self, config, attention_backend: str = "mask", max_sequences_per_pack: int | None = None):
+        if rope_type(config) in LENGTH_DEPENDENT_ROPE and max_sequences_per_pack != 1:
+            raise ValueError(f"rope type {rope_type(config)} scales its frequencies by the longest sequence of a row, "
+                             "so a packed row's short sequences would differ from the same sequences alone; train "
+                             "it unpacked (data.algorithm=none) or with another rope type")
+        super().__init__(config, attention_backend, max_sequences_per_pack)
 
     def init_family_weights(self, std: float) -> None:
         from transformers.models.llama.modeling_llama import LlamaRMSNorm

@@ -1,0 +1,103 @@
+"""Configurations that cannot be run exactly are refused in one line, before anything is written: a tensor-parallel
+size that does not divide a split layer, and a Llama rope type that would make a packed sequence differ from the
+same sequence alone. Every rope type that is accepted keeps packed == alone."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from bert_ipu.engine import tensor
+from bert_ipu.models import plans
+from bert_ipu.models.llama import PackedLlamaForCausalLM
+
+from training_helpers import run_cli
+
+
+def tiny_llama(intermediate_size=48, rope=None, positions=64) -> LlamaConfig:
+    rope = {"rope_type": "default"} if rope is None else rope
+    return LlamaConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, intermediate_size=intermediate_size, max_position_embeddings=positions,
+                       rope_parameters={**rope, "rope_theta": 10000.0}, attention_dropout=0.0)
+
+
+def test_a_split_width_that_does_not_divide_is_refused():
+    """Column-parallel outputs and row-parallel inputs must divide by the tensor-parallel size (each rank holds
+    an equal share); the heads alone were checked before, and an MLP width of 47 crashed inside DTensor at the
+    first forward with a 330-line traceback."""
+    tensor.check(PackedLlamaForCausalLM(tiny_llama(48)), plans.LLAMA, 2)  # divides: no error
+    with pytest.raises(ValueError, match=r"mlp.gate_proj has 47 out features.*parallel.tensor_parallel \(2\)"):
+        tensor.check(PackedLlamaForCausalLM(tiny_llama(47)), plans.LLAMA, 2)
+    with pytest.raises(ValueError, match="num_key_value_heads"):
+        tensor.check(PackedLlamaForCausalLM(tiny_llama(48)), plans.LLAMA, 4)
+
+
+def test_tensor_parallel_with_an_odd_mlp_width_is_one_line_and_writes_nothing(tmp_path):
+    """The issue's command: SFT at tensor 2 (its two processes launched by the entry point) with
+    intermediate_size 47: exit 2, one line on stderr naming the layer and the fix, no run folder."""
+    out = tmp_path / "run"
+    proc = run_cli("--config", "sft_tiny_chat_packed", "model.hidden_size=32", "model.intermediate_size=47",
+                   "model.num_attention_heads=4", "model.num_key_value_heads=2", "parallel.tensor_parallel=2",
+                   "train.max_steps=2", f"output_dir={out}", script="run_causal_lm.py", check=False)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert len(lines) == 1 and "47 out features" in lines[0] and "intermediate_size" in lines[0], lines
+    assert not out.exists()
+
+
+ROPES = {
+    "default": {"rope_type": "default"},
+    "linear": {"rope_type": "linear", "factor": 2.0},
+    "dynamic": {"rope_type": "dynamic", "factor": 2.0},
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16},
+    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 16},
+}
+LONGROPE = {"rope_type": "longrope", "short_factor": [1.0] * 4, "long_factor": [4.0] * 4,
+            "original_max_position_embeddings": 16}
+
+
+@pytest.mark.parametrize("rope", sorted(ROPES))
+def test_every_accepted_rope_type_keeps_packed_equal_to_alone(rope):
+    """A row packing a 5-token and a 40-token sequence (positions restarting, document-causal attention) gives
+    each sequence the logits transformers' LlamaForCausalLM gives it alone, for every rope type we accept
+    (float64, 1e-10: only summation order differs). 40 tokens pass the yarn/llama3 original length (16) and stay
+    below max_position_embeddings (64), as every sequence of the causal LM task does."""
+    torch.manual_seed(0)
+    config = tiny_llama(rope=ROPES[rope])
+    hf = LlamaForCausalLM(config).double().eval()
+    ours = PackedLlamaForCausalLM(config, "reference", max_sequences_per_pack=2).double().eval()
+    ours.load_state_dict(hf.state_dict(), strict=True)
+    a, b = torch.randint(0, 50, (5,)), torch.randint(0, 50, (40,))
+    ids = torch.cat([a, b])[None]
+    positions = torch.cat([torch.arange(5), torch.arange(40)])[None]
+    sequence_ids = torch.cat([torch.ones(5), torch.full((40,), 2)]).long()[None]
+    with torch.no_grad():
+        packed = ours(ids, positions, sequence_ids)[0]
+        for part, seq in ((slice(0, 5), a), (slice(5, 45), b)):
+            alone = hf(seq[None]).logits[0]
+            assert (packed[part] - alone).abs().max() < 1e-10 * alone.abs().max(), rope
+
+
+def test_a_rope_type_that_depends_on_the_longest_sequence_is_refused_for_packs():
+    """longrope picks short or long factors by the largest position of the batch: in a pack, the 5-token sequence
+    next to a 40-token one would rotate with the long factors (alone: the short ones). Refused for packed rows,
+    accepted unpacked (one sequence a row, where the row is the sequence)."""
+    config = tiny_llama(rope=LONGROPE)
+    with pytest.raises(ValueError, match=r"rope type longrope .*\(data.algorithm=none\)"):
+        PackedLlamaForCausalLM(config, "reference", max_sequences_per_pack=2)
+    with pytest.raises(ValueError, match="longrope"):
+        PackedLlamaForCausalLM(config, "reference")  # default K: the pack length
+    torch.manual_seed(0)
+    hf = LlamaForCausalLM(config).double().eval()
+    unpacked = PackedLlamaForCausalLM(config, "reference", max_sequences_per_pack=1).double().eval()
+    unpacked.load_state_dict(hf.state_dict(), strict=True)
+    # why it is refused: fed a packed row anyway, the short sequence no longer gets its logits alone
+    a, b = torch.randint(0, 50, (5,)), torch.randint(0, 50, (40,))
+    with torch.no_grad():
+        packed = unpacked(torch.cat([a, b])[None], torch.cat([torch.arange(5), torch.arange(40)])[None],
+                          torch.cat([torch.ones(5), torch.full((40,), 2)]).long()[None])[0, :5]
+        alone = hf(a[None]).logits[0]
+        assert torch.allclose(unpacked(a[None], torch.arange(5)[None], torch.ones(1, 5, dtype=torch.long))[0], alone)
+    assert (packed - alone).abs().max() > 1e-3 * alone.abs().max()
