@@ -1,0 +1,98 @@
+"""The one command line (bert_ipu/cli.py) that every entry point is: --print-config, KEY=VALUE anywhere, any
+kind through `python -m bert_ipu`, a kind's own flags; and the datasets and checkpoints of the code before the
+reorganisation (tests/fixtures/legacy, written by commit a72fa96) still read and resume."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from bert_ipu import cli
+from bert_ipu.config import CONFIG_DIR, ConfigError
+from bert_ipu.data.shards import PackedDataset
+from bert_ipu.tasks import load_config
+
+from training_helpers import ROOT, entry, final_weights
+
+LEGACY = Path(__file__).resolve().parent / "fixtures" / "legacy"
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")))
+def test_print_config_shows_the_resolved_config_that_loads_back(name, tmp_path, capsys):
+    """--print-config prints every field after overlays and overrides, as YAML that, saved and loaded, is the
+    same config; nothing runs and nothing is written."""
+    extra = ["data.task=sst2", "data.data_dir=x"] if name.startswith("glue_") and "tiny" not in name else []
+    argv = ["--config", name, "train.seed=7", *extra, "--print-config"] if not name.startswith("profile") else \
+        ["--config", name, "profile.seed=7", "--print-config"]
+    assert cli.main(argv) == 0
+    printed = capsys.readouterr().out
+    (tmp_path / "printed.yaml").write_text(printed)
+    again = load_config(str(tmp_path / "printed.yaml"))
+    expected = load_config(name, argv[2:-1])
+    assert dataclasses.asdict(again) | {"name": name} == dataclasses.asdict(expected)
+    section = "profile" if name.startswith("profile") else "train"
+    assert yaml.safe_load(printed)[section]["seed"] == 7
+
+
+def test_overrides_may_come_anywhere_also_after_resume():
+    """KEY=VALUE after --resume (argparse alone rejected it) or between flags is an override like any other."""
+    cfg, args, _ = cli.config(["--config", "test_tiny", "--resume", "train.max_steps=3", "output_dir=x"],
+                              "pretraining")
+    assert args.resume and cfg.train.max_steps == 3 and cfg.output_dir == "x"
+    cfg, _, _ = cli.config(["--config", "profile_quick", "--algorithms", "cghp", "profile.steps=2", "--ranks", "2"],
+                           "profile")
+    assert cfg.profile.algorithms == ["cghp"] and cfg.profile.steps == 2 and cfg.profile.ranks == 2
+
+
+def test_python_m_bert_ipu_runs_any_kind_and_refuses_another_kinds_flags():
+    """Without a kind (python -m bert_ipu) the config's own kind decides; a flag of another kind (--algorithms
+    on a pretraining config, --eval-only where a task cannot evaluate only) is a ConfigError, not ignored."""
+    assert type(cli.config(["--config", "squad_tiny_packed"])[0]).__name__ == "SquadRunConfig"
+    assert cli.config(["--config", "profile_quick", "--algorithms", "cghp"])[0].profile.algorithms == ["cghp"]
+    with pytest.raises(ConfigError, match="--algorithms is a flag of another kind"):
+        cli.config(["--config", "test_tiny", "--algorithms", "cghp"])
+    with pytest.raises(ConfigError, match="cannot evaluate only"):
+        cli.config(["--config", "test_tiny", "--eval-only"])
+    evaluate = cli.config(["--config", "squad_tiny_packed", "--eval-only"])[0]
+    assert evaluate.data.train_file is None and evaluate.data.predict_file
+
+
+def test_module_entry_point_prints_help_and_config():
+    """`python -m bert_ipu` is a working command (a fresh interpreter): --help names the flags; a wrong kind for an
+    entry point names the right one; exit codes 0 and 2."""
+    run = lambda *a: subprocess.run([sys.executable, *a], capture_output=True, text=True, cwd=ROOT)  # noqa: E731
+    helped = run("-m", "bert_ipu", "--help")
+    assert helped.returncode == 0 and "--print-config" in helped.stdout and "--eval-only" in helped.stdout
+    shown = run("-m", "bert_ipu", "--config", "glue_tiny_packed", "--print-config")
+    assert shown.returncode == 0 and yaml.safe_load(shown.stdout)["kind"] == "glue"
+    wrong = run("run_squad.py", "--config", "test_tiny")
+    assert wrong.returncode == 2 and wrong.stderr.strip() == ("error: config 'test_tiny' is of kind pretraining: "
+                                                              "run it with run_pretraining.py")
+
+
+def test_a_dataset_and_a_checkpoint_of_the_previous_layout_read_and_resume(tmp_path):
+    """The legacy dataset verifies; the legacy run (stopped after its step-2 checkpoint of 4 updates by the old
+    code) resumes with this code and ends with exactly the weights of a run of this code never stopped, and
+    exports a model transformers loads."""
+    dataset = tmp_path / "dataset"
+    shutil.copytree(LEGACY / "dataset", dataset)
+    PackedDataset(dataset, verify=True)
+    common = ["--config", "test_tiny", f"data.dataset={dataset}", "model.max_position_embeddings=64",
+              "data.max_seq_length=64", "train.max_steps=4", "train.checkpoint_every=2", "train.validate_every=2",
+              "train.log_every=1"]
+    resumed, straight = tmp_path / "resumed", tmp_path / "straight"
+    shutil.copytree(LEGACY / "run", resumed)
+    assert entry("pretraining", [*common, f"output_dir={resumed}", "--resume"]) == 0
+    assert entry("pretraining", [*common, f"output_dir={straight}"]) == 0
+    a, b = final_weights(resumed), final_weights(straight)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    from transformers import BertForPreTraining
+
+    BertForPreTraining.from_pretrained(str(resumed / "hf"))
