@@ -6,7 +6,7 @@
 Packs: CGHP (depth 3) on Wikipedia-512, and LPFHP (unlimited) on 1M long-context lengths at 32,768 tokens,
 sequences assigned with `assign_ragged` (a shuffled pack order, as the loader's). An update is ranks x
 micro-batches x packs per micro-batch packs; ABR = 1 - mean / max of the ranks' sums of squared sequence
-lengths (README, "Balance"). Prints the mean and worst ABR over --updates updates, the floor no dealing
+lengths (docs/packing.md, "Balance across devices"). Prints the mean and worst ABR over --updates updates, the floor no dealing
 can beat (1 - even share / max(costliest pack, even share), averaged), and the dealing time.
 """
 

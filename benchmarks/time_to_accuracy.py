@@ -176,7 +176,7 @@ def raw_seconds(rows: list[dict]) -> list[tuple[int, float]]:
 SIZES = {
     # model (hidden, layers, heads, intermediate); phase-1 updates at 128; phase 2: sequences per update
     # (rounded up so both layouts share one micro-batch shape), updates, LAMB learning rate; seeds; timing
-    # rounds; dupe factor of the 512 instances; start point and target metric (README "Time to accuracy":
+    # rounds; dupe factor of the 512 instances; start point and target metric (docs/results/time-to-accuracy.md:
     # the small sizes start from scratch and target the loss, since their phase-1 checkpoint gave no
     # measurable phase-2 gain and from scratch the accuracy sits on the unigram plateau)
     "quick": dict(model=(64, 2, 2, 256), phase1_steps=150, sequences=16, updates=24, lr=0.02, seeds=2, rounds=6,

@@ -97,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ranks", type=int, metavar="N", default=None,
                    help="also report balance over N data-parallel ranks: attention and data balance ratios "
                         "(ABR, DBR) of updates dealt in loader order and by balanced_order, and the padding ratio "
-                        "(README, 'Balance across devices'); sequences are assigned to packs first")
+                        "(docs/packing.md, 'Balance across devices'); sequences are assigned to packs first")
     p.add_argument("--packs-per-update", type=int, metavar="P", default=None,
                    help="packs per update for --ranks (default: 8 per rank); the first 100 updates are measured")
     p.add_argument("--multi-size", nargs="+", type=int, metavar="S", default=None,

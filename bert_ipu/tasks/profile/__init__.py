@@ -11,7 +11,7 @@ tokens/s, median step time with its min-max spread, FLOPs per step (torch.utils.
 (distinct batch shapes: SORT compiles one graph per shape), peak memory (GPU only), and with --compile the
 seconds torch.compile spends on each algorithm's batches (a recompilation per new shape). With --ranks N, a
 second table: the attention and data balance ratios (ABR, DBR) of updates dealt to N ranks in loader order
-and balanced, and the padding ratio (README, "Balance across devices").
+and balanced, and the padding ratio (docs/packing.md, "Balance across devices").
 """
 
 from ..base import TaskSpec

@@ -43,7 +43,7 @@ class ProfileConfig:
     scaling_batches: int = 40
     """batches of each kind timed for the scaling study"""
     ranks: int | None = None
-    """data-parallel ranks for the balance metrics (ABR, DBR, padding ratio; README "Balance across devices")
+    """data-parallel ranks for the balance metrics (ABR, DBR, padding ratio; docs/packing.md, "Balance across devices")
     of updates of ranks x micro_batch_size packs drawn from each packing, dealt in order and balanced; None = none"""
     balance_updates: int = 200
     """updates drawn for the balance metrics"""
