@@ -128,14 +128,14 @@ def test_the_checker_sees_an_upward_import_and_a_circle(tmp_path):
 
 
 def test_every_task_folder_registers_and_every_entry_point_is_a_shim():
-    """Each folder of bert_ipu/tasks/ is a task found by its kind, its config class names an entry point that
-    exists, and that entry point is a few lines calling the one command line."""
+    """Each folder of bert_ipu/tasks/ is a task found by its kind, and the entry point its config class names is
+    `python -m bert_ipu` or a file of a few lines calling the one command line."""
     from bert_ipu.tasks import registry
 
     folders = sorted(p.name for p in (PACKAGE / "tasks").iterdir() if (p / "__init__.py").is_file())
     specs = registry()
     assert sorted(s.config.__module__.split(".")[2] for s in specs.values()) == folders
-    for spec in specs.values():
+    for spec in (s for s in specs.values() if s.script != "-m bert_ipu"):
         script = ROOT / spec.script
         code = [line for line in script.read_text().splitlines() if line.strip() and not line.startswith('"""')]
         assert len(code) <= 3 and f'run("{spec.kind}", __file__)' in code[-1], script
