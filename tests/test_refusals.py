@@ -101,3 +101,41 @@ def test_a_rope_type_that_depends_on_the_longest_sequence_is_refused_for_packs()
         alone = hf(a[None]).logits[0]
         assert torch.allclose(unpacked(a[None], torch.arange(5)[None], torch.ones(1, 5, dtype=torch.long))[0], alone)
     assert (packed - alone).abs().max() > 1e-3 * alone.abs().max()
+
+
+def test_flex_training_off_cuda_is_one_line_and_writes_nothing(dataset, tmp_path):
+    """FlexAttention has no backward on the CPU: training with it crashed at the first backward (after writing
+    the run folder); now one line naming the backends that train here, before anything is written. Evaluation
+    may keep flex (its forward runs on the CPU)."""
+    from bert_ipu.models.attention import check_device
+
+    from training_helpers import entry
+
+    out = tmp_path / "run"
+    code = entry("pretraining", ["--config", "test_tiny", f"data.dataset={dataset}", f"output_dir={out}",
+                                 "model.max_position_embeddings=64", "data.max_seq_length=64",
+                                 "model.attention_backend=flex"])
+    assert code == 2 and not out.exists()
+    with pytest.raises(ValueError, match="has no backward on cpu.*train with mask or reference"):
+        check_device("flex", "cpu", training=True)
+    check_device("flex", "cpu", training=False)
+    with pytest.raises(ValueError, match="varlen needs CUDA"):
+        check_device("varlen", "cpu", training=False)
+
+
+def test_a_dead_worker_fails_the_job_instead_of_hanging():
+    """A data job's worker that dies (killed, out of memory) raises BrokenProcessPool from `ordered_map` within
+    seconds; `multiprocessing.Pool`, which create_pretraining_data used, waits forever for its result."""
+    import os
+    import time
+    from concurrent.futures.process import BrokenProcessPool
+
+    from bert_ipu.data.jobs import ordered_map, worker_pool
+
+    start = time.perf_counter()
+    with worker_pool(2) as pool:
+        with pytest.raises(BrokenProcessPool):
+            list(ordered_map(pool, os._exit, [3, 3, 3], in_flight=2))
+    assert time.perf_counter() - start < 60
+    with worker_pool(2) as pool:
+        assert list(ordered_map(pool, abs, range(-5, 5), in_flight=3)) == [abs(i) for i in range(-5, 5)]
