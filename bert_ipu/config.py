@@ -20,6 +20,7 @@ import types
 import typing
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import yaml
 
@@ -36,6 +37,23 @@ def check_backend(name: str, key: str = "model.attention_backend") -> None:
 
     if name not in BACKENDS:
         raise ConfigError(f"{key} {name!r}: choose {', '.join(BACKENDS)}")
+
+
+@dataclass(kw_only=True)
+class RunConfig:
+    """The root of a training run's config: what every run has besides its task's sections (which a task's
+    root adds: model, data, train, parallel). Class attributes: `script`, the entry point that runs the kind (for
+    errors and model cards), and `pipeline`, whether the task has a pipeline plan (else one stage only)."""
+    script: ClassVar[str]
+    pipeline: ClassVar[bool] = False
+    kind: str
+    name: str = "unnamed"
+    """defaults to the config file's name"""
+    output_dir: str | None = None
+    """the run's folder (checkpoints, metrics, export); default runs/NAME"""
+
+    def __post_init__(self):
+        check_run(self, self.pipeline, f"the {self.kind} task")
 
 
 def check_run(cfg, pipeline: bool = True, what: str = "this task") -> None:

@@ -70,6 +70,9 @@ LLAMA = TensorPlan(
 )
 
 
-BERT_PRETRAINING_PIPELINE = PipelinePlan(first=("bert.embeddings",), layers="bert.encoder.layer",
-                                         last=("bert.pooler", "cls"),
-                                         tied=("bert.embeddings.word_embeddings.weight", "cls.predictions.decoder.weight"))
+# BERT pretraining: embeddings on the first stage, pooler and heads on the last, the tied MLM decoder summed with
+# the word embeddings
+BERT_PRETRAINING_PIPELINE = PipelinePlan(
+    first=("bert.embeddings",), layers="bert.encoder.layer", last=("bert.pooler", "cls"),
+    tied=("bert.embeddings.word_embeddings.weight", "cls.predictions.decoder.weight"),
+)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from ...config import ConfigError, ParallelConfig, TrainConfig, check_algorithm, check_backend, check_run, depth_value
+from ...config import ConfigError, ParallelConfig, RunConfig, TrainConfig, check_algorithm, check_backend, depth_value
 
 
 @dataclass
@@ -121,17 +121,12 @@ class CausalTrainConfig(TrainConfig):
     global_batch_size: int = 32
 
 
-@dataclass
-class CausalLMRunConfig:
+@dataclass(kw_only=True)
+class CausalLMRunConfig(RunConfig):
     """A causal language model run, pretraining or SFT (kind: causal_lm; run_causal_lm.py)."""
     script: ClassVar[str] = "run_causal_lm.py"
     kind: str = "causal_lm"
-    name: str = "unnamed"
-    output_dir: str | None = None
     model: CausalModelConfig = field(default_factory=CausalModelConfig)
     data: CausalDataConfig = field(default_factory=CausalDataConfig)
     train: CausalTrainConfig = field(default_factory=CausalTrainConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
-
-    def __post_init__(self):
-        check_run(self, pipeline=False, what="causal LM training")

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from ...config import ConfigError, ModelConfig, ParallelConfig, check_algorithm, check_run, depth_value
+from ...config import (ConfigError, ModelConfig, ParallelConfig, RunConfig, check_algorithm,
+                       depth_value)
 from ..common import FinetuneConfig
 
 
@@ -41,17 +42,12 @@ class GlueDataConfig:
         self.max_sequences_per_pack = depth_value(self.max_sequences_per_pack, "data.max_sequences_per_pack")
 
 
-@dataclass
-class GlueRunConfig:
+@dataclass(kw_only=True)
+class GlueRunConfig(RunConfig):
     """A GLUE fine-tuning run (kind: glue; run_glue.py)."""
     script: ClassVar[str] = "run_glue.py"
-    data: GlueDataConfig
     kind: str = "glue"
-    name: str = "unnamed"
-    output_dir: str | None = None
     model: ModelConfig = field(default_factory=ModelConfig)
+    data: GlueDataConfig
     train: FinetuneConfig = field(default_factory=FinetuneConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
-
-    def __post_init__(self):
-        check_run(self, pipeline=False, what="GLUE fine-tuning")

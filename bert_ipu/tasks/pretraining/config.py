@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from ...config import (ConfigError, ModelConfig, ParallelConfig, TrainConfig, check_algorithm, check_run,
-                       depth_value)
+from ...config import ConfigError, ModelConfig, ParallelConfig, RunConfig, TrainConfig, check_algorithm, depth_value
 
 
 @dataclass
@@ -30,19 +29,13 @@ class DataConfig:
         self.max_sequences_per_pack = depth_value(self.max_sequences_per_pack, "data.max_sequences_per_pack")
 
 
-@dataclass
-class PretrainingRunConfig:
+@dataclass(kw_only=True)
+class PretrainingRunConfig(RunConfig):
     """A pretraining run (kind: pretraining; run_pretraining.py)."""
     script: ClassVar[str] = "run_pretraining.py"
+    pipeline: ClassVar[bool] = True
     kind: str = "pretraining"
-    name: str = "unnamed"
-    """defaults to the config file's name"""
-    output_dir: str | None = None
-    """the run's folder (checkpoints, metrics, export); default runs/NAME"""
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
-
-    def __post_init__(self):
-        check_run(self)

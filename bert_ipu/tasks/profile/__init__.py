@@ -43,7 +43,8 @@ ARGUMENTS = (
     ("--compile", dict(action="store_true", help="also time torch.compile per algorithm: one compilation per "
                        "distinct batch shape (SORT recompiles for every new shape)"), "profile.compile"),
     ("--backends", dict(nargs="+", metavar="NAME", help="attention backends to measure, each with every algorithm "
-                        "(default: model.attention_backend); speed-ups are over NONE on the same backend"), "profile.backends"),
+                        "(default: model.attention_backend); speed-ups are over NONE on the same backend"),
+     "profile.backends"),
     ("--hf-baseline", dict(action="store_true", help="also time transformers' BertForPreTraining on NONE's rows "
                            "(row 'hf'): the model a user would otherwise run; OH of the others is still over our "
                            "NONE"), "profile.hf_baseline"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from ...config import ConfigError, ModelConfig, ParallelConfig, check_run, depth_value
+from ...config import ConfigError, ModelConfig, ParallelConfig, RunConfig, depth_value
 from ..common import FinetuneConfig
 
 
@@ -42,17 +42,12 @@ class SquadDataConfig:
             raise ConfigError("data.n_best_size and data.max_answer_length must be >= 1")
 
 
-@dataclass
-class SquadRunConfig:
+@dataclass(kw_only=True)
+class SquadRunConfig(RunConfig):
     """A SQuAD fine-tuning run (kind: squad; run_squad.py)."""
     script: ClassVar[str] = "run_squad.py"
-    data: SquadDataConfig
     kind: str = "squad"
-    name: str = "unnamed"
-    output_dir: str | None = None
     model: ModelConfig = field(default_factory=ModelConfig)
+    data: SquadDataConfig
     train: FinetuneConfig = field(default_factory=FinetuneConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
-
-    def __post_init__(self):
-        check_run(self, pipeline=False, what="SQuAD fine-tuning")

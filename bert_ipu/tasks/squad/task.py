@@ -2,7 +2,8 @@
 
     python run_squad.py --config squad_tiny_packed
 
-1. Read the training and/or evaluation file, make the reference's windowed features (features.py) and say what was left out and why.
+1. Read the training and/or evaluation file, make the reference's windowed features (features.py) and say
+   what was left out and why.
 2. Pack each split's features (`data.algorithm`; `none` = unpacked, one feature per row) at one depth limit K
    (`data.max_sequences_per_pack`: N, max, or auto = the smallest depth that packs the training features as
    tightly as unlimited depth).

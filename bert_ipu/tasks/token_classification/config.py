@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from ...config import ConfigError, ModelConfig, ParallelConfig, check_algorithm, check_run, depth_value
+from ...config import (ConfigError, ModelConfig, ParallelConfig, RunConfig, check_algorithm,
+                       depth_value)
 from ..common import FinetuneConfig
 
 
@@ -33,17 +34,12 @@ class TokenDataConfig:
         self.max_sequences_per_pack = depth_value(self.max_sequences_per_pack, "data.max_sequences_per_pack")
 
 
-@dataclass
-class TokenClassificationRunConfig:
+@dataclass(kw_only=True)
+class TokenClassificationRunConfig(RunConfig):
     """A token classification run (kind: token_classification; python -m bert_ipu)."""
     script: ClassVar[str] = "-m bert_ipu"
-    data: TokenDataConfig
     kind: str = "token_classification"
-    name: str = "unnamed"
-    output_dir: str | None = None
     model: ModelConfig = field(default_factory=ModelConfig)
+    data: TokenDataConfig
     train: FinetuneConfig = field(default_factory=FinetuneConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
-
-    def __post_init__(self):
-        check_run(self, pipeline=False, what="token classification")
