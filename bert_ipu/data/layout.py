@@ -114,7 +114,7 @@ def sequence_lengths_per_id(sequence_ids: np.ndarray, max_id: int) -> np.ndarray
     N = len(ids)
     if ids.size and (int(ids.min()) < 0 or int(ids.max()) > max_id):
         raise ValueError(f"sequence ids {int(ids.min())}..{int(ids.max())} are outside 0..{max_id}")
-    if max_id <= 16:  # a few sequences a row: one comparison pass per id, on the stored dtype (10x the bincount)
+    if max_id <= 16:  # a few sequences a row: one comparison pass per id, on the stored dtype (beats the bincount)
         return np.stack([(ids == k).sum(axis=1) for k in range(1, max_id + 1)], axis=1).reshape(N, max_id)
     flat = np.arange(N)[:, None] * (max_id + 1) + ids.astype(np.int64)
     return np.bincount(flat.ravel(), minlength=N * (max_id + 1)).reshape(N, max_id + 1)[:, 1:]

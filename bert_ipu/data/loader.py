@@ -99,7 +99,8 @@ class ShardSource:
             self._lengths = [self.dataset.shard(self.split, i, ("sequence_lengths",))["sequence_lengths"]
                              for i in range(len(self.sizes))]
         # a contiguous range: slices of only the shards it spans (visiting every shard on every call made
-        # reading all costs chunk by chunk quadratic in the shards: 37 s for 32M packs)
+        # reading all costs chunk by chunk quadratic in the shards; docs/results/packing.md, "Balance across
+        # devices")
         parts = []
         starts = self._starts
         for i in range(max(int(np.searchsorted(starts, start, side="right")) - 1, 0), len(self._lengths)):

@@ -57,8 +57,9 @@ BUCKET_STEP = 1 / 128  # ... and buckets at most 1/128 of their length wide
 ROUND_UP = 0.3              # iterated rounding also rounds up fractional parts from this size (`_round`)
 # From an LP bound of STOP_PACKS packs, iterated rounding stops at one pack above ceil(LP) (where the integer
 # optimum of cutting stock almost always is: it is ceil(LP) or ceil(LP) + 1), 0.0000125% of 8M packs: on
-# Wikipedia-style 2048 at unlimited depth (held-out seed 2) four residual rounds, 1.9 s, never improved on a
-# packing 1 pack above the bound. Below it (SQuAD, tests) rounds go on as long as they can gain a pack.
+# Wikipedia-style histograms the residual rounds that chased that last pack took much time and gained nothing
+# (docs/results/packing-scale.md, "Stop at one pack above ceil(LP)"). Below it (SQuAD, tests) rounds go on as
+# long as they can gain a pack.
 STOP_PACKS = 1_000_000
 
 
@@ -128,10 +129,9 @@ def _plannable(histogram: np.ndarray, depth: int, cheap: int, expensive: bool) -
     """Whether `planned` is worth running first: a depth limit that can bind, the token bound at least the
     depth bound (so packs must be full), at most PLAN_MAX_PACKS packs (it realises them one by one), and
     either exact pricing too slow, or a limit of at least PLAN_MIN_DEPTH with more than COARSE_START_LENGTHS
-    lengths: there exact column generation was slow and worse on sparse long-context histograms (100,000
-    lengths at 2,048, depth 6: 45,099 packs at a 60 s limit against 42,630 in 2 s; depth 8: 42,646 in 41 s
-    against 42,622 in 2 s), while at depth 3 it was better (200,000 at 1,024: 118,380 in 6.7 s against
-    118,507)."""
+    lengths: there exact column generation was slower and worse than the plan on sparse long-context
+    histograms at depths 6 and 8, while at depth 3 it was better (docs/results/packing-scale.md, "Plan-guided
+    packing")."""
     max_len = len(histogram)
     if cheap > PLAN_MAX_PACKS or depth >= max_len // (int(np.argmax(histogram > 0)) + 1):
         return False
@@ -152,15 +152,15 @@ def _exact(histogram, depth, start, residual_rounds, patience, deadline):
     residual = histogram.copy()
     patterns: list[np.ndarray] = []
     lp_bound, point, best, best_packs, stale, late = 0.0, None, [start], start.n_packs, 0, False
-    # rounding up pays where best fit packs a residual badly: under a depth limit (21% above the residual's LP
-    # at Wikipedia-style 1024, depth 3); at unlimited depth it bought nothing on Wikipedia-512 and cost an
-    # extra residual LP (0.38 -> 0.48 s)
+    # rounding up pays where best fit packs a residual badly, which it does under a depth limit; at unlimited
+    # depth it bought nothing on Wikipedia-512 and cost an extra residual LP (docs/results/packing-scale.md,
+    # "Rounding up, and a smaller LP")
     up = ROUND_UP if depth < max_len // int(np.nonzero(histogram)[0][0] + 1) else None
     for round_ in range(residual_rounds):
         if round_ > 0:
             # rounded so far plus best fit on the residual may already meet the full problem's bound (up to
-            # `_slack`): then the residual's LP (a fresh model over every pattern so far: 0.4-1.2 s on
-            # Wikipedia-style 2048, unlimited depth) can gain at most that
+            # `_slack`): then the residual's LP (a fresh model over every pattern so far, the costly part of
+            # a round) can gain at most that
             tail = lpfhp(residual, depth)
             if sum(m.n_packs for m in rounded) + tail.n_packs <= math.ceil(lp_bound - 1e-6) + _slack(lp_bound):
                 best = rounded + [tail]
@@ -204,11 +204,12 @@ def _exact(histogram, depth, start, residual_rounds, patience, deadline):
 def _round(patterns: list[np.ndarray], x: np.ndarray, residual: np.ndarray, up: float | None) -> np.ndarray:
     """Packs per pattern from an LP solution x over `residual`: x rounded down, then (unless `up` is None),
     largest fractional part first, one more pack of each pattern whose part is at least `up` while all of its
-    sequences are still left (no padding is added). Rounding down alone left 812 sequences on Wikipedia-style
-    1024, depth 3, which best fit packed 21% above their LP, and the residual LPs that peeled them off a few
-    at a time (a fresh model over every pattern so far) were 30% of the time, ending 21-43 packs above the
-    bound; rounding up first leaves 130-250, and the packing ends 0-1 packs above the bound (1024 and 2048,
-    seeds 0-2)."""
+    sequences are still left (no padding is added). On large depth-limited histograms rounding down alone
+    leaves hundreds of sequences, which best fit packs well above their LP, and the residual LPs that peel
+    them off a few at a time (a fresh model over every pattern so far) take much of the time and still end
+    tens of packs above the bound; rounding up first leaves far fewer, and on the Wikipedia-style histograms
+    measured the packing ends within one pack of the bound (docs/results/packing-scale.md, "Rounding up, and
+    a smaller LP")."""
     whole = np.floor(x + 1e-9).astype(np.int64)
     if up is None:
         return whole

@@ -30,10 +30,11 @@ COARSE_START_LENGTHS = 600  # depth-limited, more distinct lengths than this: st
                             # lengths rounded up to units of 2 tokens (recursively)
 COARSE_VARIANTS = 27        # real-length combinations tried per coarse pattern
 # Once the restricted LP has more than PRUNE_COLUMNS columns a length, each round deletes the columns at zero
-# with reduced cost above PRUNE_RC (pricing brings one back if it pays again). The LP otherwise grew to
-# 15,000 columns at Wikipedia-style 2048, depth 3, where every primal simplex iteration prices them all:
-# 0.77-0.94x the time there and at 1024, back to back, same or fewer packs. Depth-limited LPs only: at
-# unlimited depth it was 0.87-1.03x, and SQuAD's unlimited packing lost its optimum (40,196 packs, not 40,195).
+# with reduced cost above PRUNE_RC (pricing brings one back if it pays again). Otherwise a depth-limited LP on
+# a large histogram grows to many thousands of columns, and every primal simplex iteration prices them all;
+# pruning saves time there with the same or fewer packs. Depth-limited LPs only: at unlimited depth it made no
+# clear difference to the time and SQuAD's packing lost its optimum (docs/results/packing-scale.md, "Rounding
+# up, and a smaller LP").
 PRUNE_RC = 0.05
 PRUNE_COLUMNS = 3
 
@@ -60,8 +61,8 @@ class Pricer:
         if len(vals) > 1:
             # An item worth no more than a shorter one is never needed (swap it for the shorter: the pattern
             # still fits and is worth as much), and with ties broken towards shorter items, as below, the
-            # recursions never pick it: same patterns, fewer steps. These are 85-90% of the lengths on
-            # Wikipedia-style 1024 and 2048 at depth 3 (Pareto items 100-320 of 1,000-2,000).
+            # recursions never pick it: same patterns, fewer steps. On Wikipedia-style histograms at depth 3
+            # these are most of the lengths.
             keep = np.concatenate([[True], vals[1:] > np.maximum.accumulate(vals)[:-1]])
             lens, vals, idx = lens[keep], vals[keep], idx[keep]
         if D >= L // int(self.lengths.min()):
@@ -76,7 +77,7 @@ class Pricer:
                 else:
                     best[c], choice[c] = best[c - 1], -1  # capacity c - 1 is as good
             # the largest capacity <= c whose best ends with an item: backtracking jumps there at once (walking
-            # down one capacity at a time was 28% of CGHP on a sparse 2048 histogram)
+            # down one capacity at a time was a large share of CGHP's time on sparse histograms)
             last = np.maximum.accumulate(np.where(choice > 0, np.arange(L + 1), 0))
             best, choice = best[None].repeat(2, 0), choice[None].repeat(2, 0)
             rest, D = 1, None
@@ -143,22 +144,23 @@ def highs():
         h = _Highs()
     h.setOptionValue("output_flag", False)
     # Primal simplex: added columns keep the last solution feasible, so it restarts where it stopped
-    # (dual simplex, HiGHS' default, took 1.5-2x longer on Wikipedia-1024 at depth 3).
+    # (dual simplex, HiGHS' default, was slower here; docs/results/packing-scale.md, "Long packs: heuristics
+    # and the warm LP").
     h.setOptionValue("simplex_strategy", 4)
     return h
 
 
-# A depth-limited `MasterLP`'s first solve uses dual simplex instead (a slack basis is dual feasible):
-# all of CGHP at Wikipedia-style 1024, depth 3, 1.75 s -> 1.4 s, and 2048 1.33x faster; at unlimited depth
-# it was 1.1-1.3x slower (2048), so there the first solve stays primal.
+# A depth-limited `MasterLP`'s first solve uses dual simplex instead (a slack basis is dual feasible): it
+# makes depth-limited CGHP faster, while at unlimited depth it was slower, so there the first solve stays
+# primal (docs/results/packing-scale.md, "Rounding up, and a smaller LP").
 DUAL_SIMPLEX = 1
 
 
 class MasterLP:
     """The restricted master LP  min sum x  s.t.  A x >= demand, x >= 0, kept alive between rounds of
     column generation: new columns are added to the model and HiGHS re-optimises from the last basis (a
-    few simplex iterations) instead of solving from scratch (linprog every round was 80% of CGHP's time
-    on Wikipedia-1024)."""
+    few simplex iterations) instead of solving from scratch (`linprog` every round took most of CGHP's
+    time)."""
 
     def __init__(self, demand: np.ndarray, index_of: np.ndarray, dual_first: bool = False):
         self.h = highs()
@@ -277,17 +279,18 @@ def solve_relaxation(histogram: np.ndarray, depth: int, patterns: list[np.ndarra
         # Many lengths: start from the support of the same LP on lengths rounded up to units of 2 tokens
         # (solved the same way, so recursively down to at most COARSE_START_LENGTHS lengths), each coarse
         # pattern expanded into the real lengths of its units (any choice fits: the rounded-up total does).
-        # The restricted LP then starts near its optimum instead of at best fit's depth-limited patterns
-        # (11.6% above it on Wikipedia-style 1024, depth 3, where exact column generation then spent 13 ever
-        # slower rounds): 9.6 s -> 1.9 s there, 60+ s -> 5.9 s at 2048. It replaces the unlimited-depth warm
-        # start (with both, 1024 took 5.7 s). At unlimited depth it did not help (2048: 4.0 s -> 4.8 s).
+        # The restricted LP then starts near its optimum instead of at best fit's depth-limited patterns,
+        # far above it, from where exact column generation spent many ever slower rounds. It replaces the
+        # unlimited-depth warm start (with both, CGHP was slower than with this alone). At unlimited depth it
+        # did not help (docs/results/packing-scale.md, "Where the time went, and the coarse start").
         patterns += _coarse_columns(histogram, depth, deadline)
         warm = False
     if warm and limited:
         # The unlimited-depth LP is cheap, and its duals are a strong start for the limited one: they give
         # a Farley bound close to the final one and price out good first columns. Only worth it on the full
         # histogram: on the small residuals of iterated rounding it was re-solved to a 0.5-pack gap every
-        # round and took 88% of the time (Wikipedia-2048, depth 3: 206 s -> 12.9 s without it, same packs).
+        # round and took most of the time, for the same packs (docs/results/packing-scale.md, "Long packs:
+        # heuristics and the warm LP").
         free = list(patterns)
         free += [s[s > 0] for s in lpfhp(histogram, max_len).strategies]
         # Only a start: on sparse histograms (a few sequences a length) this LP is so degenerate that it

@@ -3,9 +3,9 @@
 Long-context data at 8K tokens with at most 8 sequences a pack is tight on both resources at once: the
 packs must be full (the token bound binds) and the slots are scarce (7.3 sequences a pack on average, once
 the sequences that fill a pack alone are set aside). Best fit from the longest sequence down (LPFHP, FFD)
-fills packs 8 at a time with medium sequences and is 29.5% above the bound there; column generation needs
-the exact lengths to see what fits (on lengths rounded up to buckets the LP alone is 0.5% above the bound)
-and does not converge in a minute on 8,192 lengths. Here the LP only *plans*:
+fills packs 8 at a time with medium sequences and ends far above the bound there; column generation needs
+the exact lengths to see what fits (on lengths rounded up to buckets the LP alone is further above the bound
+than the plan's packing) and is slow to converge on thousands of exact lengths. Here the LP only *plans*:
 
 1. lengths are grouped into classes of g = ceil(L / PLAN_CLASSES) tokens, and each class stands for its
    mean length (not its longest: the plan is no packing and no bound, only proportions), so the depth-
@@ -19,10 +19,9 @@ and does not converge in a minute on 8,192 lengths. Here the LP only *plans*:
    the ratio still needed (remaining sequences / remaining packs), so short sequences are not used up
    early.
 
-On 1M long-context lengths at 8,192 (depth 8, seeds 0-3) this is 0.037-0.055% above the token bound in
-3.7-4.2 s on the 2-core machine (`benchmarks/packing_planned.py`), where the LP on rounded-up buckets stopped
-0.34% above after 60 s (and 29% above, best fit's packing, at 10 s). The bound reported with it is
-the cheap one (tokens), which is what binds. Deterministic: no random choices.
+The bound reported with it is the cheap one (tokens), which is what binds. Deterministic: no random choices.
+Figures, against best fit and the LP on rounded-up buckets (`benchmarks/packing_planned.py`):
+docs/results/packing-scale.md, "Plan-guided packing".
 """
 
 from __future__ import annotations
