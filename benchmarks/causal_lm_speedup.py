@@ -46,7 +46,7 @@ import torch
 from transformers import LlamaConfig
 
 from bert_ipu.models.llama import PackedLlamaForCausalLM
-from bert_ipu.models.losses import causal_lm_loss, causal_lm_loss_sums
+from bert_ipu.models.losses import causal_lm_loss, causal_lm_loss_sums, sequence_label_weights
 from bert_ipu.tasks.causal_lm.data import CausalReport, sft_sequences, source_texts, train_tokenizer
 from bert_ipu.data.contiguous import pack_sequences
 from bert_ipu.data.layout import IGNORE_INDEX
@@ -110,7 +110,8 @@ def timing_batches(layouts, B: int, steps: int, rounds: int, rng):
 def step(model, opt, b, depth) -> float:
     start = time.perf_counter()
     logits = model(b["input_ids"], b["position_ids"], b["sequence_ids"])
-    causal_lm_loss(causal_lm_loss_sums(logits, b["labels"], b["sequence_ids"], depth), "token").backward()
+    weights = sequence_label_weights(b["labels"], b["sequence_ids"], depth)
+    causal_lm_loss(causal_lm_loss_sums(logits, b["labels"], weights), "token").backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
     return time.perf_counter() - start

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from .config import ConfigError, to_yaml
@@ -98,7 +99,7 @@ def main(argv: list[str] | None = None, kind: str | None = None, script: str | N
         report_error(e)
         return 2
     line = spec.summary(result)
-    if line:
+    if line and int(os.environ.get("RANK", "0")) == 0:  # rank 0 speaks for a run of several processes
         print(line)
     return 0
 

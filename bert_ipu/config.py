@@ -214,18 +214,26 @@ class ParallelConfig:
     tensor_parallel: int = 1
     """> 1: split every layer over this many processes (Megatron-style, torch.distributed.tensor): attention
     heads and the MLP's hidden units, and the vocabulary of the embeddings and the tied output layer; the
-    processes are data-parallel replicas x pipeline stages x this (bert_ipu/engine/tensor.py); fp32 or bf16"""
+    processes are data-parallel replicas x pipeline stages x sequence x this (bert_ipu/engine/tensor.py); fp32
+    or bf16"""
+    sequence_parallel: int = 1
+    """> 1: split every row's tokens over this many processes (DeepSpeed-Ulysses: an all-to-all before and after
+    attention turns "my tokens, all heads" into "all tokens, my heads"); any split of the documents, none padded.
+    The attention heads (and key/value heads) must divide by it (x tensor_parallel), the pack length too; causal
+    LM task"""
 
     def __post_init__(self):
         if self.pipeline_stages < 1 or self.schedule not in ("1f1b", "gpipe"):
             raise ConfigError("parallel.pipeline_stages must be >= 1 and parallel.schedule 1f1b or gpipe")
-        if not isinstance(self.tensor_parallel, int) or self.tensor_parallel < 1:
-            raise ConfigError(f"parallel.tensor_parallel must be an integer >= 1, got {self.tensor_parallel!r}")
+        for key in ("tensor_parallel", "sequence_parallel"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"parallel.{key} must be an integer >= 1, got {value!r}")
 
     @property
     def processes(self) -> int:
-        """Processes of one data-parallel replica: pipeline stages x tensor-parallel ranks."""
-        return self.pipeline_stages * self.tensor_parallel
+        """Processes of one data-parallel replica: pipeline stages x sequence-parallel x tensor-parallel ranks."""
+        return self.pipeline_stages * self.sequence_parallel * self.tensor_parallel
 
 
 def check_algorithm(name: str) -> None:

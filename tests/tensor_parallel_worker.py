@@ -17,7 +17,7 @@ from pytorch_optimizer import Lamb
 from transformers import BertConfig, LlamaConfig
 
 from bert_ipu.models.llama import PackedLlamaForCausalLM
-from bert_ipu.models.losses import causal_lm_loss_sums
+from bert_ipu.models.losses import causal_lm_loss_sums, sequence_label_weights
 from bert_ipu.engine.optim import ShardedLamb
 from bert_ipu.engine.runtime import finish
 from bert_ipu.engine.tensor import full, loss_context, parallelize
@@ -122,7 +122,8 @@ def main(path: str) -> None:
     labels = torch.roll(input_ids, -1, 1).masked_fill(sequence_ids == 0, -100)
 
     def llama_loss(model):
-        sums = causal_lm_loss_sums(model(input_ids, position_ids, sequence_ids), labels, sequence_ids, 2)
+        sums = causal_lm_loss_sums(model(input_ids, position_ids, sequence_ids), labels,
+                                   sequence_label_weights(labels, sequence_ids, 2))
         return sums.token_loss_sum / sums.label_tokens
 
     result["llama"] = compare(llama, llama_loss, mesh, plans.LLAMA)

@@ -18,7 +18,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 
 from bert_ipu.models.gpt2 import PackedGPT2LMHeadModel
 from bert_ipu.models.llama import PackedLlamaForCausalLM
-from bert_ipu.models.losses import causal_lm_loss, causal_lm_loss_sums
+from bert_ipu.models.losses import causal_lm_loss, causal_lm_loss_sums, sequence_label_weights
 from bert_ipu.tasks import load_config
 from bert_ipu.tasks.causal_lm.data import CausalReport, chat_tokens, next_token_labels, sft_sequences, train_tokenizer
 from bert_ipu.data.contiguous import pack_sequences
@@ -95,7 +95,8 @@ def test_equal_to_transformers_unpacked(family, dtype, tol, backend):
     rows = [[0, 1], [2, 3, 4]]
     batch, where = pack(seqs, rows)
     logits = ours(batch["input_ids"], batch["position_ids"], batch["sequence_ids"])
-    sums = causal_lm_loss_sums(logits, batch["labels"], batch["sequence_ids"], 3)
+    weights = sequence_label_weights(batch["labels"], batch["sequence_ids"], 3)
+    sums = causal_lm_loss_sums(logits, batch["labels"], weights)
     loss = causal_lm_loss(sums, "token")
     loss.backward()
 
@@ -165,7 +166,7 @@ def test_loss_modes_change_the_gradient_as_defined():
         hf, ours = hf_and_packed("llama", torch.float64)
         batch, _ = pack(seqs, [[0, 1], [2, 3, 4]])
         sums = causal_lm_loss_sums(ours(batch["input_ids"], batch["position_ids"], batch["sequence_ids"]),
-                                   batch["labels"], batch["sequence_ids"], 3)
+                                   batch["labels"], sequence_label_weights(batch["labels"], batch["sequence_ids"], 3))
         causal_lm_loss(sums, mode).backward()
         per_seq = [ce_sum(hf(s[None]).logits[0], s) / (len(s) - 1) for s in seqs]  # mean CE of each sequence
         n = [len(s) - 1 for s in seqs]
@@ -182,7 +183,7 @@ def test_loss_modes_change_the_gradient_as_defined():
         for rows in ([[0, 1]], [[2, 3, 4]]):
             part, _ = pack(seqs, rows)
             s = causal_lm_loss_sums(ours(part["input_ids"], part["position_ids"], part["sequence_ids"]),
-                                    part["labels"], part["sequence_ids"], 3)
+                                    part["labels"], sequence_label_weights(part["labels"], part["sequence_ids"], 3))
             causal_lm_loss(s, mode, norm).backward()
         for name, p in ours.named_parameters():
             torch.testing.assert_close(p.grad, whole[name], rtol=0, atol=1e-12, msg=f"{mode} split {name}")

@@ -124,7 +124,7 @@ def test_tensor_parallel_training_equals_one_process_and_resumes_across_sizes(da
     up = resumed_copy(one, "one_to_two")
     stdout = torchrun(2, 29545, "--config", "test_tiny", *common, f"output_dir={up}", "parallel.tensor_parallel=2",
                       "--resume")
-    assert "now 1 x 1 x 2" in stdout
+    assert "now 1 x 1 x 1 x 2" in stdout
     assert_close_runs(one, up, keys=())
 
 
@@ -226,7 +226,7 @@ def test_tensor_parallel_dropout_resumes_bitwise_and_replicas_stay_equal(dataset
     staged = tmp_path / "staged"
     torchrun(2, 29557, *common, f"output_dir={staged}", "parallel.pipeline_stages=2", "train.max_steps=2")
     stdout = torchrun(2, 29559, *common, f"output_dir={staged}", "parallel.tensor_parallel=2", "--resume")
-    assert "now 1 x 1 x 2" in stdout and (staged / "checkpoints" / "step-0000004").is_dir()
+    assert "now 1 x 1 x 1 x 2" in stdout and (staged / "checkpoints" / "step-0000004").is_dir()
 
 
 def test_causal_lm_at_tensor_two_equals_one_process(tmp_path):

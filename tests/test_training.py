@@ -26,7 +26,8 @@ def test_every_config_loads():
     assert {"squad_base_384", "squad_base_384_packed", "squad_large_384", "squad_large_384_packed"} <= set(names)
     assert {"glue_base_128", "glue_base_128_packed", "glue_large_128", "glue_large_128_packed"} <= set(names)
     assert {"causal_tiny_llama_packed", "sft_tiny_chat_packed", "sft_tiny_pairs_packed"} <= set(names)
-    kinds = {"profile": "profile", "squad": "squad", "glue": "glue", "causal": "causal_lm", "sft": "causal_lm"}
+    kinds = {"profile": "profile", "squad": "squad", "glue": "glue", "causal": "causal_lm", "sft": "causal_lm",
+             "ner": "token_classification"}
     for name in names:
         cfg = load_config(name)  # its kind: picks the root
         assert cfg.name == name and cfg.kind == kinds.get(name.split("_")[0], "pretraining"), name

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..models import attention
 from ..models.plans import PipelinePlan, TensorPlan
 from . import tensor
 from .runtime import Runtime, RunError
@@ -89,6 +90,28 @@ def tensor_plan(task, model: nn.Module, size: int) -> TensorPlan:
     return plan
 
 
+def check_sequence_parallel(task, model: nn.Module, rt: Runtime, pack_len: int) -> None:
+    """A RunError (one line, naming the fix) when `model` cannot run with its rows' tokens split over
+    `rt.sequence` ranks: the task has no sequence-parallel layout, the attention heads (and key/value heads) do
+    not divide by tensor x sequence ranks (each rank attends with whole heads), or the pack length does not divide
+    by the sequence ranks (each holds an equal, contiguous share of a row; documents may straddle the shares)."""
+    S, T = rt.sequence, rt.tensor
+    if not task.sequence_fields:
+        raise RunError(f"the {task.name} task has no sequence-parallel layout; set parallel.sequence_parallel=1")
+    if rt.stages > 1:
+        raise RunError("parallel.sequence_parallel with pipeline stages: no task has both a pipeline plan and a "
+                       "sequence-parallel layout; set one of them to 1")
+    for what in ("num_attention_heads", "num_key_value_heads"):
+        count = getattr(model.config, what, None)
+        if count is not None and count % (S * T):
+            raise RunError(f"the model's {what} ({count}) does not divide by parallel.sequence_parallel ({S})"
+                           + (f" x parallel.tensor_parallel ({T})" if T > 1 else "")
+                           + ": after the all-to-all each rank attends with whole heads; choose sizes that divide it")
+    if pack_len % S:
+        raise RunError(f"the pack length {pack_len} does not divide by parallel.sequence_parallel ({S}): each rank "
+                       "holds an equal share of every row; choose a pack length (data.max_seq_length) that divides")
+
+
 def split_tensors(model: nn.Module, task, rt: Runtime, seed: int) -> None:
     """Split `model` (a whole model or a pipeline stage) over this process's tensor-parallel ranks, following the
     task's plan for it (in place). The attention cores' dropout seed differs per stage too (Megatron's +100)."""
@@ -104,8 +127,15 @@ def sum_gradients(params, group) -> None:
 
 
 class LocalParallel:
-    """The whole model on this process (or split over tensor-parallel ranks); data parallel over replicas: DDP,
-    or (tensor parallel) the gradient shards summed over the replicas of each tensor-parallel rank."""
+    """The whole model on this process (or split over tensor-parallel ranks, or over sequence-parallel ranks'
+    tokens); data parallel over replicas. The ranks that hold the same weights (the replicas, and the
+    sequence-parallel ranks of each) sum their gradients: DDP, or (tensor parallel) the gradient shards summed
+    over that group.
+
+    Sequence parallelism (`rt.sequence` > 1): every rank of a replica reads the same micro-batches; each keeps its
+    contiguous 1/S of every row in the task's `sequence_fields` and runs the model under
+    `models.attention.sequence_parallel` (Ulysses all-to-alls around attention). The counts a loss divides by come
+    from the whole rows (the trainer counts before the split); the loss sums are summed over all the ranks."""
 
     eval_group = 1  # micro-batches evaluated together
 
@@ -114,9 +144,12 @@ class LocalParallel:
         self.tensor = rt.tensor
         if self.tensor > 1:
             split_tensors(model, task, rt, seed)
-        self.use_ddp = rt.dp_world > 1 and self.tensor == 1
-        self.ddp = nn.parallel.DistributedDataParallel(model) if self.use_ddp else model
-        self.dp_group = rt.mesh()["dp"].get_group() if rt.dp_world > 1 and not self.use_ddp else None
+        self.count_group = rt.mesh()["dp"].get_group() if rt.dp_world > 1 else None
+        self.sp_group = rt.mesh()["sp"].get_group() if rt.sequence > 1 else None
+        self.weight_group = rt.weight_group() if rt.dp_world * rt.sequence > 1 else None
+        self.use_ddp = self.weight_group is not None and self.tensor == 1
+        self.ddp = (nn.parallel.DistributedDataParallel(model, process_group=self.weight_group) if self.use_ddp
+                    else model)
         self.writes_model = True
 
     @property
@@ -125,14 +158,36 @@ class LocalParallel:
         return self.model
 
     def dp_sum(self, values: torch.Tensor) -> torch.Tensor:
-        """Sum over the data-parallel replicas (a sum over tensor-parallel ranks would count each value T times)."""
-        if self.rt.dp_world == 1:
-            return values
-        return self.rt.all_sum(values, group=self.dp_group)  # None (every rank) under DDP
+        """Sum over the data-parallel replicas of what every rank of a replica computes alike (the counts of its
+        micro-batches: a sum over tensor- or sequence-parallel ranks would count each value T or S times)."""
+        return values if self.count_group is None else self.rt.all_sum(values, group=self.count_group)
+
+    def _sum(self, values: torch.Tensor) -> torch.Tensor:
+        """Sum over every rank that computed a share of the update's losses (replicas, sequence ranks)."""
+        return values if self.weight_group is None else self.rt.all_sum(values, group=self.weight_group)
+
+    def _local(self, batch: dict) -> dict:
+        """This rank's share of a micro-batch: under sequence parallelism its 1/S of every row's tokens."""
+        if self.sp_group is None:
+            return batch
+        S, r = self.rt.sequence, self.rt.sp_rank
+        out = dict(batch)
+        for name in self.task.sequence_fields:
+            n = batch[name].shape[1] // S
+            out[name] = batch[name][:, r * n:(r + 1) * n]
+        return out
 
     def _forward(self, model, batch):
         with self.rt.autocast(self.precision):
             return model(*[batch[f] for f in self.task.input_fields])
+
+    def _loss(self, model, batch: dict, normalizers: dict):
+        """(loss, sums) of one micro-batch on this rank's share of it (call it, and the backward of the loss,
+        inside `tensor.loss_context`)."""
+        batch = self._local(batch)
+        with attention.sequence_parallel(self.sp_group):
+            out = self._forward(model, batch)
+            return self.task.loss(out, {k: batch[k] for k in self.task.target_fields}, normalizers)
 
     def train_step(self, micro: list[dict], normalizers: dict) -> StepSums:
         names = self.task.stat_names
@@ -140,16 +195,15 @@ class LocalParallel:
         for i, batch in enumerate(micro):
             sync = self.ddp.no_sync() if self.use_ddp and i < len(micro) - 1 else nullcontext()
             with sync, tensor.loss_context(self.tensor):
-                out = self._forward(self.ddp, batch)
-                loss, sums = self.task.loss(out, {k: batch[k] for k in self.task.target_fields}, normalizers)
-                # DDP averages gradients over replicas; we want their sum
-                (loss * self.rt.dp_world if self.use_ddp else loss).backward()
+                loss, sums = self._loss(self.ddp, batch, normalizers)
+                # DDP averages gradients over its group; we want their sum
+                (loss * self.weight_group.size() if self.use_ddp else loss).backward()
             total += stack_sums(sums, names)
         if self.tensor > 1:
             tensor.align_gradients(self.model.parameters())
-        if self.dp_group is not None:
-            sum_gradients(self.model.parameters(), self.dp_group)
-        return dict(zip(names, self.dp_sum(total).tolist()))
+        if self.weight_group is not None and not self.use_ddp:
+            sum_gradients(self.model.parameters(), self.weight_group)
+        return dict(zip(names, self._sum(total).tolist()))
 
     @torch.no_grad()
     def evaluate(self, batches: list[dict], normalizers: dict) -> StepSums:
@@ -157,10 +211,8 @@ class LocalParallel:
         total = torch.zeros(len(names), dtype=torch.float64)
         for batch in batches:
             with tensor.loss_context(self.tensor):
-                out = self._forward(self.model, batch)
-                sums = self.task.loss(out, {k: batch[k] for k in self.task.target_fields}, normalizers)[1]
-            total += stack_sums(sums, names)
-        return dict(zip(names, self.dp_sum(total).tolist()))
+                total += stack_sums(self._loss(self.model, batch, normalizers)[1], names)
+        return dict(zip(names, self._sum(total).tolist()))
 
     def clip(self, max_norm: float) -> float:
         """Clip by the global gradient norm (of whole parameters, also when they are split)."""

@@ -53,22 +53,27 @@ def autocast(device: torch.device, precision: str):
 
 @dataclass
 class Runtime:
-    """This process's place in the run: device, global rank and world, and the (replicas x stages x tensor)
-    grid.
+    """This process's place in the run: device, global rank and world, and the (replicas x stages x sequence x
+    tensor) grid.
 
-    Global rank = (replica * stages + stage) * tensor + tp_rank: the tensor-parallel ranks of a stage are
-    consecutive (as Megatron's: the most communication on the closest links), then the stages of one
-    pipeline replica; all of a replica's ranks read the same micro-batches. `dp_rank` / `dp_world` index the
-    data-parallel replicas."""
+    Global rank = ((replica * stages + stage) * sequence + sp_rank) * tensor + tp_rank: the tensor-parallel ranks
+    of a stage are consecutive (as Megatron's: an all-reduce in every layer, the most communication on the
+    closest links), then the sequence-parallel ranks (two all-to-alls a layer), then the stages of one pipeline
+    replica (activations between stages), then the replicas (one gradient sum an update). All of a replica's
+    ranks read the same micro-batches; a sequence-parallel rank computes its share of each row's tokens.
+    `dp_rank` / `dp_world` index the data-parallel replicas."""
     device: torch.device
     rank: int = 0
     world: int = 1
     stages: int = 1
     tensor: int = 1
+    sequence: int = 1
     _mesh: object = field(default=None, repr=False, compare=False)
+    _weight_group: object = field(default=None, repr=False, compare=False)
 
     @classmethod
-    def start(cls, device: str = "auto", pipeline_stages: int = 1, tensor_parallel: int = 1) -> "Runtime":
+    def start(cls, device: str = "auto", pipeline_stages: int = 1, tensor_parallel: int = 1,
+              sequence_parallel: int = 1) -> "Runtime":
         dev = pick_device(device)
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if world > 1 and not dist.is_initialized():
@@ -78,11 +83,12 @@ class Runtime:
             else:
                 dist.init_process_group("gloo")
         rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-        per_replica = pipeline_stages * tensor_parallel
+        per_replica = pipeline_stages * sequence_parallel * tensor_parallel
         if world % per_replica:
-            raise RunError(f"parallel.pipeline_stages={pipeline_stages} x parallel.tensor_parallel={tensor_parallel} "
-                           f"needs a multiple of {per_replica} processes (x data-parallel replicas); got {world}")
-        return cls(dev, rank, world, pipeline_stages, tensor_parallel)
+            raise RunError(f"parallel.pipeline_stages={pipeline_stages} x parallel.sequence_parallel={sequence_parallel}"
+                           f" x parallel.tensor_parallel={tensor_parallel} needs a multiple of {per_replica} processes "
+                           f"(x data-parallel replicas); got {world}")
+        return cls(dev, rank, world, pipeline_stages, tensor_parallel, sequence_parallel)
 
     @property
     def main(self) -> bool:
@@ -90,34 +96,59 @@ class Runtime:
         return self.rank == 0
 
     @property
+    def per_replica(self) -> int:
+        """Processes of one data-parallel replica: stages x sequence x tensor."""
+        return self.stages * self.sequence * self.tensor
+
+    @property
     def dp_rank(self) -> int:
-        return self.rank // (self.stages * self.tensor)
+        return self.rank // self.per_replica
 
     @property
     def dp_world(self) -> int:
-        return self.world // (self.stages * self.tensor)
+        return self.world // self.per_replica
 
     @property
     def stage(self) -> int:
-        return self.rank // self.tensor % self.stages
+        return self.rank // (self.tensor * self.sequence) % self.stages
+
+    @property
+    def sp_rank(self) -> int:
+        return self.rank // self.tensor % self.sequence
 
     @property
     def tp_rank(self) -> int:
         return self.rank % self.tensor
 
-    def grid_rank(self, replica: int, stage: int, tp_rank: int) -> int:
-        """The global rank at a place of the grid."""
-        return (replica * self.stages + stage) * self.tensor + tp_rank
+    def grid_rank(self, replica: int, stage: int, tp_rank: int, sp_rank: int | None = None) -> int:
+        """The global rank at a place of the grid (`sp_rank` default: this process's)."""
+        sp_rank = self.sp_rank if sp_rank is None else sp_rank
+        return ((replica * self.stages + stage) * self.sequence + sp_rank) * self.tensor + tp_rank
 
     def mesh(self):
-        """The (dp, pp, tp) device mesh of the grid, built once (a collective: every process builds every group);
-        `mesh()["tp"]` is this process's tensor-parallel ranks, `mesh()["dp"].get_group()` its replicas."""
+        """The (dp, pp, sp, tp) device mesh of the grid, built once (a collective: every process builds every
+        group); `mesh()["tp"]` is this process's tensor-parallel ranks, `mesh()["sp"]` its sequence-parallel ranks,
+        `mesh()["dp"].get_group()` its replicas."""
         if self._mesh is None:
             from torch.distributed.device_mesh import init_device_mesh
 
-            self._mesh = init_device_mesh(self.device.type, (self.dp_world, self.stages, self.tensor),
-                                          mesh_dim_names=("dp", "pp", "tp"))
+            self._mesh = init_device_mesh(self.device.type, (self.dp_world, self.stages, self.sequence, self.tensor),
+                                          mesh_dim_names=("dp", "pp", "sp", "tp"))
         return self._mesh
+
+    def weight_group(self):
+        """The process group of the ranks that hold the same weights as this one (same stage and tensor-parallel
+        rank): every replica's sequence-parallel ranks, whose gradients are summed. Built once, by every process
+        (new_group is a collective over all ranks)."""
+        if self._weight_group is None:
+            import itertools
+
+            groups = {}
+            for stage, tp in itertools.product(range(self.stages), range(self.tensor)):
+                ranks = [self.grid_rank(r, stage, tp, s) for r in range(self.dp_world) for s in range(self.sequence)]
+                groups[stage, tp] = dist.new_group(ranks)
+            self._weight_group = groups[self.stage, self.tp_rank]
+        return self._weight_group
 
     def say(self, msg: str, tag: str = "run") -> None:
         if self.main:

@@ -29,7 +29,7 @@ from ..models.hf_io import ExportError
 from . import checkpoint
 from .metrics import MetricsLogger
 from .optim import build_optimizer, packing_betas, packs_per_update, schedule_length
-from .parallel import LocalParallel, PipelineParallel, global_counts, tensor_plan
+from .parallel import LocalParallel, PipelineParallel, check_sequence_parallel, global_counts, tensor_plan
 from .runtime import Runtime, RunError
 from .tensor import local, replicas_agree
 
@@ -91,7 +91,8 @@ def prepare_run_dir(out: Path, resume: bool, overwrite: bool, rt: Runtime, confi
 def run(task, cfg, resume: bool = False, overwrite: bool = False, progress: bool = True) -> dict:
     """Start this process's runtime (device, process group, grid) and run `task` as `cfg` says: train it, or
     evaluate it only when it does not train. Returns the result (also in OUTPUT/results.json)."""
-    rt = Runtime.start(cfg.train.device, cfg.parallel.pipeline_stages, cfg.parallel.tensor_parallel)
+    par = cfg.parallel
+    rt = Runtime.start(cfg.train.device, par.pipeline_stages, par.tensor_parallel, par.sequence_parallel)
     if task.trains:
         return train(task, cfg, rt, resume=resume, overwrite=overwrite, progress=progress)
     return evaluate_only(task, cfg, rt, overwrite=overwrite)
@@ -165,6 +166,8 @@ def train(task, cfg, rt: Runtime, resume: bool = False, overwrite: bool = False,
     model = task.build_model().to(rt.device).train()
     if rt.tensor > 1:
         tensor_plan(task, model, rt.tensor)  # a model that cannot be split is refused before anything is written
+    if rt.sequence > 1:
+        check_sequence_parallel(task, model, rt, task.layout_record()["pack_len"])
     lock = prepare_run_dir(out, resume, overwrite, rt, run_config(cfg, task))
     try:
         return _train(task, cfg, rt, out, resume, progress, loader, model, P, total, warmup)
@@ -201,10 +204,12 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, load
         step, seen = state["step"], state["sequences_seen"]
         last = state.get("metrics", {})  # what a finished run reported, if it is resumed at its end
         rt.say(f"resumed from {newest} at step {step} (saved on {state['replicas']} replica(s) x {state['stages']} "
-               f"stage(s) x {state.get('tensor', 1)} tensor-parallel, now {rt.dp_world} x {stages} x {rt.tensor})")
+               f"stage(s) x {state.get('sequence', 1)} sequence-parallel x {state.get('tensor', 1)} tensor-parallel, now "
+               f"{rt.dp_world} x {stages} x {rt.sequence} x {rt.tensor})")
     rt.say(f"{cfg.name}: {parameters / 1e6:.1f} M parameters, {task.describe()}, {P} packs/update = "
            f"{t.micro_batch_size} x {rt.dp_world} replica(s) x {accumulation} accumulation"
            + (f", {stages} pipeline stages ({cfg.parallel.schedule})" if stages > 1 else "")
+           + (f", sequence parallel over {rt.sequence} (Ulysses)" if rt.sequence > 1 else "")
            + (f", tensor parallel over {rt.tensor}" if rt.tensor > 1 else "")
            + f", {total} updates, betas {tuple(round(b, 6) for b in betas)}, {rt.device}")
 
@@ -226,7 +231,7 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, load
                                "please report it with the config); the last checkpoint is intact")
         state = {"step": at_step, "sequences_seen": seen, "scheduler": sched.state_dict(),
                  "loader": loader.state_dict(), "world": rt.world, "replicas": rt.dp_world, "stages": stages,
-                 "tensor": rt.tensor,
+                 "tensor": rt.tensor, "sequence": rt.sequence,
                  "config": cfg.name, "learning_rate": t.learning_rate, "metrics": last}
         return checkpoint.save(out / "checkpoints" / f"step-{at_step:07d}", engine.module, opt, state,
                                t.keep_checkpoints, rt.main)

@@ -3,6 +3,9 @@
     attention = attention_for(sequence_ids, "mask", dtype=torch.float32, causal=False)   # once per forward
     out = attention(q, k, v, dropout_p=0.1)     # in every layer: (B, heads, S, D) -> (B, heads, S, D)
 
+Keys and values may have fewer heads than queries (grouped-query attention): each key/value head serves
+heads / kv_heads consecutive query heads.
+
 A token attends only to the tokens of its own sequence (`sequence_ids`: 1..k per sequence, 0 = padding); with
 `causal` (decoders) only to those at or before it. Every backend computes the same numbers; they differ in
 speed, in where they run and in what they need of the layout:
@@ -19,11 +22,18 @@ speed, in where they run and in what they need of the layout:
 flex and varlen apply no attention-probability dropout (their kernels have none); training with it set warns
 once. Adding a backend is one `register(Backend(...))`: its name then works in every config, model and
 profile (`BACKENDS` is the one list of names).
+
+Sequence parallelism (DeepSpeed-Ulysses) wraps any backend from outside the model: `sequence_parallel(group)`
+makes `attention_for` gather the row's sequence ids over the group and return a `UlyssesAttention`, which turns
+"this rank's tokens, all heads" into "all tokens, this rank's heads" with one all-to-all, attends over whole
+packs with the inner backend's document mask, and turns the result back with a second all-to-all. No document
+is padded or aligned to the split: a document may straddle the ranks.
 """
 
 from __future__ import annotations
 
 import functools
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable
 
@@ -77,8 +87,20 @@ def check_device(name: str, device: torch.device | str, training: bool = True) -
 def attention_for(sequence_ids: torch.Tensor, name: str, dtype: torch.dtype, causal: bool = False,
                   slots: int | None = None):
     """What every layer attends with, for packs laid out by `sequence_ids` (B, S). `slots` (K, the most
-    sequences a pack holds; default S) sizes varlen's segments."""
-    return backend(name).build(sequence_ids, dtype, causal, slots or sequence_ids.shape[1])
+    sequences a pack holds; default the row length) sizes varlen's segments. Under `sequence_parallel`,
+    `sequence_ids` is this rank's share of every row, and the attention covers whole rows."""
+    group = _SEQUENCE_GROUP
+    if group is not None:
+        sequence_ids = gather_tokens(sequence_ids, group)
+    inner = backend(name).build(sequence_ids, dtype, causal, slots or sequence_ids.shape[1])
+    return inner if group is None else UlyssesAttention(inner, group)
+
+
+def repeat_kv(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """(B, kv_heads, S, D) -> (B, heads, S, D): grouped-query attention's shared keys/values, each key/value head
+    serving heads / kv_heads consecutive query heads."""
+    groups = heads // x.shape[1]
+    return x if groups == 1 else x.repeat_interleave(groups, dim=1)
 
 
 # --- mask + SDPA -------------------------------------------------------------------------------------------
@@ -90,6 +112,7 @@ class MaskAttention:
         self.mask = mask
 
     def __call__(self, q, k, v, dropout_p: float = 0.0, scale: float | None = None) -> torch.Tensor:
+        k, v = repeat_kv(k, q.shape[1]), repeat_kv(v, q.shape[1])
         return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask.to(q.dtype), dropout_p=dropout_p,
                                               scale=scale)
 
@@ -139,6 +162,7 @@ class FlexAttention:
     def __call__(self, q, k, v, dropout_p: float = 0.0, scale: float | None = None) -> torch.Tensor:
         if dropout_p > 0:
             warn_no_attention_dropout(dropout_p)
+        k, v = repeat_kv(k, q.shape[1]), repeat_kv(v, q.shape[1])
         return _flex_attention(q.device)(q, k, v, block_mask=self.block_mask, scale=scale)
 
 
@@ -167,7 +191,7 @@ class Varlen:
     def __call__(self, q, k, v, dropout_p: float = 0.0, scale: float | None = None) -> torch.Tensor:
         if dropout_p > 0:
             warn_no_attention_dropout(dropout_p)
-        return varlen_attention(q, k, v, self, scale)
+        return varlen_attention(q, repeat_kv(k, q.shape[1]), repeat_kv(v, q.shape[1]), self, scale)
 
 
 def _build_varlen(sequence_ids, dtype, causal, slots):
@@ -238,3 +262,66 @@ def contiguous_order(sequence_ids: torch.Tensor, slots: int) -> tuple[torch.Tens
 def take(hidden: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """hidden (B, S, H) with its tokens reordered by index (B, S)."""
     return hidden.gather(1, index[..., None].expand_as(hidden))
+
+
+# --- sequence parallelism (DeepSpeed-Ulysses) ----------------------------------------------------------------
+
+_SEQUENCE_GROUP = None  # the process group of this rank's sequence-parallel ranks, while sequence_parallel is on
+
+
+@contextmanager
+def sequence_parallel(group):
+    """Within this context every `attention_for` spans the ranks of `group` (None: no sequence parallelism),
+    each holding an equal, contiguous share of every row's tokens in rank order (bert_ipu/engine/parallel.py
+    splits the rows and turns it on around the forward and backward passes)."""
+    global _SEQUENCE_GROUP
+    saved, _SEQUENCE_GROUP = _SEQUENCE_GROUP, group
+    try:
+        yield
+    finally:
+        _SEQUENCE_GROUP = saved
+
+
+def gather_tokens(x: torch.Tensor, group) -> torch.Tensor:
+    """(B, T) of every rank of `group` -> (B, T x ranks), in rank order (no gradient: ids only)."""
+    import torch.distributed as dist
+
+    parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, x.contiguous(), group=group)
+    return torch.cat(parts, dim=1)
+
+
+def heads_to_tokens(x: torch.Tensor, group) -> torch.Tensor:
+    """(B, H, T, D) with this rank's T tokens and all H heads -> (B, H / n, T x n, D) with every rank's tokens
+    and this rank's n-th of the heads: one all-to-all (differentiable: its backward is the reverse all-to-all)."""
+    from torch.distributed._functional_collectives import all_to_all_single_autograd
+
+    n = group.size()
+    B, H, T, D = x.shape
+    chunks = x.reshape(B, n, H // n, T, D).transpose(0, 1).contiguous()          # (n, B, H/n, T, D): chunk j -> j
+    got = all_to_all_single_autograd(chunks.flatten(0, 1), None, None, group)    # chunk i <- rank i's tokens
+    return got.reshape(n, B, H // n, T, D).permute(1, 2, 0, 3, 4).reshape(B, H // n, n * T, D)
+
+
+def tokens_to_heads(x: torch.Tensor, group) -> torch.Tensor:
+    """The inverse of `heads_to_tokens`: (B, H / n, T x n, D) -> (B, H, T, D)."""
+    from torch.distributed._functional_collectives import all_to_all_single_autograd
+
+    n = group.size()
+    B, h, L, D = x.shape
+    T = L // n
+    chunks = x.reshape(B, h, n, T, D).permute(2, 0, 1, 3, 4).contiguous()        # (n, B, H/n, T, D): tokens of i
+    got = all_to_all_single_autograd(chunks.flatten(0, 1), None, None, group)    # chunk j <- rank j's heads
+    return got.reshape(n, B, h, T, D).transpose(0, 1).reshape(B, n * h, T, D)
+
+
+class UlyssesAttention:
+    """Sequence parallelism over `group` around an inner attention built for whole rows (see the module
+    docstring). Heads and key/value heads must divide by the group's size (checked by the engine up front)."""
+
+    def __init__(self, inner, group):
+        self.inner, self.group = inner, group
+
+    def __call__(self, q, k, v, dropout_p: float = 0.0, scale: float | None = None) -> torch.Tensor:
+        q, k, v = (heads_to_tokens(x, self.group) for x in (q, k, v))
+        return tokens_to_heads(self.inner(q, k, v, dropout_p, scale), self.group)

@@ -13,11 +13,6 @@ from torch import nn
 from .causal_lm import PackedCausalLM
 
 
-def repeat_kv(x, groups: int):
-    """(B, kv_heads, S, D) -> (B, kv_heads * groups, S, D): grouped-query attention's shared keys/values."""
-    return x if groups == 1 else x.repeat_interleave(groups, dim=1)
-
-
 class LlamaAttention(nn.Module):
     def __init__(self, config):
         super().__init__()
@@ -39,9 +34,9 @@ class LlamaAttention(nn.Module):
         q, k, v = (proj(hidden).view(B, S, -1, self.head_dim).transpose(1, 2)
                    for proj in (self.q_proj, self.k_proj, self.v_proj))
         q, k = apply_rotary_pos_emb(q, k, cos, sin)  # rotated by the restarting positions
-        groups = self.num_heads // self.num_kv_heads
-        out = attention(q, repeat_kv(k, groups), repeat_kv(v, groups), self.dropout_p if self.training else 0.0,
-                        self.head_dim ** -0.5)
+        # keys and values keep their kv_heads: the attention repeats them for the query heads (after a
+        # sequence-parallel all-to-all, which then moves kv_heads, not heads)
+        out = attention(q, k, v, self.dropout_p if self.training else 0.0, self.head_dim ** -0.5)
         return self.o_proj(out.transpose(1, 2).reshape(B, S, -1))
 
 

@@ -93,18 +93,28 @@ def classification_loss_sums(logits, labels) -> LossSums:
     return LossSums(loss_sum, (labels != IGNORE_INDEX).sum())
 
 
-def causal_lm_loss_sums(logits, labels, sequence_ids, slots: int) -> CausalLMSums:
-    """The next-token loss of packed rows, logits (B, S, V) and labels (B, S) (-100 = none), for every loss
-    mode. `slots` is K, the most sequences a pack holds (static shapes: a (B, K + 1) scatter by sequence id)."""
+def sequence_label_weights(labels, sequence_ids, slots: int) -> torch.Tensor:
+    """Per token of packed rows (B, S): 1 / (the label tokens of its sequence) where it has a label, else 0. A
+    sequence's weights sum to 1, so sum(weights x cross-entropy) is the sum over sequences of each one's mean, and
+    sum(weights) the number of labelled sequences: both split over any cut of the tokens (sequence parallelism
+    computes them on 1/S of every row). `slots` is K, the most sequences a pack holds (static shapes)."""
+    B, S = labels.shape
+    has = (labels != IGNORE_INDEX).to(torch.float64)
+    ids = sequence_ids.long()
+    count = torch.zeros(B, slots + 1, dtype=torch.float64, device=labels.device).scatter_add(1, ids, has)
+    return has / count.gather(1, ids).clamp_min(1)
+
+
+def causal_lm_loss_sums(logits, labels, label_weights) -> CausalLMSums:
+    """The next-token loss of packed rows, logits (B, S, V), labels (B, S) (-100 = none) and their
+    `sequence_label_weights` (B, S), for every loss mode. Every sum is over tokens, so a rank that holds a share of
+    each row's tokens (sequence parallelism) computes its share of each."""
     dtype = torch.promote_types(logits.dtype, torch.float32)
     B, S = labels.shape
     each = whole(F.cross_entropy(logits.flatten(0, 1).to(dtype), labels.flatten(), ignore_index=IGNORE_INDEX,
                                  reduction="none")).view(B, S)
-    has = (labels != IGNORE_INDEX).to(dtype)
-    ids = sequence_ids.long()
-    per_sum = torch.zeros(B, slots + 1, dtype=dtype, device=logits.device).scatter_add(1, ids, each)[:, 1:]
-    per_count = torch.zeros(B, slots + 1, dtype=dtype, device=logits.device).scatter_add(1, ids, has)[:, 1:]
-    return CausalLMSums(each.sum(), has.sum(), (per_sum / per_count.clamp_min(1)).sum(), (per_count > 0).sum())
+    weights = label_weights.to(dtype)
+    return CausalLMSums(each.sum(), (labels != IGNORE_INDEX).sum(), (each * weights).sum(), weights.sum())
 
 
 def causal_lm_loss(sums: CausalLMSums, mode: str, normalizers: dict | None = None):

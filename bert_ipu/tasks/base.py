@@ -28,6 +28,8 @@ class Task(Protocol):
         input_fields    the model's positional inputs, fields of a micro-batch
         target_fields   what the loss reads, fields of a micro-batch
         stat_names      the named sums `loss` reports (besides the counts of `counts`)
+        sequence_fields the per-token fields that sequence parallelism splits along the row (each rank keeps
+                        its contiguous 1/S of every row), or () where the task has no sequence-parallel layout
         pipeline_plan   where the model splits into pipeline stages, or None (one stage only)
         drop_last       drop an epoch's last partial update (True) or fill it with empty rows (False)
         headline        the metrics said after every evaluation (and in the final result)
@@ -41,6 +43,7 @@ class Task(Protocol):
     input_fields: tuple[str, ...]
     target_fields: tuple[str, ...]
     stat_names: tuple[str, ...]
+    sequence_fields: tuple[str, ...]
     pipeline_plan: PipelinePlan | None
     drop_last: bool
     headline: tuple[str, ...]

@@ -32,19 +32,21 @@ from ...engine.runtime import RunError, Runtime
 from ...models import causal_lm_class, causal_lm_classes, plans
 from ...models.hf_io import export_model
 from ...models.llama import PackedLlamaForCausalLM
-from ...models.losses import causal_lm_loss, causal_lm_loss_sums, whole
+from ...models.losses import causal_lm_loss, causal_lm_loss_sums, sequence_label_weights, whole
 from ...packing import PackingInputError
 from ..common import command, pack_depth, packing_line, require_checkpoint_folder
 from .data import CausalReport, load_tokenizer, sft_sequences, source_texts, text_sequences, train_tokenizer
 
 INPUTS = ("input_ids", "position_ids", "sequence_ids")
+FIELDS = (*INPUTS, "labels", "label_weights")  # every one per token: sequence parallelism splits them all
 NORMALIZER = {"token": "label_tokens", "sequence": "labelled_sequences", "sum": None}
 
 
 class CausalLMTask:
     name = "causal_lm"
     input_fields = INPUTS
-    target_fields = ("labels", "sequence_ids")
+    target_fields = ("labels", "label_weights")
+    sequence_fields = FIELDS
     stat_names = ("token_loss_sum", "sequence_loss_sum", "correct")
     pipeline_plan = None
     drop_last = False
@@ -92,12 +94,16 @@ class CausalLMTask:
 
     def _pack(self, seqs):
         d = self.cfg.data
-        return pack_sequences(seqs.lengths, {"input_ids": seqs.input_ids, "labels": seqs.labels}, d.max_seq_length,
-                              d.algorithm, self.depth, seed=self.cfg.train.seed, fill={"labels": IGNORE_INDEX})
+        packed = pack_sequences(seqs.lengths, {"input_ids": seqs.input_ids, "labels": seqs.labels}, d.max_seq_length,
+                                d.algorithm, self.depth, seed=self.cfg.train.seed, fill={"labels": IGNORE_INDEX})
+        rows = packed.rows  # each label token's weight in its sequence's mean: a per-token field any split keeps
+        rows["label_weights"] = sequence_label_weights(torch.from_numpy(rows["labels"]),
+                                                       torch.from_numpy(rows["sequence_ids"]), self.depth
+                                                       ).to(torch.float32).numpy()
+        return packed
 
     def _source(self, split: str) -> ArraySource:
-        return ArraySource({k: self.packed_splits[split].rows[k] for k in (*INPUTS, "labels")},
-                           label_fields=("labels",))
+        return ArraySource({k: self.packed_splits[split].rows[k] for k in FIELDS}, label_fields=("labels",))
 
     def train_source(self):
         return self._source("train")
@@ -159,7 +165,7 @@ class CausalLMTask:
 
     def loss(self, logits, targets: dict, normalizers: dict):
         labels = targets["labels"]
-        sums = causal_lm_loss_sums(logits, labels, targets["sequence_ids"], self.depth)
+        sums = causal_lm_loss_sums(logits, labels, targets["label_weights"])
         with torch.no_grad():
             correct = ((whole(logits.argmax(-1)) == labels) & (labels != IGNORE_INDEX)).sum()
         loss = causal_lm_loss(sums, self.cfg.data.loss_mode, normalizers)

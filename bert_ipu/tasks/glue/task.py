@@ -55,6 +55,7 @@ class GlueTask:
     input_fields = INPUTS
     target_fields = ("labels",)
     stat_names = ("loss_sum", "correct")
+    sequence_fields = ()  # no sequence-parallel layout
     pipeline_plan = None
     drop_last = False
     progress_keys = ("loss", "accuracy", "sequences_per_second")

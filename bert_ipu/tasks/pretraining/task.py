@@ -37,6 +37,7 @@ class PretrainingTask:
     input_fields = ("input_ids", "position_ids", "token_type_ids", "sequence_ids")
     target_fields = ("masked_lm_labels", "next_sentence_labels", "next_sentence_weights")
     stat_names = ("mlm_loss_sum", "mlm_correct", "nsp_loss_sum", "nsp_correct")
+    sequence_fields = ()  # no sequence-parallel layout
     pipeline_plan = plans.BERT_PRETRAINING_PIPELINE
     drop_last = True
     trains = True

@@ -99,6 +99,7 @@ class SquadTask:
     input_fields = ("input_ids", "position_ids", "token_type_ids", "sequence_ids", "candidate_mask")
     target_fields = ("start_positions", "end_positions")
     stat_names = ("loss_sum",)
+    sequence_fields = ()  # no sequence-parallel layout
     pipeline_plan = None
     drop_last = False
     headline = ("exact_match", "f1")

@@ -40,6 +40,7 @@ class TokenClassificationTask:
     input_fields = INPUTS
     target_fields = ("labels",)
     stat_names = ("loss_sum", "correct")
+    sequence_fields = ()  # no sequence-parallel layout
     pipeline_plan = None
     drop_last = False
     trains = True
