@@ -57,6 +57,13 @@ def test_sequence_parallel_with_data_and_tensor_parallelism_equals_one_process_a
     run_cli(*SFT, f"output_dir={sp_dp}", "parallel.sequence_parallel=2", nproc=4, script="run_causal_lm.py")
     reference = final_weights(straight)
     assert close(final_weights(sp_dp), reference, 1e-5)
+    # the balance measures of every update (metrics.jsonl): the same packs and padding; one replica is balanced
+    rows = {name: [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()
+                   if "loss" in json.loads(line)] for name, folder in (("one", straight), ("sp_dp", sp_dp))}
+    assert [r["padding_ratio"] for r in rows["one"]] == pytest.approx([r["padding_ratio"] for r in rows["sp_dp"]])
+    assert all(r["abr"] == r["dbr"] == r["cr"] == 0 for r in rows["one"])
+    assert all(0 <= r["abr"] < 1 and 0 <= r["dbr"] < 1 and r["cr"] == 1 for r in rows["sp_dp"])
+    assert 0 < rows["one"][0]["padding_ratio"] < 0.2
     state = json.loads((sp_dp / "checkpoints" / "step-0000004" / "state.json").read_text())
     assert (state["replicas"], state["sequence"], state["tensor"]) == (2, 2, 1)
 

@@ -70,6 +70,29 @@ def global_counts(task, engine, micro: list[dict]) -> StepSums:
     return dict(zip(names, engine.dp_sum(stack_sums(counts, names)).tolist()))
 
 
+def update_balance(engine, micro: list[dict], sequence_parallel: bool) -> dict[str, float]:
+    """How evenly the update's work fell on the data-parallel replicas (bert_ipu.packing.balance's measures, after
+    Hierarchical Balance Packing): `abr`, the attention balance ratio (1 - mean / max over replicas of the sum of
+    squared sequence lengths), `dbr`, the data balance ratio (the same of real tokens), `padding_ratio` (padding
+    tokens / computed tokens), and `cr`, the share of the update's tokens that went through sequence-parallel
+    all-to-alls. From this replica's micro-batches (their `sequence_ids`), gathered over the replicas."""
+    from ..packing.balance import balance_ratio
+
+    attention = tokens = computed = 0.0
+    for b in micro:
+        ids = b["sequence_ids"].long()
+        counts = torch.zeros(ids.shape[0], int(ids.max()) + 1, dtype=torch.float64).scatter_add_(
+            1, ids.cpu(), torch.ones(ids.shape, dtype=torch.float64))[:, 1:]
+        attention += float((counts ** 2).sum())
+        tokens += float(counts.sum())
+        computed += ids.numel()
+    per_replica = engine.dp_gather(torch.tensor([attention, tokens, computed], dtype=torch.float64)).numpy()
+    total_tokens, total_computed = per_replica[:, 1].sum(), per_replica[:, 2].sum()
+    return {"abr": balance_ratio(per_replica[:, 0]), "dbr": balance_ratio(per_replica[:, 1]),
+            "padding_ratio": float(1 - total_tokens / max(total_computed, 1.0)),
+            "cr": 1.0 if sequence_parallel else 0.0}
+
+
 def stack_sums(sums: dict[str, torch.Tensor], names) -> torch.Tensor:
     """Named sums as one float64 CPU vector in `names` order: stacked where they live, copied once."""
     values = [tensor.full(torch.as_tensor(sums[n]).detach()) for n in names]
@@ -161,6 +184,10 @@ class LocalParallel:
         """Sum over the data-parallel replicas of what every rank of a replica computes alike (the counts of its
         micro-batches: a sum over tensor- or sequence-parallel ranks would count each value T or S times)."""
         return values if self.count_group is None else self.rt.all_sum(values, group=self.count_group)
+
+    def dp_gather(self, values: torch.Tensor) -> torch.Tensor:
+        """(replicas, ...): every data-parallel replica's `values` (what its ranks compute alike)."""
+        return values[None] if self.count_group is None else self.rt.all_gather(values, group=self.count_group)
 
     def _sum(self, values: torch.Tensor) -> torch.Tensor:
         """Sum over every rank that computed a share of the update's losses (replicas, sequence ranks)."""
@@ -322,6 +349,10 @@ class PipelineParallel:
     def dp_sum(self, values: torch.Tensor) -> torch.Tensor:
         """Sum over the data-parallel replicas of this stage."""
         return self.rt.all_sum(values, group=self.dp_group) if self.rt.dp_world > 1 else values
+
+    def dp_gather(self, values: torch.Tensor) -> torch.Tensor:
+        """(replicas, ...): every data-parallel replica's `values` (this stage's copies)."""
+        return self.rt.all_gather(values, group=self.dp_group) if self.rt.dp_world > 1 else values[None]
 
     def _run(self, call, micro: list[dict]) -> None:
         """The schedule's step or eval: inputs on the first stage, targets on the last."""

@@ -168,6 +168,14 @@ class Runtime:
             dist.all_reduce(values, group=group)
         return values
 
+    def all_gather(self, values: torch.Tensor, group=None) -> torch.Tensor:
+        """(ranks of `group`, *values.shape): every rank's `values` in rank order (default group: all)."""
+        if not dist.is_initialized():
+            return values[None]
+        parts = [torch.empty_like(values) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(parts, values.contiguous(), group=group)
+        return torch.stack(parts)
+
     def broadcast_error(self, error: str | None) -> str | None:
         """A check that only one rank can make (a file rank 0 wrote): every rank learns its outcome."""
         if not dist.is_initialized():

@@ -29,7 +29,8 @@ from ..models.hf_io import ExportError
 from . import checkpoint
 from .metrics import MetricsLogger
 from .optim import build_optimizer, packing_betas, packs_per_update, schedule_length
-from .parallel import LocalParallel, PipelineParallel, check_sequence_parallel, global_counts, tensor_plan
+from .parallel import (LocalParallel, PipelineParallel, check_sequence_parallel, global_counts, tensor_plan,
+                       update_balance)
 from .runtime import Runtime, RunError
 from .tensor import local, replicas_agree
 
@@ -241,10 +242,12 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, load
 
     logger = MetricsLogger(out, rt.main, total, step, progress, desc=task.name)
     window: dict = {}
-    window_start = time.perf_counter()
+    balance: dict = {}  # the window's sums of each update's balance measures (update_balance)
+    window_start, window_step = time.perf_counter(), step
     try:
         while step < total:
             micro = [{k: v.to(rt.device) for k, v in b.items()} for b in loader.next_update()]
+            balance = {k: balance.get(k, 0.0) + v for k, v in update_balance(engine, micro, rt.sequence > 1).items()}
             counts = global_counts(task, engine, micro)
             sums = engine.train_step(micro, task.normalizers(counts)) | counts
             loss = task.summarize(sums)["loss"]
@@ -261,10 +264,12 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, load
             row_due = False
             if due(t.log_every, step):
                 seconds = time.perf_counter() - window_start
+                updates = step - window_step
                 last = task.summarize(window) | {"sequences_seen": seen, "lr": sched.get_last_lr()[0],
                                                  "sequences_per_second": window["sequences"] / seconds,
-                                                 "tokens_per_second": window["tokens"] / seconds}
-                window, window_start, row_due = {}, time.perf_counter(), True
+                                                 "tokens_per_second": window["tokens"] / seconds} \
+                    | {k: v / updates for k, v in balance.items()}
+                window, balance, window_start, window_step, row_due = {}, {}, time.perf_counter(), step, True
             if task.has_evaluation and due(t.validate_every, step):
                 model.eval()
                 last = last | task.evaluate(engine, rt, step) | {"sequences_seen": seen}
@@ -274,7 +279,8 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, load
                 if evaluated:
                     rt.say(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in evaluated.items()))
             if row_due:
-                logger.log(step, last, {k: last[k] for k in task.progress_keys if k in last})
+                shown = (*task.progress_keys, "abr") if rt.dp_world > 1 else task.progress_keys
+                logger.log(step, last, {k: last[k] for k in shown if k in last})
             if due(t.checkpoint_every, step):
                 save(step)
             logger.advance()
