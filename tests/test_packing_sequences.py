@@ -1,4 +1,4 @@
-"""Sequence-level packing (bert_ipu.packing.sequences) and balanced dealing (bert_ipu.packing.balance)."""
+"""Sequence-level packing (bert_ipu.data.sequences) and balanced dealing (bert_ipu.packing.balance)."""
 
 import numpy as np
 import pytest
@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from bert_ipu.packing import ALGORITHMS, applies
 from bert_ipu.packing.balance import balance_metrics, balance_ratio, balanced_order, pack_costs
-from bert_ipu.packing.sequences import MultiSizePackedRows, PackedRows, pack_dataset, pack_token_lists
+from bert_ipu.data.sequences import MultiSizePackedRows, PackedRows, pack_dataset, pack_token_lists
 
 SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -54,6 +54,42 @@ class PackedSequences:
         return out
 
 
+def rows_from_packs(lengths: np.ndarray, token_fields: dict[str, np.ndarray], max_len: int, offsets: np.ndarray,
+                    order: np.ndarray, fill: dict | None = None) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray,
+                                                                        np.ndarray]:
+    """The one row packer: rows of `max_len` whose pack p holds the sequences order[offsets[p]:offsets[p + 1]]
+    back to back, then padding. `lengths` (N,) are every sequence's lengths and each token field one flat
+    array of sum(lengths) tokens (sequence i's at its cumulative start); `order` may leave sequences out.
+    Adds `position_ids` (restarting at 0) and `sequence_ids` (1..k in pack order, 0 = padding). Padding is 0,
+    or `fill[name]`. Fields keep bool, else become int64. Returns (rows, row, slot, column): for each packed
+    sequence, in `order`'s order, its pack, its slot (0-based) and where it starts in its row. Vectorised: no
+    Python loop over sequences or tokens."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    offsets, order = np.asarray(offsets, dtype=np.int64), np.asarray(order, dtype=np.int64)
+    n_packs = len(offsets) - 1
+    row = np.repeat(np.arange(n_packs), np.diff(offsets))       # pack of each packed sequence
+    slot = np.arange(len(order)) - offsets[row]
+    seq_len = lengths[order]
+    seq_end = np.cumsum(seq_len)
+    seq_begin = seq_end - seq_len                               # in the concatenation of all packs
+    column = seq_begin - np.concatenate([[0], seq_end])[offsets[:-1]][row]
+    position = np.arange(int(seq_end[-1]) if len(seq_end) else 0) - np.repeat(seq_begin, seq_len)
+    dest = np.repeat(row * max_len + column, seq_len) + position  # each packed token's place in the rows
+    src = np.repeat((np.cumsum(lengths) - lengths)[order], seq_len) + position  # and in the token fields
+    rows = {}
+    fields = {name: np.asarray(v)[src] for name, v in token_fields.items()}
+    fields |= {"position_ids": position, "sequence_ids": np.repeat(slot + 1, seq_len)}
+    total = int(lengths.sum())
+    for name, values in fields.items():
+        if name in token_fields and len(token_fields[name]) != total:
+            raise ValueError(f"token field {name} has {len(token_fields[name])} tokens, the lengths sum to {total}")
+        dtype = values.dtype if values.dtype == bool else np.int64
+        flat = np.full(n_packs * max_len, (fill or {}).get(name, 0), dtype=dtype)
+        flat[dest] = values
+        rows[name] = flat.reshape(n_packs, max_len)
+    return rows, row, slot, column
+
+
 def pack_sequences(lengths: np.ndarray, token_fields: dict[str, np.ndarray], max_len: int, algorithm: str = "cghp",
                    max_sequences_per_pack: int = 3, seed: int = 0, fill: dict | None = None) -> PackedSequences:
     """Pack N sequences (`lengths`, and each token field as one flat array of sum(lengths) tokens) into rows of
@@ -66,33 +102,11 @@ def pack_sequences(lengths: np.ndarray, token_fields: dict[str, np.ndarray], max
     if len(lengths) == 0:
         raise PackingInputError("no sequences to pack")
     result = pack(histogram_of(lengths, max_len), algorithm, max_sequences_per_pack, seed=seed)
-    groups = assign(lengths, result.mixture, max_len, seed=seed)            # (P, D <= K) indices, -1 = empty
+    groups = assign(lengths, result.mixture, max_len, seed=seed)            # (P, D <= K) indices, -1 = empty, last
     K = max_sequences_per_pack if max_sequences_per_pack is not None else groups.shape[1]
-    groups = np.pad(groups, ((0, 0), (0, K - groups.shape[1])), constant_values=-1)
-    P = len(groups)
     present = groups >= 0
-    slot_len = np.where(present, lengths[np.maximum(groups, 0)], 0)
-    slot_offset = np.cumsum(slot_len, axis=1) - slot_len                     # where each slot starts in its row
-    index = groups[present]
-    row = np.empty(len(lengths), dtype=np.int64)
-    slot = np.empty(len(lengths), dtype=np.int64)
-    offset = np.empty(len(lengths), dtype=np.int64)
-    r_idx, s_idx = np.nonzero(present)
-    row[index], slot[index], offset[index] = r_idx, s_idx, slot_offset[present]
-
-    # token t of sequence i goes to flat position row[i] * S + offset[i] + (t - start of i)
-    starts = np.cumsum(lengths) - lengths
-    owner = np.repeat(np.arange(len(lengths)), lengths)
-    within = np.arange(len(owner)) - np.repeat(starts, lengths)
-    dest = row[owner] * max_len + offset[owner] + within
-    rows = {}
-    fields = dict(token_fields) | {"position_ids": within, "sequence_ids": slot[owner] + 1}
-    for name, src in fields.items():
-        src = np.asarray(src)
-        if len(src) != len(owner):
-            raise ValueError(f"token field {name} has {len(src)} tokens, the lengths sum to {len(owner)}")
-        dtype = src.dtype if src.dtype == bool else np.int64
-        flat = np.full(P * max_len, (fill or {}).get(name, 0), dtype=dtype)
-        flat[dest] = src
-        rows[name] = flat.reshape(P, max_len)
-    return PackedSequences(rows, row, slot, offset, result, K)
+    offsets = np.concatenate([[0], np.cumsum(present.sum(axis=1))])
+    rows, row, slot, column = rows_from_packs(lengths, token_fields, max_len, offsets, groups[present], fill)
+    where = np.empty((3, len(lengths)), dtype=np.int64)
+    where[:, groups[present]] = row, slot, column
+    return PackedSequences(rows, where[0], where[1], where[2], result, K)

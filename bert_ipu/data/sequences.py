@@ -1,6 +1,6 @@
 """Pack any sequence dataset: token-id lists (or a Hugging Face `datasets.Dataset`) -> fixed-length rows.
 
-    from bert_ipu.packing.sequences import pack_token_lists, pack_dataset
+    from bert_ipu.data.sequences import pack_token_lists, pack_dataset
     rows = pack_token_lists([[5, 6, 7], [8, 9], ...], pack_length=2048, algorithm="cghp")
     rows.input_ids, rows.position_ids, rows.sequence_ids     # (packs, pack_length) each
     rows.sources(p)                                          # the source rows in pack p, in order
@@ -18,8 +18,9 @@ across packs: a sequence longer than the pack length is a ValueError naming it, 
 left out and listed in `dropped`. Any algorithm of `bert_ipu.packing` decides which sequences share a pack;
 with several pack lengths, the multi-size packer (`multisize.pack_multi_size`) decides which sequences share
 a pack and how long each pack is, and `assign.assign_multi_size` puts every sequence into exactly one pack of
-one length (the rows of each length are exactly as for one length). The core is numpy only (`datasets` is
-imported only by `pack_dataset` and `to_dataset`).
+one length (the rows of each length are exactly as for one length). The rows are made by the one row packer,
+`bert_ipu.data.contiguous.rows_from_packs`. The core is numpy only (`datasets` is imported only by `pack_dataset`
+and `to_dataset`).
 """
 
 from __future__ import annotations
@@ -28,10 +29,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .api import PackingResult, pack
-from .assign import assign_multi_size, assign_ragged
-from .histogram import histogram_of
-from .multisize import MultiSizeResult, check_pack_lengths, pack_multi_size
+from ..packing.api import PackingResult, pack
+from ..packing.assign import assign_multi_size, assign_ragged
+from ..packing.histogram import histogram_of
+from ..packing.multisize import MultiSizeResult, check_pack_lengths, pack_multi_size
+from .contiguous import rows_from_packs
 
 
 @dataclass(frozen=True)
@@ -194,33 +196,13 @@ def _rows(tokens, flat_labels, lengths, offsets, order_src, pack_length, dropped
     """PackedRows of `pack_length` whose pack p holds the source rows order_src[offsets[p]:offsets[p + 1]].
 
     tokens / flat_labels: every source row's ids / labels concatenated; lengths: (source rows,) their lengths."""
-    n_packs = len(offsets) - 1
-    sizes = np.diff(offsets)
-    pack_of = np.repeat(np.arange(n_packs), sizes)              # pack of each packed sequence
-    seq_len = lengths[order_src]
-    seq_end = np.cumsum(seq_len)
-    seq_begin = seq_end - seq_len                               # in the concatenation of all packs
-    pack_begin = np.concatenate([[0], seq_end])[offsets[:-1]]  # first token of each pack
-    column = seq_begin - pack_begin[pack_of]                    # where each sequence starts in its row
-    total = int(seq_end[-1]) if len(seq_end) else 0
-    position = np.arange(total) - np.repeat(seq_begin, seq_len)
-    rows = np.repeat(pack_of, seq_len)
-    cols = np.repeat(column, seq_len) + position
-
-    src_starts = np.concatenate([[0], np.cumsum(lengths)])
-    src = np.repeat(src_starts[order_src], seq_len) + position  # each packed token's place in `tokens`
-    dtype = tokens.dtype if np.issubdtype(tokens.dtype, np.integer) else np.int64
-    out_ids = np.full((n_packs, pack_length), pad_token_id, dtype=dtype)
-    out_ids[rows, cols] = tokens[src]
-    out_pos = np.zeros((n_packs, pack_length), dtype=np.int32)
-    out_pos[rows, cols] = position
-    out_seq = np.zeros((n_packs, pack_length), dtype=np.int32)
-    out_seq[rows, cols] = np.repeat(np.arange(len(order_src)) - offsets[pack_of] + 1, seq_len)
-    out_labels = None
-    if flat_labels is not None:
-        out_labels = np.full((n_packs, pack_length), label_pad, dtype=flat_labels.dtype)
-        out_labels[rows, cols] = flat_labels[src]
-    return PackedRows(out_ids, out_pos, out_seq, out_labels, offsets, order_src, dropped, result)
+    fields = {"input_ids": tokens} | ({} if flat_labels is None else {"labels": flat_labels})
+    rows, *_ = rows_from_packs(lengths, fields, pack_length, offsets, order_src,
+                               fill={"input_ids": pad_token_id, "labels": label_pad})
+    ids_dtype = tokens.dtype if np.issubdtype(tokens.dtype, np.integer) else np.int64
+    labels = None if flat_labels is None else rows["labels"].astype(flat_labels.dtype)
+    return PackedRows(rows["input_ids"].astype(ids_dtype), rows["position_ids"].astype(np.int32),
+                      rows["sequence_ids"].astype(np.int32), labels, offsets, order_src, dropped, result)
 
 
 def pack_dataset(dataset, pack_length, algorithm: str | None = None, max_sequences_per_pack: int | None = None,
