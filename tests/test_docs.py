@@ -25,7 +25,7 @@ def test_the_site_builds_strictly_and_a_broken_link_fails_it(tmp_path):
     copy = tmp_path / "copy"
     shutil.copytree(ROOT / "docs", copy / "docs")
     shutil.copy(ROOT / "mkdocs.yml", copy)
-    for shown in ("bert_ipu", "configs"):  # what the pages include (API pages, snippets)
+    for shown in ("bert_ipu", "configs", "README.md"):  # what the pages include (API pages, snippets)
         (copy / shown).symlink_to(ROOT / shown)
     page = copy / "docs" / "getting-started.md"
     page.write_text(page.read_text() + "\nSee [nowhere](no-such-page.md).\n")
