@@ -167,10 +167,34 @@ class TrainConfig:
     the update's packs are dealt to replicas and micro-batches so that each gets the same attention cost (sum
     of squared sequence lengths, read from the data's sequence ids; bert_ipu.packing.balance). The same packs
     per update either way (only who computes which changes); deterministic"""
+    levels: list | None = None
+    """packs of several lengths (a task's data.pack_lengths): per level, in the order of the pack lengths, a
+    mapping of micro_batch_size (packs a micro-batch), sequence_parallel (ranks each row's tokens are split
+    over) and checkpointed_layers (layers that recompute their activations in the backward pass); a key left out
+    or null: the default (micro-batches of about as many tokens as micro_batch_size packs of the longest length,
+    no sequence parallelism, no checkpointing)"""
+    level_order: str = "random"
+    """the order of the levels' updates in an epoch: random (seeded) or curriculum (short packs first)"""
+
+    LEVEL_KEYS: ClassVar[dict] = {"micro_batch_size": 1, "sequence_parallel": 1, "checkpointed_layers": 0}
 
     def __post_init__(self):
         if self.balance not in ("none", "attention"):
             raise ConfigError(f"train.balance {self.balance!r}: choose none or attention")
+        if self.level_order not in ("random", "curriculum"):
+            raise ConfigError(f"train.level_order {self.level_order!r}: choose random or curriculum")
+        if self.levels is not None:
+            if not isinstance(self.levels, list) or not all(isinstance(x, dict) or x is None for x in self.levels):
+                raise ConfigError(f"train.levels {self.levels!r}: a list with one mapping (or null) a pack length, "
+                                  "e.g. [{micro_batch_size: 8}, {micro_batch_size: 2, sequence_parallel: 2}]")
+            for i, level in enumerate(x or {} for x in self.levels):
+                for key, value in level.items():
+                    if key not in self.LEVEL_KEYS:
+                        raise ConfigError(f"train.levels[{i}]: unknown key {key!r}; valid: {', '.join(self.LEVEL_KEYS)}")
+                    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                              or value < self.LEVEL_KEYS[key]):
+                        raise ConfigError(f"train.levels[{i}].{key} = {value!r}: a whole number >= "
+                                          f"{self.LEVEL_KEYS[key]} (or null)")
         self.betas = tuple(self.betas) if isinstance(self.betas, (list, tuple)) else self.betas
         if not (isinstance(self.betas, tuple) and len(self.betas) == 2
                 and all(isinstance(b, (int, float)) and 0 <= b < 1 for b in self.betas)):

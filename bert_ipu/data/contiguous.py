@@ -21,8 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..packing import PackingInputError, PackingResult, assign, pack
+from ..packing import PackingInputError, PackingResult, assign, assign_multi_size, pack
 from ..packing.histogram import histogram_of
+from ..packing.multisize import MultiSizeResult, pack_multi_size
 
 
 @dataclass
@@ -31,16 +32,17 @@ class PackedSequences:
     row: np.ndarray                # (N,) pack of each sequence
     slot: np.ndarray               # (N,) its slot 0..K-1 (sequence id slot + 1)
     offset: np.ndarray             # (N,) where it starts in its row
-    result: PackingResult          # the packing of the length histogram
+    result: PackingResult | MultiSizeResult  # the packing of the length histogram (of every level's lengths)
     max_sequences_per_pack: int    # K: slots per row
 
     @property
     def packing_factor(self) -> float:  # sequences per row
-        return self.result.packing_factor
+        return len(self.row) / max(self.packs, 1)
 
     @property
     def efficiency(self) -> float:      # real tokens / row tokens
-        return self.result.efficiency
+        ids = self.rows["sequence_ids"]
+        return float((ids > 0).sum() / max(ids.size, 1))
 
     @property
     def packs(self) -> int:
@@ -110,3 +112,25 @@ def pack_sequences(lengths: np.ndarray, token_fields: dict[str, np.ndarray], max
     where = np.empty((3, len(lengths)), dtype=np.int64)
     where[:, groups[present]] = row, slot, column
     return PackedSequences(rows, where[0], where[1], where[2], result, K)
+
+
+def pack_levels(lengths: np.ndarray, token_fields: dict[str, np.ndarray], pack_lengths: list[int],
+                max_sequences_per_pack: int | None = None, seed: int = 0,
+                fill: dict | None = None) -> dict[int, PackedSequences]:
+    """Pack N sequences into rows of several lengths chosen together (Hierarchical Balance Packing's levels:
+    `bert_ipu.packing.multisize.pack_multi_size`, the least computed tokens with a proven bound): {pack length:
+    PackedSequences of that length} (only lengths that got packs), every sequence in exactly one row of one
+    length. K (slots a row) is the depth limit, or the deepest pack of each length when unlimited."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if len(lengths) == 0:
+        raise PackingInputError("no sequences to pack")
+    top = max(pack_lengths)
+    result = pack_multi_size(histogram_of(lengths, top), pack_lengths, max_sequences_per_pack)
+    out = {}
+    for length, (offsets, order) in assign_multi_size(lengths, result, seed=seed).items():
+        rows, row, slot, column = rows_from_packs(lengths, token_fields, length, offsets, order, fill)
+        K = max_sequences_per_pack or max(int(np.diff(offsets).max(initial=1)), 1)
+        where = np.full((3, len(lengths)), -1, dtype=np.int64)  # -1: in another length's rows
+        where[:, order] = row, slot, column
+        out[length] = PackedSequences(rows, where[0][order], where[1][order], where[2][order], result, K)
+    return out

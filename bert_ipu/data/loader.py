@@ -18,6 +18,7 @@ pack is seen once per epoch (fine-tuning).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -232,6 +233,88 @@ class UpdateLoader:
             raise ValueError(f"the checkpoint's loader read updates of {state['packs_per_update']} packs with seed "
                              f"{state['seed']}; this run has {self.packs_per_update} packs per update and seed "
                              f"{self.seed}: keep train.global_batch_size, the batch unit and train.seed to resume")
+        self.epoch, self.update_in_epoch = state["epoch"], state["update_in_epoch"]
+
+
+@dataclass(frozen=True)
+class Level:
+    """The packs of one length a run trains on (Hierarchical Balance Packing's level): their source, how many
+    a micro-batch holds, over how many sequence-parallel ranks each row's tokens are split, how many of the
+    model's first layers recompute their activations in the backward pass (activation checkpointing), and the
+    packs' packing factor. A run of one pack length has one level."""
+    pack_length: int
+    source: PackSource
+    micro_batch_size: int
+    sequence_parallel: int = 1
+    checkpointed_layers: int = 0
+    packing_factor: float = 1.0
+
+
+class LevelLoader:
+    """Whole updates of packs of several lengths: every update holds packs of one level (on every rank: no rank
+    waits for another level), each level read by an `UpdateLoader` of its own over its data-parallel replicas
+    (world / its sequence-parallel ranks); an epoch takes every level's updates once, in an order of levels
+    that is `random` (seeded by (seed, epoch)) or `curriculum` (short packs first).
+
+        loader = LevelLoader(levels, packs_per_update=[24, 12], rank=0, world=2, seed=0, order="random")
+        micro = loader.next_update()     # this rank's micro-batches; loader.level is their level's index
+        state = loader.state_dict()      # resume at the exact next update
+
+    `packs_per_update[i]` are level i's packs of one update over all its replicas. Deterministic for a seed, and
+    like UpdateLoader the same updates for any number of replicas."""
+
+    ORDERS = ("random", "curriculum")
+
+    def __init__(self, levels: list[Level], packs_per_update: list[int], rank: int, world: int, seed: int,
+                 order: str = "random", drop_last: bool = True, pack_costs: list | None = None):
+        if order not in self.ORDERS:
+            raise ValueError(f"level order {order!r}: choose {' or '.join(self.ORDERS)}")
+        self.levels, self.seed, self.order = levels, seed, order
+        self.loaders = []
+        for i, (level, P) in enumerate(zip(levels, packs_per_update)):
+            s = level.sequence_parallel
+            self.loaders.append(UpdateLoader(level.source, P, level.micro_batch_size, rank // s, world // s,
+                                             seed + 1000 * i, drop_last=drop_last,
+                                             pack_costs=None if pack_costs is None else pack_costs[i]))
+        self.updates_per_epoch = sum(x.updates_per_epoch for x in self.loaders)
+        self.epoch, self.update_in_epoch, self.level = 0, 0, 0
+        self._order_epoch, self._order = None, None
+
+    def schedule(self, epoch: int) -> np.ndarray:
+        """The level of each update of an epoch."""
+        if self._order_epoch != epoch:
+            per = [np.full(x.updates_per_epoch, i) for i, x in enumerate(self.loaders)]
+            if self.order == "curriculum":  # short packs first: the levels by pack length
+                by_length = np.argsort([lv.pack_length for lv in self.levels], kind="stable")
+                self._order = np.concatenate([per[i] for i in by_length])
+            else:
+                self._order = np.random.default_rng([self.seed, epoch, 7]).permutation(np.concatenate(per))
+            self._order_epoch = epoch
+        return self._order
+
+    @property
+    def accumulation(self) -> int:
+        """Micro-batches per update on one rank, at the level of the last update."""
+        return self.loaders[self.level].accumulation
+
+    def next_update(self) -> list[dict[str, torch.Tensor]]:
+        self.level = int(self.schedule(self.epoch)[self.update_in_epoch])
+        micro = self.loaders[self.level].next_update()
+        self.update_in_epoch += 1
+        if self.update_in_epoch == self.updates_per_epoch:
+            self.epoch, self.update_in_epoch = self.epoch + 1, 0
+        return micro
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "update_in_epoch": self.update_in_epoch, "seed": self.seed,
+                "order": self.order, "levels": [x.state_dict() for x in self.loaders]}
+
+    def load_state_dict(self, state: dict) -> None:
+        if "levels" not in state or len(state["levels"]) != len(self.loaders) or state["order"] != self.order:
+            raise ValueError("the checkpoint's loader read other levels (or another order of them): keep "
+                             "data.pack_lengths, train.levels and train.level_order to resume")
+        for loader, saved in zip(self.loaders, state["levels"]):
+            loader.load_state_dict(saved)
         self.epoch, self.update_in_epoch = state["epoch"], state["update_in_epoch"]
 
 

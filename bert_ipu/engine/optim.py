@@ -96,17 +96,19 @@ def build_optimizer(module: torch.nn.Module, t, total_steps: int, warmup_steps: 
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, schedule)
 
 
-def packs_per_update(t, packing_factor: float, replicas: int) -> int:
+def packs_per_update(t, packing_factor: float, replicas: int, micro_batch_size: int | None = None) -> int:
     """Packs of one update over all replicas: `global_batch_size` packs, or (batch_unit: sequences) about
-    that many sequences, i.e. 1/p as many packs rounded to whole micro-batches of every replica."""
-    per_step = t.micro_batch_size * replicas
+    that many sequences, i.e. 1/p as many packs rounded to whole micro-batches of every replica (of
+    `micro_batch_size` packs; default the train section's)."""
+    micro_batch_size = t.micro_batch_size if micro_batch_size is None else micro_batch_size
+    per_step = micro_batch_size * replicas
     if t.batch_unit == "packs":
         packs = t.global_batch_size
     else:
         packs = max(per_step, round(t.global_batch_size / packing_factor / per_step) * per_step)
     if packs % per_step:
         raise RunError(f"the update holds {packs} packs, not a multiple of micro_batch_size x replicas = "
-                       f"{per_step}; change train.global_batch_size or train.micro_batch_size")
+                       f"{per_step}; change train.global_batch_size or the micro-batch size")
     return packs
 
 

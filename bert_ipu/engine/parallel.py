@@ -113,12 +113,12 @@ def tensor_plan(task, model: nn.Module, size: int) -> TensorPlan:
     return plan
 
 
-def check_sequence_parallel(task, model: nn.Module, rt: Runtime, pack_len: int) -> None:
+def check_sequence_parallel(task, model: nn.Module, rt: Runtime, pack_len: int, size: int | None = None) -> None:
     """A RunError (one line, naming the fix) when `model` cannot run with its rows' tokens split over
     `rt.sequence` ranks: the task has no sequence-parallel layout, the attention heads (and key/value heads) do
     not divide by tensor x sequence ranks (each rank attends with whole heads), or the pack length does not divide
     by the sequence ranks (each holds an equal, contiguous share of a row; documents may straddle the shares)."""
-    S, T = rt.sequence, rt.tensor
+    S, T = rt.sequence if size is None else size, rt.tensor
     if not task.sequence_fields:
         raise RunError(f"the {task.name} task has no sequence-parallel layout; set parallel.sequence_parallel=1")
     if rt.stages > 1:
@@ -133,6 +133,36 @@ def check_sequence_parallel(task, model: nn.Module, rt: Runtime, pack_len: int) 
     if pack_len % S:
         raise RunError(f"the pack length {pack_len} does not divide by parallel.sequence_parallel ({S}): each rank "
                        "holds an equal share of every row; choose a pack length (data.max_seq_length) that divides")
+
+
+def layer_stack(model: nn.Module) -> nn.ModuleDict:
+    """The model's layers: its ModuleDict keyed "0".."N-1" (every model of bert_ipu/models keeps them so)."""
+    for module in model.modules():
+        if isinstance(module, nn.ModuleDict) and list(module.keys()) == [str(i) for i in range(len(module))]:
+            return module
+    raise RunError(f"{type(model).__name__} has no stack of layers keyed 0..N-1 to checkpoint")
+
+
+def check_layers(model: nn.Module, checkpointed: int) -> None:
+    """Activation checkpointing of `checkpointed` layers fits the model (a RunError naming the count)."""
+    if checkpointed and checkpointed > len(layer_stack(model)):
+        raise RunError(f"train.levels asks to checkpoint {checkpointed} layers; the model has "
+                       f"{len(layer_stack(model))}")
+
+
+def checkpoint_layers(model: nn.Module, checkpointed: int) -> None:
+    """Activation checkpointing of the first `checkpointed` layers (the others keep their activations): each
+    recomputes its forward in the backward pass (torch.utils.checkpoint, non-reentrant), applied from outside
+    the model by giving the layer an instance `forward`; 0 restores every layer's own."""
+    import functools
+
+    from torch.utils.checkpoint import checkpoint
+
+    for i, layer in enumerate(layer_stack(model).values()):
+        if i < checkpointed and "forward" not in vars(layer):
+            layer.forward = functools.partial(checkpoint, type(layer).forward.__get__(layer), use_reentrant=False)
+        elif i >= checkpointed and "forward" in vars(layer):
+            del layer.forward
 
 
 def split_tensors(model: nn.Module, task, rt: Runtime, seed: int) -> None:
@@ -162,18 +192,41 @@ class LocalParallel:
 
     eval_group = 1  # micro-batches evaluated together
 
-    def __init__(self, model: nn.Module, task, rt: Runtime, precision: str = "fp32", seed: int = 0):
+    def __init__(self, model: nn.Module, task, rt: Runtime, precision: str = "fp32", seed: int = 0,
+                 sequence_sizes=()):
+        """`sequence_sizes`: the sequence-parallel sizes of the run's levels (packs of several lengths, each
+        split over its own number of ranks, tensor and pipeline parallelism off); their groups are made here,
+        by every process, and `use_level` picks one."""
         self.model, self.task, self.rt, self.precision = model, task, rt, precision
         self.tensor = rt.tensor
         if self.tensor > 1:
             split_tensors(model, task, rt, seed)
-        self.count_group = rt.mesh()["dp"].get_group() if rt.dp_world > 1 else None
-        self.sp_group = rt.mesh()["sp"].get_group() if rt.sequence > 1 else None
         self.weight_group = rt.weight_group() if rt.dp_world * rt.sequence > 1 else None
         self.use_ddp = self.weight_group is not None and self.tensor == 1
         self.ddp = (nn.parallel.DistributedDataParallel(model, process_group=self.weight_group) if self.use_ddp
                     else model)
         self.writes_model = True
+        # sequence size -> (its sequence-parallel group, its replicas' group, this rank's place in the first)
+        self.layouts = {rt.sequence: (rt.mesh()["sp"].get_group() if rt.sequence > 1 else None,
+                                      rt.mesh()["dp"].get_group() if rt.dp_world > 1 else None, rt.sp_rank)}
+        for size in sorted(set(sequence_sizes) - {rt.sequence}):  # levels: tensor = stages = sequence = 1
+            blocks = {k: dist.new_group(list(range(k, k + size))) for k in range(0, rt.world, size)}
+            strided = {j: dist.new_group(list(range(j, rt.world, size))) for j in range(size)}
+            replicas = strided[rt.rank % size] if rt.world > size else None
+            self.layouts[size] = (blocks[rt.rank - rt.rank % size], replicas, rt.rank % size)
+        self.sequence = rt.sequence
+        self.sp_group, self.count_group, self.sp_rank = self.layouts[self.sequence]
+        self.checkpointed = 0
+
+    def use_level(self, level) -> None:
+        """Run the next update as `level` (bert_ipu.data.loader.Level) says: its sequence-parallel split and its
+        activation checkpointing."""
+        if level.sequence_parallel != self.sequence:
+            self.sequence = level.sequence_parallel
+            self.sp_group, self.count_group, self.sp_rank = self.layouts[self.sequence]
+        if level.checkpointed_layers != self.checkpointed:
+            checkpoint_layers(self.model, level.checkpointed_layers)
+            self.checkpointed = level.checkpointed_layers
 
     @property
     def module(self) -> nn.Module:
@@ -197,7 +250,7 @@ class LocalParallel:
         """This rank's share of a micro-batch: under sequence parallelism its 1/S of every row's tokens."""
         if self.sp_group is None:
             return batch
-        S, r = self.rt.sequence, self.rt.sp_rank
+        S, r = self.sequence, self.sp_rank
         out = dict(batch)
         for name in self.task.sequence_fields:
             n = batch[name].shape[1] // S
@@ -340,6 +393,9 @@ class PipelineParallel:
     @property
     def module(self) -> nn.Module:
         return self.model
+
+    def use_level(self, level) -> None:
+        """One level only (packs of several lengths do not run on pipelines): nothing changes between updates."""
 
     def _loss(self, output, target):
         loss, sums = self.task.loss(output, _unpack_targets(target, self._spec), self._normalizers)

@@ -22,15 +22,15 @@ from pathlib import Path
 import torch
 import yaml
 
-from ..data.loader import UpdateLoader, source_pack_costs
+from ..data.loader import Level, LevelLoader, UpdateLoader, source_pack_costs
 from ..files import OutputBusy, OutputLock, write_atomic, write_json
 from ..models import attention
 from ..models.hf_io import ExportError
 from . import checkpoint
 from .metrics import MetricsLogger
 from .optim import build_optimizer, packing_betas, packs_per_update, schedule_length
-from .parallel import (LocalParallel, PipelineParallel, check_sequence_parallel, global_counts, tensor_plan,
-                       update_balance)
+from .parallel import (LocalParallel, PipelineParallel, check_layers, check_sequence_parallel, global_counts,
+                       tensor_plan, update_balance)
 from .runtime import Runtime, RunError
 from .tensor import local, replicas_agree
 
@@ -142,21 +142,8 @@ def train(task, cfg, rt: Runtime, resume: bool = False, overwrite: bool = False,
     # writes nothing, and --overwrite deletes nothing, not even an init checkpoint inside the old run
     check_backend(cfg, rt, training=True)
     task.prepare(rt)
-    p = task.packing_factor
-    P = packs_per_update(t, p, rt.dp_world)
-    source = task.train_source()
-    try:
-        costs = source_pack_costs(source) if t.balance == "attention" else None
-    except ValueError as e:
-        raise RunError(f"train.balance=attention: {e}; use train.balance=none") from None
-    if costs is not None and not source.stores_lengths:
-        rt.say("train.balance=attention: the dataset stores no sequence lengths (written before them), so the pack "
-               "costs were computed from its sequence_ids; repack it to read them at O(packs)")
-    try:
-        loader = UpdateLoader(source, P, t.micro_batch_size, rt.dp_rank, rt.dp_world, t.seed,
-                              drop_last=task.drop_last, pack_costs=costs)
-    except ValueError as e:
-        raise RunError(f"{e}; use more data or a smaller train.global_batch_size / train.micro_batch_size") from None
+    levels = task.train_levels()
+    loader, P = make_loader(task, t, rt, levels)
     accumulation = loader.accumulation
     total, warmup = schedule_length(t, loader.updates_per_epoch)
     stages = rt.stages
@@ -167,23 +154,61 @@ def train(task, cfg, rt: Runtime, resume: bool = False, overwrite: bool = False,
     model = task.build_model().to(rt.device).train()
     if rt.tensor > 1:
         tensor_plan(task, model, rt.tensor)  # a model that cannot be split is refused before anything is written
-    if rt.sequence > 1:
-        check_sequence_parallel(task, model, rt, task.layout_record()["pack_len"])
+    for level in levels:
+        if level.sequence_parallel > 1:
+            check_sequence_parallel(task, model, rt, level.pack_length, level.sequence_parallel)
+        check_layers(model, level.checkpointed_layers)
     lock = prepare_run_dir(out, resume, overwrite, rt, run_config(cfg, task))
     try:
-        return _train(task, cfg, rt, out, resume, progress, loader, model, P, total, warmup)
+        return _train(task, cfg, rt, out, resume, progress, loader, model, P, total, warmup, levels)
     finally:
         if lock:
             lock.release()
 
 
-def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, loader: UpdateLoader, model, P: int,
-           total: int, warmup: int) -> dict:
+def make_loader(task, t, rt: Runtime, levels: list[Level]):
+    """(the run's loader, packs per update): an UpdateLoader over one level's packs, or a LevelLoader over
+    several (every update of one level, each level over world / its sequence-parallel size replicas)."""
+    if len(levels) > 1 and (rt.tensor > 1 or rt.stages > 1 or rt.sequence > 1 or t.batch_unit != "sequences"):
+        raise RunError("packs of several lengths train with train.batch_unit=sequences on data-parallel processes "
+                       "(each level's sequence parallelism in train.levels), not with parallel.tensor_parallel, "
+                       "parallel.pipeline_stages or parallel.sequence_parallel > 1")
+    for i, level in enumerate(levels):
+        if rt.world % level.sequence_parallel:
+            raise RunError(f"level {i} (packs of {level.pack_length}) splits its rows over {level.sequence_parallel} "
+                           f"sequence-parallel ranks, which do not divide the {rt.world} processes; choose a size "
+                           "that divides them")
+    replicas = [rt.dp_world if len(levels) == 1 else rt.world // lv.sequence_parallel for lv in levels]
+    Ps = [packs_per_update(t, lv.packing_factor, n, lv.micro_batch_size) for lv, n in zip(levels, replicas)]
+    costs = []
+    for level in levels:
+        try:
+            costs.append(source_pack_costs(level.source) if t.balance == "attention" else None)
+        except ValueError as e:
+            raise RunError(f"train.balance=attention: {e}; use train.balance=none") from None
+        if costs[-1] is not None and not level.source.stores_lengths:
+            rt.say("train.balance=attention: the dataset stores no sequence lengths (written before them), so the "
+                   "pack costs were computed from its sequence_ids; repack it to read them at O(packs)")
+    try:
+        if len(levels) == 1:
+            loader = UpdateLoader(levels[0].source, Ps[0], levels[0].micro_batch_size, rt.dp_rank, rt.dp_world,
+                                  t.seed, drop_last=task.drop_last, pack_costs=costs[0])
+        else:
+            loader = LevelLoader(levels, Ps, rt.rank, rt.world, t.seed, t.level_order, drop_last=task.drop_last,
+                                 pack_costs=costs if t.balance == "attention" else None)
+    except ValueError as e:
+        raise RunError(f"{e}; use more data or a smaller train.global_batch_size / train.micro_batch_size") from None
+    return loader, (Ps[0] if len(levels) == 1 else Ps)
+
+
+def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, loader, model, P, total: int,
+           warmup: int, levels: list[Level]) -> dict:
     t, p, stages, accumulation = cfg.train, task.packing_factor, rt.stages, loader.accumulation
     parameters = sum(q.numel() for q in model.parameters())
     engine = (PipelineParallel(model, task, rt, accumulation, cfg.parallel.schedule, cfg.parallel.layers_per_stage,
                                seed=t.seed)
-              if stages > 1 else LocalParallel(model, task, rt, t.precision, seed=t.seed))
+              if stages > 1 else LocalParallel(model, task, rt, t.precision, seed=t.seed,
+                                              sequence_sizes=[lv.sequence_parallel for lv in levels]))
     betas = packing_betas(t, task.packed, p)
     opt, sched = build_optimizer(engine.module, t, total, warmup, betas, sharded=rt.tensor > 1)
 
@@ -207,8 +232,12 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, load
         rt.say(f"resumed from {newest} at step {step} (saved on {state['replicas']} replica(s) x {state['stages']} "
                f"stage(s) x {state.get('sequence', 1)} sequence-parallel x {state.get('tensor', 1)} tensor-parallel, now "
                f"{rt.dp_world} x {stages} x {rt.sequence} x {rt.tensor})")
-    rt.say(f"{cfg.name}: {parameters / 1e6:.1f} M parameters, {task.describe()}, {P} packs/update = "
-           f"{t.micro_batch_size} x {rt.dp_world} replica(s) x {accumulation} accumulation"
+    per_update = (f"{P} packs/update = {t.micro_batch_size} x {rt.dp_world} replica(s) x {accumulation} accumulation"
+                  if len(levels) == 1 else "levels " + "; ".join(
+                      f"{lv.pack_length}: {n} packs/update, micro-batch {lv.micro_batch_size}, sequence parallel "
+                      f"{lv.sequence_parallel}, {lv.checkpointed_layers} checkpointed layers"
+                      for lv, n in zip(levels, P)) + f" ({t.level_order} order)")
+    rt.say(f"{cfg.name}: {parameters / 1e6:.1f} M parameters, {task.describe()}, {per_update}"
            + (f", {stages} pipeline stages ({cfg.parallel.schedule})" if stages > 1 else "")
            + (f", sequence parallel over {rt.sequence} (Ulysses)" if rt.sequence > 1 else "")
            + (f", tensor parallel over {rt.tensor}" if rt.tensor > 1 else "")
@@ -240,14 +269,20 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, load
     def due(every, at):
         return at == total or (every is not None and at % every == 0)
 
+    evaluation = Level(0, None, t.micro_batch_size, rt.sequence)  # how evaluation runs between levels
     logger = MetricsLogger(out, rt.main, total, step, progress, desc=task.name)
     window: dict = {}
     balance: dict = {}  # the window's sums of each update's balance measures (update_balance)
+    per_level: dict = {}  # pack length -> [tokens, seconds] of the window's updates of that level
     window_start, window_step = time.perf_counter(), step
     try:
         while step < total:
+            started = time.perf_counter()
             micro = [{k: v.to(rt.device) for k, v in b.items()} for b in loader.next_update()]
-            balance = {k: balance.get(k, 0.0) + v for k, v in update_balance(engine, micro, rt.sequence > 1).items()}
+            level = levels[loader.level] if len(levels) > 1 else levels[0]
+            engine.use_level(level)
+            spread = update_balance(engine, micro, level.sequence_parallel > 1 or rt.sequence > 1)
+            balance = {k: balance.get(k, 0.0) + v for k, v in spread.items()}
             counts = global_counts(task, engine, micro)
             sums = engine.train_step(micro, task.normalizers(counts)) | counts
             loss = task.summarize(sums)["loss"]
@@ -261,6 +296,9 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, load
             step += 1
             seen += sums["sequences"]
             window = {k: window.get(k, 0.0) + v for k, v in sums.items()}
+            if len(levels) > 1:  # tokens and seconds of each level's updates, for its tokens/s
+                at = per_level.setdefault(level.pack_length, [0.0, 0.0])
+                at[0], at[1] = at[0] + sums["tokens"], at[1] + time.perf_counter() - started
             row_due = False
             if due(t.log_every, step):
                 seconds = time.perf_counter() - window_start
@@ -268,10 +306,13 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, load
                 last = task.summarize(window) | {"sequences_seen": seen, "lr": sched.get_last_lr()[0],
                                                  "sequences_per_second": window["sequences"] / seconds,
                                                  "tokens_per_second": window["tokens"] / seconds} \
-                    | {k: v / updates for k, v in balance.items()}
-                window, balance, window_start, window_step, row_due = {}, {}, time.perf_counter(), step, True
+                    | {k: v / updates for k, v in balance.items()} \
+                    | {f"tokens_per_second_{n}": tok / sec for n, (tok, sec) in sorted(per_level.items())}
+                window, balance, per_level = {}, {}, {}
+                window_start, window_step, row_due = time.perf_counter(), step, True
             if task.has_evaluation and due(t.validate_every, step):
                 model.eval()
+                engine.use_level(evaluation)  # the validation rows: one length, the run's own layout
                 last = last | task.evaluate(engine, rt, step) | {"sequences_seen": seen}
                 model.train()
                 row_due = True

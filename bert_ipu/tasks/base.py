@@ -15,7 +15,7 @@ from typing import Callable, Protocol, runtime_checkable
 import torch
 from torch import nn
 
-from ..data.loader import PackSource
+from ..data.loader import Level, PackSource
 from ..models.plans import PipelinePlan, TensorPlan
 
 
@@ -66,6 +66,10 @@ class Task(Protocol):
     def train_source(self) -> PackSource:
         """The training rows (bert_ipu.data.loader.PackSource)."""
 
+    def train_levels(self) -> list[Level]:
+        """The training packs by pack length (bert_ipu.data.loader.Level): one level, `train_source()`, unless the
+        task packs its data into several lengths (Hierarchical Balance Packing's levels)."""
+
     def layout_record(self) -> dict:
         """The data layout the run trains on, recorded in OUTPUT/config.yaml."""
 
@@ -98,6 +102,19 @@ class Task(Protocol):
 
     def result_extra(self) -> dict:
         """What the task adds to results.json."""
+
+
+class TaskBase:
+    """What most tasks share: one level of packs (`train_source`, with the train section's micro-batch and the
+    parallel section's sequence-parallel size), training (not evaluation only), and no sequence-parallel
+    layout. A task overrides what differs."""
+
+    sequence_fields: tuple[str, ...] = ()
+    trains = True
+
+    def train_levels(self) -> list[Level]:
+        return [Level(self.layout_record()["pack_len"], self.train_source(), self.cfg.train.micro_batch_size,
+                      self.cfg.parallel.sequence_parallel, 0, self.packing_factor)]
 
 
 def no_summary(result: dict) -> str | None:

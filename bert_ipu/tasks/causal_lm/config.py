@@ -82,6 +82,11 @@ class CausalDataConfig:
     """of a tokenizer trained on the source"""
     max_seq_length: int = 256
     """the pack length (and the longest sequence)"""
+    pack_lengths: list | None = None
+    """packs of several lengths in one run (Hierarchical Balance Packing's levels), e.g. [128, 256, 512]: the
+    multi-size packer chooses how many packs of each length hold the training sequences (the fewest computed
+    tokens, with a proven bound); every update takes packs of one length (train.levels, train.level_order). The
+    longest must hold data.max_seq_length. null: one length, data.max_seq_length"""
     algorithm: str = "cghp"
     """packing algorithm; none = unpacked (one sequence per row, padded)"""
     max_sequences_per_pack: int | str = "auto"
@@ -107,6 +112,19 @@ class CausalDataConfig:
             raise ConfigError(f"data.validation_fraction {self.validation_fraction}: a fraction in [0, 1)")
         check_algorithm(self.algorithm)
         self.max_sequences_per_pack = depth_value(self.max_sequences_per_pack, "data.max_sequences_per_pack")
+        if self.pack_lengths is not None:
+            lengths = self.pack_lengths
+            if (not isinstance(lengths, list) or not lengths
+                    or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 8 for n in lengths)
+                    or len(set(lengths)) != len(lengths)):
+                raise ConfigError(f"data.pack_lengths {lengths!r}: a list of different whole numbers >= 8, e.g. "
+                                  "[128, 256, 512]")
+            if max(lengths) < self.max_seq_length:
+                raise ConfigError(f"data.pack_lengths {lengths}: the longest, {max(lengths)}, must hold "
+                                  f"data.max_seq_length ({self.max_seq_length}), the longest sequence")
+            if self.algorithm != "cghp":
+                raise ConfigError("data.pack_lengths: packs of several lengths are chosen by the multi-size packer; "
+                                  "use data.algorithm=cghp")
 
 
 @dataclass

@@ -23,9 +23,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ...data.contiguous import pack_sequences
+from ...data.contiguous import pack_levels, pack_sequences
 from ...data.layout import IGNORE_INDEX
-from ...data.loader import ArraySource
+from ...data.loader import ArraySource, Level
 from ...data.text import DataInputError
 from ...engine.parallel import global_counts
 from ...engine.runtime import RunError, Runtime
@@ -34,6 +34,7 @@ from ...models.hf_io import export_model
 from ...models.llama import PackedLlamaForCausalLM
 from ...models.losses import causal_lm_loss, causal_lm_loss_sums, sequence_label_weights, whole
 from ...packing import PackingInputError
+from ..base import TaskBase
 from ..common import command, pack_depth, packing_line, require_checkpoint_folder
 from .data import CausalReport, load_tokenizer, sft_sequences, source_texts, text_sequences, train_tokenizer
 
@@ -42,7 +43,7 @@ FIELDS = (*INPUTS, "labels", "label_weights")  # every one per token: sequence p
 NORMALIZER = {"token": "label_tokens", "sequence": "labelled_sequences", "sum": None}
 
 
-class CausalLMTask:
+class CausalLMTask(TaskBase):
     name = "causal_lm"
     input_fields = INPUTS
     target_fields = ("labels", "label_weights")
@@ -50,7 +51,6 @@ class CausalLMTask:
     stat_names = ("token_loss_sum", "sequence_loss_sum", "correct")
     pipeline_plan = None
     drop_last = False
-    trains = True
     has_evaluation = True
     headline = ("val_loss", "val_perplexity")
     progress_keys = ("loss", "val_loss", "tokens_per_second")
@@ -85,10 +85,15 @@ class CausalLMTask:
                 self.sequences["validation"] = seqs.subset(np.sort(order[:held]))
             self.depth = pack_depth(self.sequences["train"].lengths, S, d.algorithm, d.max_sequences_per_pack)
             self.packed_splits = {split: self._pack(s) for split, s in self.sequences.items()}
+            self.by_length = self._pack_levels(self.sequences["train"]) if d.pack_lengths else None
         except (DataInputError, PackingInputError, OSError) as e:
             raise RunError(str(e)) from None
         for split, p in self.packed_splits.items():
             say(packing_line(split, d.algorithm, "sequences", p, S))
+        for length, p in (self.by_length or {}).items():
+            say(packing_line(f"train, level {length}", d.algorithm, "sequences", p, length))
+        if self.by_length:  # the model's slots (varlen's segments) cover every level's deepest pack
+            self.depth = max(self.depth, *(p.max_sequences_per_pack for p in self.by_length.values()))
         self.packing_factor = self.packed_splits["train"].packing_factor
         self.packed = self.depth > 1
 
@@ -96,11 +101,43 @@ class CausalLMTask:
         d = self.cfg.data
         packed = pack_sequences(seqs.lengths, {"input_ids": seqs.input_ids, "labels": seqs.labels}, d.max_seq_length,
                                 d.algorithm, self.depth, seed=self.cfg.train.seed, fill={"labels": IGNORE_INDEX})
-        rows = packed.rows  # each label token's weight in its sequence's mean: a per-token field any split keeps
+        return self._weighted(packed)
+
+    def _pack_levels(self, seqs) -> dict:
+        """The training sequences in packs of every data.pack_lengths (those the packer used), each level's rows
+        with their label weights."""
+        d = self.cfg.data
+        limit = None if d.max_sequences_per_pack == "max" else self.depth  # auto: the depth resolved for one length
+        levels = pack_levels(seqs.lengths, {"input_ids": seqs.input_ids, "labels": seqs.labels}, d.pack_lengths,
+                             limit, seed=self.cfg.train.seed, fill={"labels": IGNORE_INDEX})
+        return {length: self._weighted(p) for length, p in levels.items()}
+
+    @staticmethod
+    def _weighted(packed):
+        """Each label token's weight in its sequence's mean, added to the rows: a per-token field any split of the
+        tokens keeps (sequence parallelism)."""
+        rows = packed.rows
         rows["label_weights"] = sequence_label_weights(torch.from_numpy(rows["labels"]),
-                                                       torch.from_numpy(rows["sequence_ids"]), self.depth
-                                                       ).to(torch.float32).numpy()
+                                                       torch.from_numpy(rows["sequence_ids"]),
+                                                       packed.max_sequences_per_pack).to(torch.float32).numpy()
         return packed
+
+    def train_levels(self) -> list[Level]:
+        """One level (data.max_seq_length), or one a pack length the packer used (data.pack_lengths), with
+        train.levels' settings: micro-batches of about as many tokens as train.micro_batch_size packs of the
+        longest length unless set, no sequence parallelism or checkpointing unless set."""
+        if self.by_length is None:
+            return super().train_levels()
+        d, t = self.cfg.data, self.cfg.train
+        settings = dict(zip(d.pack_lengths, (t.levels or []) + [None] * len(d.pack_lengths)))
+        top, out = max(self.by_length), []
+        for length, packed in self.by_length.items():
+            chosen = settings[length] or {}
+            micro = chosen.get("micro_batch_size") or max(1, round(t.micro_batch_size * top / length))
+            out.append(Level(length, ArraySource({k: packed.rows[k] for k in FIELDS}, label_fields=("labels",)),
+                             micro, chosen.get("sequence_parallel") or 1, chosen.get("checkpointed_layers") or 0,
+                             packed.packing_factor))
+        return out
 
     def _source(self, split: str) -> ArraySource:
         return ArraySource({k: self.packed_splits[split].rows[k] for k in FIELDS}, label_fields=("labels",))
@@ -113,7 +150,7 @@ class CausalLMTask:
         return {"pack_len": d.max_seq_length, "max_sequences_per_pack": self.depth, "algorithm": d.algorithm,
                 "packing_factor": self.packing_factor, "format": d.format, "vocab_size": len(self.tokenizer),
                 "tokenizer_sha256": hashlib.sha256(self.tokenizer.backend_tokenizer.to_str().encode()).hexdigest()
-                if self.tokenizer.is_fast else None}
+                if self.tokenizer.is_fast else None} | ({"pack_lengths": list(self.by_length)} if self.by_length else {})
 
     def describe(self) -> str:
         p = self.packed_splits["train"]

@@ -37,6 +37,7 @@ from ...models.bert import PackedBertForSequenceClassification
 from ...models.hf_io import export_model
 from ...models.losses import classification_loss_sums
 from ...packing import PackingInputError
+from ..base import TaskBase
 from ..common import card, check_model_fits, pack_depth, packing_line, require_checkpoint_folder, resolve_vocab
 from .data import TASKS, GlueInputError, featurize, read_split
 from .metrics import compute
@@ -50,12 +51,11 @@ def eval_splits(cfg) -> list[str]:
     return ["dev_matched", "dev_mismatched"] if cfg.data.task == "mnli" else ["dev"]
 
 
-class GlueTask:
+class GlueTask(TaskBase):
     name = "glue"
     input_fields = INPUTS
     target_fields = ("labels",)
     stat_names = ("loss_sum", "correct")
-    sequence_fields = ()  # no sequence-parallel layout
     pipeline_plan = None
     drop_last = False
     progress_keys = ("loss", "accuracy", "sequences_per_second")

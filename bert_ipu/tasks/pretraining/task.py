@@ -29,18 +29,17 @@ from ...models.bert import PackedBertForPreTraining
 from ...models.hf_io import export_model
 from ...models.losses import pretraining_loss_sums, whole
 from ...packing import PackingInputError
+from ..base import TaskBase
 from ..common import command, require_checkpoint_folder
 
 
-class PretrainingTask:
+class PretrainingTask(TaskBase):
     name = "pretraining"
     input_fields = ("input_ids", "position_ids", "token_type_ids", "sequence_ids")
     target_fields = ("masked_lm_labels", "next_sentence_labels", "next_sentence_weights")
     stat_names = ("mlm_loss_sum", "mlm_correct", "nsp_loss_sum", "nsp_correct")
-    sequence_fields = ()  # no sequence-parallel layout
     pipeline_plan = plans.BERT_PRETRAINING_PIPELINE
     drop_last = True
-    trains = True
     has_evaluation = True
     headline = ("loss", "val_mlm_accuracy", "val_nsp_accuracy")
     progress_keys = ("loss", "mlm_accuracy", "nsp_accuracy", "sequences_per_second", "tokens_per_second")

@@ -40,6 +40,7 @@ from ...models.bert import PackedBertForQuestionAnswering
 from ...models.hf_io import export_model
 from ...models.losses import span_loss_sums
 from ...packing import PackingInputError
+from ..base import TaskBase
 from ..common import card, check_model_fits, pack_depth, packing_line, require_checkpoint_folder, resolve_vocab
 from . import metrics, postprocess
 from .features import (SLOT_FIELDS, Features, PackedFeatures, SquadExample, SquadInputError, make_features,
@@ -94,12 +95,11 @@ def evaluate(model, examples: list[SquadExample], dropped: list[SquadExample], f
     return preds, scores
 
 
-class SquadTask:
+class SquadTask(TaskBase):
     name = "squad"
     input_fields = ("input_ids", "position_ids", "token_type_ids", "sequence_ids", "candidate_mask")
     target_fields = ("start_positions", "end_positions")
     stat_names = ("loss_sum",)
-    sequence_fields = ()  # no sequence-parallel layout
     pipeline_plan = None
     drop_last = False
     headline = ("exact_match", "f1")

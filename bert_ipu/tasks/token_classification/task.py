@@ -27,6 +27,7 @@ from ...models import plans
 from ...models.hf_io import export_model
 from ...models.losses import classification_loss_sums
 from ...packing import PackingInputError
+from ..base import TaskBase
 from ..common import card, check_model_fits, pack_depth, packing_line, require_checkpoint_folder, resolve_vocab
 from .data import featurize, read_conll
 from .metrics import score
@@ -35,15 +36,13 @@ from .model import PackedBertForTokenClassification
 INPUTS = ("input_ids", "position_ids", "token_type_ids", "sequence_ids")
 
 
-class TokenClassificationTask:
+class TokenClassificationTask(TaskBase):
     name = "token_classification"
     input_fields = INPUTS
     target_fields = ("labels",)
     stat_names = ("loss_sum", "correct")
-    sequence_fields = ()  # no sequence-parallel layout
     pipeline_plan = None
     drop_last = False
-    trains = True
     headline = ("entity_f1", "word_accuracy")
     progress_keys = ("loss", "accuracy", "sequences_per_second")
 
