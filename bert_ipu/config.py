@@ -297,7 +297,7 @@ def _build(cls, values: dict, where: str):
 
 def _typed(value, hint, key: str):
     """`value` checked against a field's type: int, float, str or bool, optionally `| None` (or a union of
-    them); a float field also takes an int or a string such as 2e-4 (which YAML 1.1 reads as a string)."""
+    them, list and dict included); a float field also takes an int or a string such as 2e-4 (which YAML 1.1 reads as a string)."""
     allowed = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
     if value is None and type(None) in allowed:
         return value
@@ -309,7 +309,8 @@ def _typed(value, hint, key: str):
         except ValueError:
             pass
     scalar = [t for t in allowed if t in (int, float, str, bool)]
-    if scalar and not any(isinstance(value, t) and not (t is int and isinstance(value, bool)) for t in scalar):
+    kinds = [t for t in allowed if isinstance(t, type) and t is not type(None)]  # list and dict too
+    if scalar and not any(isinstance(value, t) and not (t is int and isinstance(value, bool)) for t in kinds):
         names = " or ".join(t.__name__ for t in allowed if t is not type(None))
         raise ConfigError(f"{key} = {value!r}: expected {names}{' (or null)' if type(None) in allowed else ''}")
     return value

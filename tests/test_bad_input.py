@@ -442,3 +442,15 @@ def test_an_instances_dataset_without_splits_is_refused(dataset, tmp_path, capsy
         lines, err = _errors(capsys)
         assert len(lines) == 1 and "no shard" in lines[0], err
         assert not (tmp_path / "out").exists()
+
+
+def test_a_field_of_list_or_str_takes_either_and_refuses_others():
+    """data.pack_lengths is `list | str | None`: a list (once refused as 'expected list or str') and `auto` load,
+    a number is refused naming the key."""
+    from bert_ipu.config import ConfigError
+    from bert_ipu.tasks import load_config
+
+    assert load_config("causal_tiny_llama_packed", ["data.pack_lengths=[128, 256, 512]"]).data.pack_lengths == [128, 256, 512]
+    assert load_config("causal_tiny_llama_packed", ["data.pack_lengths=auto"]).data.pack_lengths == "auto"
+    with pytest.raises(ConfigError, match="data.pack_lengths = 3: expected list or str"):
+        load_config("causal_tiny_llama_packed", ["data.pack_lengths=3"])

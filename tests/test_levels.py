@@ -132,7 +132,7 @@ def test_bad_level_settings_are_refused():
 
     bad = {"data.pack_lengths=[64, 128]": "must hold data.max_seq_length (256)",
            "data.pack_lengths=[128, 128, 256]": "a list of different whole numbers",
-           "data.pack_lengths=auto": "a list of different whole numbers",
+           "data.pack_lengths=fast": "a list of different whole numbers",
            "train.levels=[{micro: 2}]": "unknown key 'micro'",
            "train.levels=[{checkpointed_layers: -1}]": "a whole number >= 0"}
     for override, named in bad.items():

@@ -115,17 +115,18 @@ def pack_sequences(lengths: np.ndarray, token_fields: dict[str, np.ndarray], max
 
 
 def pack_levels(lengths: np.ndarray, token_fields: dict[str, np.ndarray], pack_lengths: list[int],
-                max_sequences_per_pack: int | None = None, seed: int = 0,
-                fill: dict | None = None) -> dict[int, PackedSequences]:
+                max_sequences_per_pack: int | None = None, seed: int = 0, fill: dict | None = None,
+                costs: list[float] | None = None) -> dict[int, PackedSequences]:
     """Pack N sequences into rows of several lengths chosen together (Hierarchical Balance Packing's levels:
     `bert_ipu.packing.multisize.pack_multi_size`, the least computed tokens with a proven bound): {pack length:
     PackedSequences of that length} (only lengths that got packs), every sequence in exactly one row of one
-    length. K (slots a row) is the depth limit, or the deepest pack of each length when unlimited."""
+    length. K (slots a row) is the depth limit, or the deepest pack of each length when unlimited. costs: of a
+    full pack of each length (default its tokens; `bert_ipu.packing.levels.level_costs` gives modelled ones)."""
     lengths = np.asarray(lengths, dtype=np.int64)
     if len(lengths) == 0:
         raise PackingInputError("no sequences to pack")
     top = max(pack_lengths)
-    result = pack_multi_size(histogram_of(lengths, top), pack_lengths, max_sequences_per_pack)
+    result = pack_multi_size(histogram_of(lengths, top), pack_lengths, max_sequences_per_pack, costs=costs)
     out = {}
     for length, (offsets, order) in assign_multi_size(lengths, result, seed=seed).items():
         rows, row, slot, column = rows_from_packs(lengths, token_fields, length, offsets, order, fill)

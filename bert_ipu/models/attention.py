@@ -52,6 +52,7 @@ class Backend:
     cuda_only: bool = False       # no kernel off CUDA
     cpu_backward: bool = True     # trains on the CPU (flex: forward only there)
     contiguous: bool = False      # needs each sequence's tokens contiguous, in id order, then padding
+    skips_masked: bool = False    # on CUDA its time grows with each document's square, not the whole pack's
     summary: str = ""
 
 
@@ -167,7 +168,7 @@ class FlexAttention:
 
 
 register(Backend("flex", lambda ids, dtype, causal, slots: FlexAttention(ids, causal), cpu_backward=False,
-                 summary="FlexAttention with a document block mask (compiled on GPU)"))
+                 skips_masked=True, summary="FlexAttention with a document block mask (compiled on GPU)"))
 
 
 # --- varlen ------------------------------------------------------------------------------------------------
@@ -199,7 +200,7 @@ def _build_varlen(sequence_ids, dtype, causal, slots):
     return Varlen(sequence_ids, slots, causal)
 
 
-register(Backend("varlen", _build_varlen, cuda_only=True, contiguous=True,
+register(Backend("varlen", _build_varlen, cuda_only=True, contiguous=True, skips_masked=True,
                  summary="flash attention over cumulative sequence lengths (CUDA)"))
 
 # The varlen kernel: None = torch's flash attention (`torch.nn.attention.varlen.varlen_attn`, CUDA only); the

@@ -82,11 +82,16 @@ class CausalDataConfig:
     """of a tokenizer trained on the source"""
     max_seq_length: int = 256
     """the pack length (and the longest sequence)"""
-    pack_lengths: list | None = None
+    pack_lengths: list | str | None = None
     """packs of several lengths in one run (Hierarchical Balance Packing's levels), e.g. [128, 256, 512]: the
     multi-size packer chooses how many packs of each length hold the training sequences (the fewest computed
     tokens, with a proven bound); every update takes packs of one length (train.levels, train.level_order). The
-    longest must hold data.max_seq_length. null: one length, data.max_seq_length"""
+    longest must hold data.max_seq_length. auto: the lengths (and each one's sequence-parallel size and
+    checkpointing) a model of the step time picks (bert_ipu.packing.levels; the table is printed). null: one
+    length, data.max_seq_length"""
+    level_memory_tokens: int | None = None
+    """pack_lengths auto: the tokens of one pack a process holds with its activations (longer packs are split
+    over sequence-parallel ranks, then checkpointed); null: any pack fits"""
     algorithm: str = "cghp"
     """packing algorithm; none = unpacked (one sequence per row, padded)"""
     max_sequences_per_pack: int | str = "auto"
@@ -112,16 +117,19 @@ class CausalDataConfig:
             raise ConfigError(f"data.validation_fraction {self.validation_fraction}: a fraction in [0, 1)")
         check_algorithm(self.algorithm)
         self.max_sequences_per_pack = depth_value(self.max_sequences_per_pack, "data.max_sequences_per_pack")
-        if self.pack_lengths is not None:
+        if self.level_memory_tokens is not None and self.level_memory_tokens < 8:
+            raise ConfigError(f"data.level_memory_tokens {self.level_memory_tokens}: at least 8 tokens (or null)")
+        if self.pack_lengths is not None and self.pack_lengths != "auto":
             lengths = self.pack_lengths
             if (not isinstance(lengths, list) or not lengths
                     or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 8 for n in lengths)
                     or len(set(lengths)) != len(lengths)):
                 raise ConfigError(f"data.pack_lengths {lengths!r}: a list of different whole numbers >= 8, e.g. "
-                                  "[128, 256, 512]")
+                                  "[128, 256, 512], or auto")
             if max(lengths) < self.max_seq_length:
                 raise ConfigError(f"data.pack_lengths {lengths}: the longest, {max(lengths)}, must hold "
                                   f"data.max_seq_length ({self.max_seq_length}), the longest sequence")
+        if self.pack_lengths is not None:
             if self.algorithm != "cghp":
                 raise ConfigError("data.pack_lengths: packs of several lengths are chosen by the multi-size packer; "
                                   "use data.algorithm=cghp")
@@ -148,3 +156,9 @@ class CausalLMRunConfig(RunConfig):
     data: CausalDataConfig = field(default_factory=CausalDataConfig)
     train: CausalTrainConfig = field(default_factory=CausalTrainConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.data.pack_lengths == "auto" and self.train.levels:
+            raise ConfigError("train.levels with data.pack_lengths=auto: the model picks each level's settings; "
+                              "give data.pack_lengths as a list to set train.levels")

@@ -105,12 +105,37 @@ class CausalLMTask(TaskBase):
 
     def _pack_levels(self, seqs) -> dict:
         """The training sequences in packs of every data.pack_lengths (those the packer used), each level's rows
-        with their label weights."""
+        with their label weights; with pack_lengths auto, the lengths `choose_pack_lengths` picks."""
         d = self.cfg.data
         limit = None if d.max_sequences_per_pack == "max" else self.depth  # auto: the depth resolved for one length
-        levels = pack_levels(seqs.lengths, {"input_ids": seqs.input_ids, "labels": seqs.labels}, d.pack_lengths,
-                             limit, seed=self.cfg.train.seed, fill={"labels": IGNORE_INDEX})
+        lengths, costs = d.pack_lengths, None
+        self.auto_settings = {}
+        if lengths == "auto":
+            lengths, costs = self.choose_pack_lengths(seqs.lengths, limit)
+        levels = pack_levels(seqs.lengths, {"input_ids": seqs.input_ids, "labels": seqs.labels}, lengths,
+                             limit, seed=self.cfg.train.seed, fill={"labels": IGNORE_INDEX}, costs=costs)
         return {length: self._weighted(p) for length, p in levels.items()}
+
+    def choose_pack_lengths(self, lengths: np.ndarray, limit: int | None) -> tuple[list[int], list[float]]:
+        """data.pack_lengths auto: HBP's level selection on a model of the step time (bert_ipu.packing.levels) for
+        this model's shape, the run's processes and data.level_memory_tokens; says the table it chose from.
+        (the lengths, the modelled cost of a full pack of each: the packer packs with the costs it chose by)"""
+        from ...packing.histogram import histogram_of
+        from ...models.attention import backend
+        from ...packing.levels import StepModel, choose_levels, format_choice, level_costs
+
+        m, d = self.cfg.model, self.cfg.data
+        skips = backend(m.attention_backend).skips_masked and self.rt.device.type == "cuda"
+        model = StepModel(m.num_hidden_layers, m.hidden_size, m.num_attention_heads, m.num_key_value_heads,
+                          m.intermediate_size, devices=self.rt.world, memory_tokens=d.level_memory_tokens,
+                          document_attention=skips, vocab=len(self.tokenizer))
+        tokens = self.cfg.train.global_batch_size * float(np.mean(lengths))
+        choice = choose_levels(histogram_of(lengths, d.max_seq_length), model, int(tokens), max_levels=3,
+                               max_sequences_per_pack=limit)
+        self.rt.say("pack lengths chosen by the modelled step time (bert_ipu.packing.levels; seconds are the model's):\n"
+                    + format_choice(choice, 6), "causal_lm")
+        self.level_choice, self.auto_settings = choice, dict(zip(choice.lengths, choice.settings))
+        return choice.lengths, level_costs(model, choice.lengths)
 
     @staticmethod
     def _weighted(packed):
@@ -129,10 +154,13 @@ class CausalLMTask(TaskBase):
         if self.by_length is None:
             return super().train_levels()
         d, t = self.cfg.data, self.cfg.train
-        settings = dict(zip(d.pack_lengths, (t.levels or []) + [None] * len(d.pack_lengths)))
+        if self.auto_settings:  # (sequence-parallel size, checkpointed layers) the level model chose
+            settings = {n: {"sequence_parallel": s, "checkpointed_layers": c} for n, (s, c) in self.auto_settings.items()}
+        else:
+            settings = dict(zip(d.pack_lengths, (t.levels or []) + [None] * len(d.pack_lengths)))
         top, out = max(self.by_length), []
         for length, packed in self.by_length.items():
-            chosen = settings[length] or {}
+            chosen = settings.get(length) or {}
             micro = chosen.get("micro_batch_size") or max(1, round(t.micro_batch_size * top / length))
             out.append(Level(length, ArraySource({k: packed.rows[k] for k in FIELDS}, label_fields=("labels",)),
                              micro, chosen.get("sequence_parallel") or 1, chosen.get("checkpointed_layers") or 0,
