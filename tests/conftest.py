@@ -1,8 +1,16 @@
 import json
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
+
+# `make test` runs two pytest-xdist workers on this 2-core machine: torch takes one thread in each, as the processes
+# the tests start do (OMP_NUM_THREADS=1). Two OpenMP threads a worker would oversubscribe the cores, and OpenMP's
+# spinning threads slow down sharply when they do (a 1 s test took 16 s).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
 
 HISTOGRAMS = Path(__file__).resolve().parent.parent / "benchmarks" / "histograms"
 
@@ -53,3 +61,4 @@ def tiny_run(dataset, tmp_path_factory) -> Path:
                                   "data.max_seq_length=64", "train.max_steps=4", "train.checkpoint_every=2",
                                   "train.validate_every=2"]), progress=False)
     return out
+

@@ -22,14 +22,14 @@ from bert_ipu.tasks import load_config
 from bert_ipu.engine.optim import ShardedLamb
 from bert_ipu.engine.runtime import RunError
 from bert_ipu.tasks import run as main
-from training_helpers import copy_run, entry, final_weights, job, launch, run_cli, tiny
+from training_helpers import call, copy_run, entry, final_weights, job, launch, run_cli, tiny
 
 COMMON = ["model.max_position_embeddings=64", "data.max_seq_length=64", "train.max_steps=4",
           "train.checkpoint_every=2", "train.validate_every=2"]
 DROPOUT = ["model.hidden_dropout_prob=0.1", "model.attention_probs_dropout_prob=0.1"]
 GLUE = ["--config", "glue_tiny_packed", "train.max_steps=3", "train.num_train_epochs=1",
         "model.hidden_dropout_prob=0.0", "model.attention_probs_dropout_prob=0.0"]  # the same numbers: no dropout
-# (TINY: test_causal_lm's tiny Llama)
+# the causal LM at tensor 2: test_causal_lm's TINY Llama with 2 key/value heads, 8 packs an update
 CAUSAL = ["model.num_key_value_heads=2", "train.micro_batch_size=2", "train.batch_unit=packs",
           "train.global_batch_size=8"]
 
@@ -45,7 +45,7 @@ def runs(dataset, tiny_run, tmp_path_factory):
     from test_causal_lm import TINY
 
     return root, launch(2, [
-        {"name": "split", "call": "tensor_parallel_worker:checks"},
+        call("split", "tensor_parallel_worker:checks"),
         job("two", *tiny_cmd, f"output_dir={root / 'two'}", "parallel.tensor_parallel=2"),
         copy_run(tiny_run, root / "one_to_two", "checkpoints/step-0000004", "results.json"),
         job("one_to_two", *tiny_cmd, f"output_dir={root / 'one_to_two'}", "parallel.tensor_parallel=2", "--resume"),

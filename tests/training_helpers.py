@@ -58,6 +58,12 @@ def job(name: str, *argv: str, script: str = "run_pretraining.py") -> dict:
     return {"name": name, "script": script, "argv": [str(a) for a in argv]}
 
 
+def call(name: str, function: str, *args) -> dict:
+    """A step of a launch: `module:function` of tests/ called on every rank (the process group is up), its value
+    (rank 0's, JSON) recorded under `name`."""
+    return {"name": name, "call": function, "args": list(args)}
+
+
 def copy_run(src: Path, dst: Path, *remove: str) -> dict:
     """A step of a launch: copy the run folder `src` to `dst` without `remove` (say, its last checkpoint)."""
     return {"copy": str(src), "to": str(dst), "remove": list(remove)}
