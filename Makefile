@@ -9,7 +9,7 @@ HIST    := benchmarks/histograms
 OPS_LIB := bert_ipu/bert_ipu_ops.so
 OPS_SRC := $(wildcard custom_ops/*.cpp custom_ops/*.cu custom_ops/*.h) custom_ops/build.py
 
-.PHONY: all help setup ops run report test bench docs clean wikipedia
+.PHONY: all help setup ops run report test coverage bench docs clean wikipedia
 all: ops
 
 help:
@@ -18,6 +18,7 @@ help:
 	@echo "make report ... the packing report on the shipped histograms and the built-in corpus"
 	@echo "make wikipedia DUMP=FILE  ... a Wikipedia dump -> packed shards -> BERT-large phase 1 and phase 2"
 	@echo "make test   ... then the tests"
+	@echo "make coverage  ... the tests under coverage.py: line coverage of bert_ipu/, subprocesses included"
 	@echo "make bench  packing and model benchmarks (print figures)"
 	@echo "make docs   ... the documentation site (docs/, mkdocs.yml) into site/, strictly: a broken link fails"
 	@echo "make setup  only create/update $(VENV) from requirements.txt"
@@ -72,8 +73,19 @@ report: ops
 	$(PY) data/pack_pretraining_data.py --input $(RUNS)/data/instances_128 --output $(RUNS)/data/packed_128 --overwrite
 	$(PY) data/inspect_packed_data.py $(RUNS)/data/packed_128
 
+# two pytest-xdist workers (this machine has 2 cores), a test file each at a time: a file's tests share its module
+# fixtures (a launch of processes, a corpus) on one worker. TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
 test: ops
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+
+# line coverage of bert_ipu/ by the whole suite, the processes the tests start included (pyproject.toml
+# [tool.coverage]); slower than `make test`, which it leaves alone
+coverage: ops
+	rm -f .coverage .coverage.*
+	HF_HUB_OFFLINE=1 $(PY) -m coverage run -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m coverage combine -q
+	$(PY) -m coverage report
 
 bench: ops
 	$(PY) benchmarks/packing_benchmark.py
@@ -86,4 +98,4 @@ docs: $(VENV)/.installed
 	$(PY) -m mkdocs build --strict --site-dir site
 
 clean:
-	rm -rf $(VENV) build .pytest_cache .hypothesis *_packing.png $(OPS_LIB) $(RUNS) site
+	rm -rf $(VENV) build .pytest_cache .hypothesis *_packing.png $(OPS_LIB) $(RUNS) site .coverage .coverage.* htmlcov

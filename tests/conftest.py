@@ -1,8 +1,16 @@
 import json
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
+
+# `make test` runs two pytest-xdist workers on this 2-core machine: torch takes one thread in each, as the processes
+# the tests start do (OMP_NUM_THREADS=1). Two OpenMP threads a worker would oversubscribe the cores, and OpenMP's
+# spinning threads slow down sharply when they do (a 1 s test took 16 s).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
 
 HISTOGRAMS = Path(__file__).resolve().parent.parent / "benchmarks" / "histograms"
 
@@ -39,3 +47,18 @@ def dataset(tmp_path_factory) -> Path:
                             docs_per_shard=10, validation_fraction=0.25, progress=False)
     pack_pretraining_data(folder / "instances", folder / "packed", "cghp", 3, progress=False)
     return folder / "packed"
+
+
+@pytest.fixture(scope="session")
+def tiny_run(dataset, tmp_path_factory) -> Path:
+    """test_tiny trained 4 updates on one process (checkpoints and validation at steps 2 and 4): the reference
+    that test_training's pipelines and test_tensor_parallel's tensor-parallel runs are compared with. Shared by
+    the session: read it, or copy it before changing anything."""
+    from bert_ipu.tasks import load_config, run
+
+    out = tmp_path_factory.mktemp("tiny_run") / "one"
+    run(load_config("test_tiny", [f"data.dataset={dataset}", f"output_dir={out}", "model.max_position_embeddings=64",
+                                  "data.max_seq_length=64", "train.max_steps=4", "train.checkpoint_every=2",
+                                  "train.validate_every=2"]), progress=False)
+    return out
+

@@ -1,8 +1,9 @@
-"""Run under torchrun by tests/test_tensor_parallel.py: a model split over the tensor-parallel ranks against the
-same model whole, on the same packs, in float64. Rank 0 writes the largest differences to the JSON file given
-as argv[1]; the test asserts on them.
+"""A model split over the tensor-parallel ranks against the same model whole, on the same packs, in float64:
+`checks()` returns the largest differences on every rank, and tests/test_tensor_parallel.py asserts on them. The
+test runs it as a step of its module's one launch (tests/engine_worker.py); by hand, rank 0 writes them to the
+JSON file given as argv[1]:
 
-    python -m torch.distributed.run --nproc-per-node 2 tests/tensor_parallel_worker.py OUT.json
+    python -m torch.distributed.run --standalone --nproc-per-node 2 tests/tensor_parallel_worker.py OUT.json
 """
 
 from __future__ import annotations
@@ -94,8 +95,8 @@ def bert(dropout: float = 0.0) -> PackedBertForPreTraining:
     return PackedBertForPreTraining(config, max_sequences_per_pack=2, attention_backend="mask").double()
 
 
-def main(path: str) -> None:
-    dist.init_process_group("gloo")
+def checks() -> dict:
+    """Every comparison, in a process group of 2 (gloo) that is already up."""
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("tp",))
@@ -164,6 +165,12 @@ def main(path: str) -> None:
     gathered = [torch.empty_like(entries[0]) for _ in range(dist.get_world_size())]
     dist.all_gather(gathered, entries[0])
     result["ranks_draw_apart"] = not torch.equal(gathered[0], gathered[1])
+    return result
+
+
+def main(path: str) -> None:
+    dist.init_process_group("gloo")
+    result = checks()
     if dist.get_rank() == 0:
         with open(path, "w") as f:
             json.dump(result, f)

@@ -24,7 +24,7 @@ from bert_ipu.tasks.causal_lm.data import CausalReport, chat_tokens, next_token_
 from bert_ipu.data.contiguous import pack_sequences
 from bert_ipu.data.text import DataInputError
 from bert_ipu.data.layout import IGNORE_INDEX
-from training_helpers import ROOT, final_weights, run_cli
+from training_helpers import ROOT, entry, final_weights, run_cli
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
 V = 61
@@ -316,8 +316,8 @@ def test_data_parallel_equals_one_process(tmp_path):
     common = ["--config", "sft_tiny_chat_packed", *TINY, "train.micro_batch_size=2", "train.batch_unit=packs",
               "train.global_batch_size=8"]
     one, two = tmp_path / "one", tmp_path / "two"
-    run_cli(*common, f"output_dir={one}", script="run_causal_lm.py")
-    proc = run_cli(*common, f"output_dir={two}", nproc=2, port=29671, script="run_causal_lm.py")
+    assert entry("causal_lm", [*common, f"output_dir={one}"]) == 0  # one process: the command line in this one
+    proc = run_cli(*common, f"output_dir={two}", nproc=2, script="run_causal_lm.py")
     assert "2 replica(s)" in proc.stdout
     a, b = final_weights(one), final_weights(two)
     assert a.keys() == b.keys()

@@ -20,9 +20,41 @@ from bert_ipu.engine import checkpoint
 from bert_ipu.engine.runtime import RunError
 from bert_ipu.tasks import run as main
 
-from training_helpers import final_weights, run_cli, tiny
+from training_helpers import copy_run, entry, final_weights, job, launch, run_cli, tiny
 
 FAST = ["train.max_steps=2", "train.validate_every=2", "train.checkpoint_every=2", "train.log_every=1"]
+TOPOLOGY = ["model.max_position_embeddings=64", "data.max_seq_length=64", "train.max_steps=4",
+            "train.checkpoint_every=2", "train.validate_every=2", "train.keep_checkpoints=3", "train.log_every=1"]
+SQUAD = ["train.max_steps=4", "train.log_every=1", "train.checkpoint_every=2", "train.global_batch_size=8"]
+SQUAD_DDP = ["--config", "squad_tiny_packed", *SQUAD, "train.micro_batch_size=2", "model.hidden_dropout_prob=0",
+             "model.attention_probs_dropout_prob=0"]
+
+
+def missing_init(dataset, tmp_path) -> list[str]:
+    return ["--config", "test_tiny", f"data.dataset={dataset}", "model.max_position_embeddings=64",
+            "data.max_seq_length=64", f"model.init_checkpoint={tmp_path / 'nope'}"]
+
+
+@pytest.fixture(scope="module")
+def runs(dataset, tmp_path_factory):
+    """Every run of this module at 2 processes, in one launch (tests/engine_worker.py): the topology runs saved
+    or resumed on 2 pipeline stages, SQuAD on 2 DDP ranks, then the two runs that must fail with one line (last:
+    a failed step ends nothing, but nothing after it needs to train). The 1-stage run that the launch resumes
+    on 2 stages runs here first, in this process."""
+    root = tmp_path_factory.mktemp("two_processes")
+    common = ["--config", "test_tiny", f"data.dataset={dataset}", *TOPOLOGY]
+    assert entry("pretraining", [*common, f"output_dir={root / 'saved_on_1'}", "parallel.pipeline_stages=1"]) == 0
+    return root, launch(2, [
+        job("saved_on_2", *common, f"output_dir={root / 'saved_on_2'}", "parallel.pipeline_stages=2"),
+        copy_run(root / "saved_on_1", root / "resumed_on_2", "checkpoints/step-0000004"),
+        job("resumed_on_2", *common, f"output_dir={root / 'resumed_on_2'}", "parallel.pipeline_stages=2", "--resume"),
+        job("squad", *SQUAD_DDP, f"output_dir={root / 'squad'}", script="run_squad.py"),
+        job("missing_init", *missing_init(dataset, root), f"output_dir={root / 'run2'}"),
+        # a step-4 checkpoint saved on 1 stage (a copy of saved_on_1), resumed on 2 stages into another model
+        copy_run(root / "saved_on_1", root / "another_model"),
+        job("another_model", *common, f"output_dir={root / 'another_model'}", "parallel.pipeline_stages=2",
+            "model.num_hidden_layers=4", "--resume"),
+    ], root)
 
 
 def rel_diff(a: dict, b: dict) -> float:
@@ -145,60 +177,61 @@ def test_progress_lines_off_a_terminal(dataset, tmp_path, capsys):
     assert [x.split(":")[0] for x in lines] == ["[run] step 2/4", "[run] step 4/4"]
 
 
-def test_missing_init_checkpoint_is_one_line(dataset, tmp_path):
+def test_missing_init_checkpoint_is_one_line(dataset, runs, tmp_path, capsys):
     """A missing init_checkpoint is one error line and exit code 2, also under torchrun with 2 ranks (rank 0
-    speaks for the run)."""
-    args = ["--config", "test_tiny", f"data.dataset={dataset}", "model.max_position_embeddings=64",
-            "data.max_seq_length=64", f"model.init_checkpoint={tmp_path / 'nope'}"]
-    for nproc, port in ((None, 0), (2, 29641)):
-        proc = run_cli(*args, f"output_dir={tmp_path / f'run{nproc}'}", nproc=nproc, port=port, check=False)
-        errors = [x for x in proc.stderr.splitlines() if x.startswith("error")]
-        assert proc.returncode != 0 and len(errors) == 1, proc.stderr[-2000:]
+    speaks for the run): the command line in this process, and in the module's launch of 2 processes."""
+    code = entry("pretraining", [*missing_init(dataset, tmp_path), f"output_dir={tmp_path / 'runNone'}"])
+    stderr = capsys.readouterr().err
+    ran = runs[1]["missing_init"]
+    for codes, stderr, nproc in (([code], stderr, None), (ran["codes"], ran["stderr"], 2)):
+        errors = [x for x in stderr.splitlines() if x.startswith("error")]
+        assert all(c != 0 for c in codes) and len(errors) == 1, stderr[-2000:]
         assert "is not a Hugging Face model folder" in errors[0]
         # no traceback through our code (torchrun itself still reports that a worker exited with code 2)
-        assert 'bert_ipu/' not in proc.stderr and (nproc or "Traceback" not in proc.stderr)
+        assert 'bert_ipu/' not in stderr and (nproc or "Traceback" not in stderr)
+    assert code == 2 and ran["codes"] == [2, 2]
 
 
 # --- 7: a pipeline config started without torchrun launches its processes ------------------------------------
 
-def test_pipeline_config_launches_its_processes(dataset, tmp_path):
+def test_pipeline_config_launches_its_processes(dataset, tmp_path, capsys):
     """`python run_pretraining.py` on a 2-stage config starts the 2 processes itself and trains; a device
     the machine does not have is one clear line."""
     out = tmp_path / "run"
     proc = run_cli("--config", "test_tiny", f"data.dataset={dataset}", "model.max_position_embeddings=64",
                    "data.max_seq_length=64", f"output_dir={out}", "parallel.pipeline_stages=2", *FAST)
+    assert "starting 2 processes" in proc.stdout  # started with plain python: the entry point launched them
     assert "2 pipeline stages (1f1b)" in proc.stdout
     assert sum(x.startswith("final:") for x in proc.stdout.splitlines()) == 1
     assert checkpoint.read_state(checkpoint.checkpoints(out)[-1])["stages"] == 2
-    if not torch.cuda.is_available():
-        proc = run_cli("--config", "test_tiny", "parallel.pipeline_stages=2", "train.device=cuda",
-                       f"output_dir={tmp_path / 'gpu'}", check=False)
-        assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0 and "GPU" in proc.stderr
+    if not torch.cuda.is_available():  # refused before anything is launched: the command line in this process
+        code = entry("pretraining", ["--config", "test_tiny", "parallel.pipeline_stages=2", "train.device=cuda",
+                                     f"output_dir={tmp_path / 'gpu'}"])
+        stderr = capsys.readouterr().err
+        assert code == 2 and stderr.strip().count("\n") == 0 and "GPU" in stderr
 
 
 # --- 8: checkpoints resume on another topology -------------------------------------------------------------------
 
 @pytest.mark.parametrize("saved_on, resumed_on", [(2, 1), (1, 2)])
-def test_checkpoint_resumes_on_another_topology(dataset, tmp_path, saved_on, resumed_on):
+def test_checkpoint_resumes_on_another_topology(dataset, runs, tmp_path, saved_on, resumed_on):
     """A run saved at step 2 on `saved_on` pipeline stages and resumed on `resumed_on` continues as the
     uninterrupted run on `saved_on` stages: weights after step 4 within 1e-4 relative (float32 summation
     order differs between topologies, amplified by LAMB on near-zero gradients, as in the pipeline test), and
-    the loader continues at the same update (the step-3 loss agrees to 1e-5)."""
-    common = ["--config", "test_tiny", f"data.dataset={dataset}", "model.max_position_embeddings=64",
-              "data.max_seq_length=64", "train.max_steps=4", "train.checkpoint_every=2", "train.validate_every=2",
-              "train.keep_checkpoints=3", "train.log_every=1"]
-
-    def run(stages, out, *extra):
-        nproc = None if stages == 1 else stages
-        run_cli(*common, f"output_dir={out}", f"parallel.pipeline_stages={stages}", *extra, nproc=nproc,
-                port=29650 + saved_on)
-
-    straight = tmp_path / "straight"
-    run(saved_on, straight)
-    resumed = tmp_path / "resumed"
-    shutil.copytree(straight, resumed)
-    shutil.rmtree(resumed / "checkpoints" / "step-0000004")
-    run(resumed_on, resumed, "--resume")
+    the loader continues at the same update (the step-3 loss agrees to 1e-5). The 2-stage runs are the
+    module's launch; the 1-stage runs are in this process."""
+    root, ran = runs
+    straight = root / f"saved_on_{saved_on}"
+    if saved_on == 2:
+        ran.ok("saved_on_2")
+        resumed = tmp_path / "resumed"
+        shutil.copytree(straight, resumed)
+        shutil.rmtree(resumed / "checkpoints" / "step-0000004")
+        assert entry("pretraining", ["--config", "test_tiny", f"data.dataset={dataset}", *TOPOLOGY,
+                                     f"output_dir={resumed}", "parallel.pipeline_stages=1", "--resume"]) == 0
+    else:
+        resumed = root / "resumed_on_2"
+        ran.ok("resumed_on_2")
     assert rel_diff(final_weights(straight), final_weights(resumed)) < 1e-4
     a = {json.loads(x)["step"]: json.loads(x) for x in (straight / "metrics.jsonl").read_text().splitlines()}
     b = {json.loads(x)["step"]: json.loads(x) for x in (resumed / "metrics.jsonl").read_text().splitlines()}
@@ -206,10 +239,10 @@ def test_checkpoint_resumes_on_another_topology(dataset, tmp_path, saved_on, res
     assert abs(a[3]["loss"] - b[3]["loss"]) <= 1e-5 * a[3]["loss"]
     assert a[3]["tokens_per_second"] > 0 and b[3]["tokens_per_second"] > 0
     if saved_on == 2:  # resuming into another model is one error line on every topology, not a collective hang
-        proc = run_cli(*common, f"output_dir={resumed}", "parallel.pipeline_stages=2", "model.num_hidden_layers=4",
-                       "--resume", nproc=2, port=29655, check=False)
-        errors = [x for x in proc.stderr.splitlines() if x.startswith("error")]
-        assert proc.returncode != 0 and len(errors) == 1 and "does not fit this model" in errors[0], proc.stderr[-2000:]
+        proc = ran["another_model"]  # a step-4 checkpoint saved on 1 stage, resumed on 2 into 4 layers
+        errors = [x for x in proc["stderr"].splitlines() if x.startswith("error")]
+        assert all(c != 0 for c in proc["codes"]) and len(errors) == 1 and "does not fit this model" in errors[0], \
+            proc["stderr"][-2000:]
 
 
 # --- the loader: updates independent of the topology ------------------------------------------------------------
@@ -239,9 +272,6 @@ def test_update_loader_splits_updates_the_same_for_any_replica_count():
 
 # --- SQuAD on the shared engine ------------------------------------------------------------------------------------
 
-SQUAD = ["train.max_steps=4", "train.log_every=1", "train.checkpoint_every=2", "train.global_batch_size=8"]
-
-
 def test_squad_kill_and_resume_is_bitwise_identical(tmp_path, monkeypatch):
     """SQuAD fine-tuning gains checkpoints and exact resume: a run killed after its step-2 checkpoint and
     resumed ends with exactly the weights of a run never stopped (dropout on: the RNG state is restored)."""
@@ -267,21 +297,19 @@ def test_squad_kill_and_resume_is_bitwise_identical(tmp_path, monkeypatch):
     assert len(AutoTokenizer.from_pretrained(tmp_path / "stopped" / "hf")) == 30522  # the export has its tokenizer
 
 
-def test_squad_two_ddp_ranks_equal_one_process(tmp_path):
+def test_squad_two_ddp_ranks_equal_one_process(runs, tmp_path):
     """SQuAD with 2 data-parallel ranks (2 packs each per micro-batch) ends with the weights of 1 process on
     the same 8-pack updates, and both evaluate to the same EM/F1. Every weight agrees to 1e-5 absolute
     (measured 2.9e-6): only float32 summation order differs. Not relative: the span head's bias has a true
     gradient of exactly 0 (a softmax over positions ignores a constant), so AdamW, which divides each gradient
     by its running RMS, moves it by rounding noise alone, and it stays near 0 (relative differences there
     are meaningless; all others agree to 2e-4 relative)."""
-    common = ["--config", "squad_tiny_packed", *SQUAD, "train.micro_batch_size=2", "model.hidden_dropout_prob=0",
-              "model.attention_probs_dropout_prob=0"]
-    run_cli(*common, "train.micro_batch_size=4", f"output_dir={tmp_path / 'one'}", script="run_squad.py")
-    proc = run_cli(*common, f"output_dir={tmp_path / 'two'}", script="run_squad.py", nproc=2, port=29661)
-    assert "8 packs/update = 2 x 2 replica(s) x 2 accumulation" in proc.stdout
-    a, b = final_weights(tmp_path / "one"), final_weights(tmp_path / "two")
+    assert entry("squad", [*SQUAD_DDP, "train.micro_batch_size=4", f"output_dir={tmp_path / 'one'}"]) == 0
+    root, ran = runs
+    assert "8 packs/update = 2 x 2 replica(s) x 2 accumulation" in ran.ok("squad")["stdout"]
+    a, b = final_weights(tmp_path / "one"), final_weights(root / "squad")
     assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
-    one, two = (json.loads((tmp_path / r / "results.json").read_text()) for r in ("one", "two"))
+    one, two = (json.loads((folder / "results.json").read_text()) for folder in (tmp_path / "one", root / "squad"))
     assert one["packs_per_update"] == two["packs_per_update"] == 8
     assert abs(one["f1"] - two["f1"]) < 1e-6
 

@@ -22,10 +22,60 @@ from bert_ipu.tasks import load_config
 from bert_ipu.engine.optim import ShardedLamb
 from bert_ipu.engine.runtime import RunError
 from bert_ipu.tasks import run as main
-from training_helpers import ROOT, final_weights, run_cli, tiny, torchrun
+from training_helpers import call, copy_run, entry, final_weights, job, launch, run_cli, tiny
 
 COMMON = ["model.max_position_embeddings=64", "data.max_seq_length=64", "train.max_steps=4",
           "train.checkpoint_every=2", "train.validate_every=2"]
+DROPOUT = ["model.hidden_dropout_prob=0.1", "model.attention_probs_dropout_prob=0.1"]
+GLUE = ["--config", "glue_tiny_packed", "train.max_steps=3", "train.num_train_epochs=1",
+        "model.hidden_dropout_prob=0.0", "model.attention_probs_dropout_prob=0.0"]  # the same numbers: no dropout
+# the causal LM at tensor 2: test_causal_lm's TINY Llama with 2 key/value heads, 8 packs an update
+CAUSAL = ["model.num_key_value_heads=2", "train.micro_batch_size=2", "train.batch_unit=packs",
+          "train.global_batch_size=8"]
+
+
+@pytest.fixture(scope="module")
+def runs(dataset, tiny_run, tmp_path_factory):
+    """Every run of this module at 2 processes, in one launch (tests/engine_worker.py): the split-model checks,
+    then the tensor-2 runs the tests below compare with one process; the step-2 copies they resume are made
+    inside the launch. Each test reads its runs' folders and printed lines; the one-process runs are the tests'
+    own, in this process (tiny_run: the 4-step test_tiny run of one process)."""
+    root = tmp_path_factory.mktemp("tensor2")
+    tiny_cmd = ["--config", "test_tiny", f"data.dataset={dataset}", *COMMON]
+    from test_causal_lm import TINY
+
+    return root, launch(2, [
+        call("split", "tensor_parallel_worker:checks"),
+        job("two", *tiny_cmd, f"output_dir={root / 'two'}", "parallel.tensor_parallel=2"),
+        copy_run(tiny_run, root / "one_to_two", "checkpoints/step-0000004", "results.json"),
+        job("one_to_two", *tiny_cmd, f"output_dir={root / 'one_to_two'}", "parallel.tensor_parallel=2", "--resume"),
+        job("straight", *tiny_cmd, *DROPOUT, f"output_dir={root / 'straight'}", "parallel.tensor_parallel=2"),
+        copy_run(root / "straight", root / "resumed", "checkpoints/step-0000004"),
+        job("resumed", *tiny_cmd, *DROPOUT, f"output_dir={root / 'resumed'}", "parallel.tensor_parallel=2",
+            "--resume"),
+        job("staged", *tiny_cmd, *DROPOUT, f"output_dir={root / 'staged'}", "parallel.pipeline_stages=2",
+            "train.max_steps=2"),
+        job("staged_to_tensor", *tiny_cmd, *DROPOUT, f"output_dir={root / 'staged'}", "parallel.tensor_parallel=2",
+            "--resume"),
+        job("glue", *GLUE, f"output_dir={root / 'glue'}", "parallel.tensor_parallel=2", script="run_glue.py"),
+        job("causal", "--config", "sft_tiny_chat_packed", *TINY, *CAUSAL, f"output_dir={root / 'causal'}",
+            "parallel.tensor_parallel=2", script="run_causal_lm.py"),
+        job("bf16", *tiny_cmd, "train.precision=bf16", f"output_dir={root / 'bf16'}", "parallel.tensor_parallel=2"),
+    ], root)
+
+
+@pytest.fixture(scope="module")
+def four(dataset, tmp_path_factory):
+    """Tensor 2 x data 2 and tensor 2 x pipeline 2: one launch of 4 processes, and the one-process run both
+    compare with (16 packs per update, 3 updates)."""
+    root = tmp_path_factory.mktemp("tensor4")
+    common = [f"data.dataset={dataset}", *COMMON[:2], "train.max_steps=3", "train.checkpoint_every=3",
+              "train.validate_every=3", "train.micro_batch_size=4", "train.global_batch_size=16"]
+    main(load_config("test_tiny", [*common, f"output_dir={root / 'one'}"]), progress=False)
+    ran = launch(4, [job(other, "--config", "test_tiny", *common, f"output_dir={root / other}",
+                         "parallel.tensor_parallel=2", *extra)
+                     for other, extra in (("data", []), ("pipeline", ["parallel.pipeline_stages=2"]))], root)
+    return root, ran
 
 
 def assert_close_runs(one, other, weights=1e-4, losses=1e-5, keys=("loss", "val_loss", "val_mlm_accuracy")):
@@ -68,7 +118,7 @@ def test_sharded_lamb_equals_pytorch_optimizer():
                                        ours.state[q]["trust_ratio"], rtol=1e-12, atol=0)
 
 
-def test_split_models_equal_whole_models(tmp_path):
+def test_split_models_equal_whole_models(runs):
     """BERT for pretraining (vocabulary of 99 rows: split 50 + 49, nothing padded; the padding id and both
     sides of the split among the tokens) and a Llama causal LM with grouped-query attention, split over 2
     processes, give the whole model's loss, every gradient, LAMB's trust ratios (ShardedLamb on the split
@@ -80,9 +130,7 @@ def test_split_models_equal_whole_models(tmp_path):
     bitwise equal on both ranks, and the attention cores' dropout leaves the shared generator untouched: it
     draws from each rank's own generator, which advances from layer to layer (other masks in every layer, on
     every rank)."""
-    out = tmp_path / "result.json"
-    run_cli(str(out), nproc=2, port=29541, script="tests/tensor_parallel_worker.py")
-    result = json.loads(out.read_text())
+    result = runs[1].ok("split")["value"]
     for model in ("bert", "llama"):
         r = result[model]
         assert r["loss"] < 1e-12, (model, r)
@@ -98,17 +146,15 @@ def test_split_models_equal_whole_models(tmp_path):
     assert result["layers_draw_apart"] and result["ranks_draw_apart"]
 
 
-def test_tensor_parallel_training_equals_one_process_and_resumes_across_sizes(dataset, tmp_path):
+def test_tensor_parallel_training_equals_one_process_and_resumes_across_sizes(dataset, tiny_run, runs, tmp_path):
     """test_tiny pretrained at tensor 2 (2 processes, 8 packs per update in 2 micro-batches) ends with the
     weights (1e-4 relative) and losses (1e-5) of one process. Checkpoints hold whole tensors: the tensor-2 run
     resumed from its step-2 checkpoint on one process, and the one-process run resumed from its step-2
     checkpoint at tensor 2, each end where the uninterrupted runs end (1e-4)."""
     common = [f"data.dataset={dataset}", *COMMON]
-    one = tmp_path / "one"
-    main(load_config("test_tiny", [*common, f"output_dir={one}"]), progress=False)
-    two = tmp_path / "two"
-    stdout = torchrun(2, 29543, "--config", "test_tiny", *common, f"output_dir={two}", "parallel.tensor_parallel=2")
-    assert "tensor parallel over 2" in stdout
+    one, (root, ran) = tiny_run, runs
+    two = root / "two"
+    assert "tensor parallel over 2" in ran.ok("two")["stdout"]
     assert_close_runs(one, two)
 
     def resumed_copy(src, name):
@@ -121,26 +167,19 @@ def test_tensor_parallel_training_equals_one_process_and_resumes_across_sizes(da
     down = resumed_copy(two, "two_to_one")
     main(load_config("test_tiny", [*common, f"output_dir={down}"]), resume=True, progress=False)
     assert_close_runs(two, down, keys=())
-    up = resumed_copy(one, "one_to_two")
-    stdout = torchrun(2, 29545, "--config", "test_tiny", *common, f"output_dir={up}", "parallel.tensor_parallel=2",
-                      "--resume")
-    assert "now 1 x 1 x 1 x 2" in stdout
+    up = root / "one_to_two"  # resumed_copy(one) at tensor 2, in the launch
+    assert "now 1 x 1 x 1 x 2" in ran.ok("one_to_two")["stdout"]
     assert_close_runs(one, up, keys=())
 
 
 @pytest.mark.parametrize("other", ["data", "pipeline"])
-def test_tensor_times_data_or_pipeline_equals_one_process(dataset, tmp_path, other):
+def test_tensor_times_data_or_pipeline_equals_one_process(four, other):
     """Tensor 2 x data 2 and tensor 2 x pipeline 2 (4 processes each) give the weights (3e-4 relative, one more
     summation order, as the pipeline x data test explains) and training losses (1e-5) of one process on the
     same 16 packs per update."""
-    common = [f"data.dataset={dataset}", *COMMON[:2], "train.max_steps=3", "train.checkpoint_every=3",
-              "train.validate_every=3", "train.micro_batch_size=4", "train.global_batch_size=16"]
-    one = tmp_path / "one"
-    main(load_config("test_tiny", [*common, f"output_dir={one}"]), progress=False)
-    grid = tmp_path / "grid"
-    extra = ["parallel.pipeline_stages=2"] if other == "pipeline" else []
-    stdout = torchrun(4, 29547 + (other == "pipeline"), "--config", "test_tiny", *common, f"output_dir={grid}",
-                      "parallel.tensor_parallel=2", *extra)
+    root, ran = four
+    one, grid = root / "one", root / other
+    stdout = ran.ok(other)["stdout"]
     assert "tensor parallel over 2" in stdout
     assert ("2 replica(s)" in stdout) == (other == "data")
     # (validation is split over replicas, or runs whole pipeline schedules of 4 micro-batches: other packs than
@@ -180,80 +219,70 @@ def test_tensor_parallel_bad_settings_are_one_line(dataset, tmp_path):
         tensor_plan(CausalLMTask.__new__(CausalLMTask), gpt2, 2)
     assert not (tmp_path / "x").exists()
     proc = run_cli("--config", "test_tiny", f"data.dataset={dataset}", f"output_dir={tmp_path / 'y'}", *COMMON,
-                   "parallel.tensor_parallel=3", "model.num_attention_heads=2", nproc=3, port=29549, check=False)
+                   "parallel.tensor_parallel=3", "model.num_attention_heads=2", nproc=3, check=False)
     assert proc.returncode != 0  # each rank exits with 2; torchrun itself with 1
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error")]
     assert len(errors) == 1 and errors[0].startswith("error: the model's num_attention_heads (2)"), proc.stderr[-2000:]
     assert not (tmp_path / "y").exists()
 
 
-def test_glue_at_tensor_two_equals_one_process(tmp_path):
+def test_glue_at_tensor_two_equals_one_process(runs, tmp_path):
     """A fine-tuning task on the same plan (BERT, replicated classification head): GLUE SST-2 fixture, 3 updates
-    at tensor 2 (`run_glue.py` started without torchrun launches its 2 processes) end with the weights of one
-    process (1e-4 relative) and predict the same dev labels (the evaluation gathers the whole model on every
-    rank, then rank 0 scores it)."""
-    common = ["--config", "glue_tiny_packed", "train.max_steps=3", "train.num_train_epochs=1",
-              "model.hidden_dropout_prob=0.0", "model.attention_probs_dropout_prob=0.0"]  # the same numbers: no dropout
-    run_cli(*common, f"output_dir={tmp_path / 'one'}", script="run_glue.py")
-    # started with plain python: the entry point launches its 2 processes itself
-    stdout = run_cli(*common, f"output_dir={tmp_path / 'two'}", "parallel.tensor_parallel=2", script="run_glue.py").stdout
-    assert "starting 2 processes" in stdout
-    a, b = final_weights(tmp_path / "one"), final_weights(tmp_path / "two")
+    at tensor 2 end with the weights of one process (1e-4 relative) and predict the same dev labels (the
+    evaluation gathers the whole model on every rank, then rank 0 scores it). (That `run_glue.py` started
+    without torchrun launches its processes itself is test_engine's test_pipeline_config_launches_its_processes:
+    the same launch for every kind.)"""
+    assert entry("glue", [*GLUE, f"output_dir={tmp_path / 'one'}"]) == 0
+    root, ran = runs
+    stdout = ran.ok("glue")["stdout"]
+    assert "tensor parallel over 2" in stdout
+    a, b = final_weights(tmp_path / "one"), final_weights(root / "glue")
     for name in a:
         scale = a[name].abs().max().clamp_min(1e-3)
         assert ((a[name] - b[name]).abs().max() / scale).item() < 1e-4, name
     for path in sorted((tmp_path / "one").glob("predictions*.json")):
-        assert json.loads(path.read_text()) == json.loads((tmp_path / "two" / path.name).read_text()), path.name
+        assert json.loads(path.read_text()) == json.loads((root / "glue" / path.name).read_text()), path.name
 
 
-def test_tensor_parallel_dropout_resumes_bitwise_and_replicas_stay_equal(dataset, tmp_path):
+def test_tensor_parallel_dropout_resumes_bitwise_and_replicas_stay_equal(runs):
     """With dropout on (0.1): a tensor-2 run resumed from its step-2 checkpoint ends bitwise equal to the
     uninterrupted run (the shared generator and each rank's attention-core generator are checkpointed); and a
     2-stage pipeline checkpoint (whose stages hold different generator states) resumed at tensor 2 gives both
     tensor ranks the same shared state: the replicated weights stay bitwise equal on both (the engine checks
     it at every checkpoint and stops if not)."""
-    common = ["--config", "test_tiny", f"data.dataset={dataset}", *COMMON, "model.hidden_dropout_prob=0.1",
-              "model.attention_probs_dropout_prob=0.1"]
-    straight = tmp_path / "straight"
-    torchrun(2, 29553, *common, f"output_dir={straight}", "parallel.tensor_parallel=2")
-    resumed = tmp_path / "resumed"
-    shutil.copytree(straight, resumed)
-    shutil.rmtree(resumed / "checkpoints" / "step-0000004")
-    torchrun(2, 29555, *common, f"output_dir={resumed}", "parallel.tensor_parallel=2", "--resume")
-    a, b = final_weights(straight), final_weights(resumed)
+    root, ran = runs
+    for name in ("straight", "resumed", "staged"):
+        ran.ok(name)
+    a, b = final_weights(root / "straight"), final_weights(root / "resumed")
     for name in a:
         assert torch.equal(a[name], b[name]), name
-    staged = tmp_path / "staged"
-    torchrun(2, 29557, *common, f"output_dir={staged}", "parallel.pipeline_stages=2", "train.max_steps=2")
-    stdout = torchrun(2, 29559, *common, f"output_dir={staged}", "parallel.tensor_parallel=2", "--resume")
-    assert "now 1 x 1 x 1 x 2" in stdout and (staged / "checkpoints" / "step-0000004").is_dir()
+    stdout = ran.ok("staged_to_tensor")["stdout"]
+    assert "now 1 x 1 x 1 x 2" in stdout and (root / "staged" / "checkpoints" / "step-0000004").is_dir()
 
 
-def test_causal_lm_at_tensor_two_equals_one_process(tmp_path):
+def test_causal_lm_at_tensor_two_equals_one_process(runs, tmp_path):
     """The causal LM task (Llama, grouped-query attention with 2 key/value heads, tied lm_head split along the
     vocabulary, AdamW on DTensors) on the SFT chat fixture: 4 updates at tensor 2 end with the weights of one
     process (1e-4 relative: AdamW divides by the gradients' RMS, as LAMB) and the same validation loss (1e-5)."""
     from test_causal_lm import TINY
 
-    common = ["--config", "sft_tiny_chat_packed", *TINY, "model.num_key_value_heads=2", "train.micro_batch_size=2",
-              "train.batch_unit=packs", "train.global_batch_size=8"]
-    one, two = tmp_path / "one", tmp_path / "two"
-    run_cli(*common, f"output_dir={one}", script="run_causal_lm.py")
-    proc = run_cli(*common, f"output_dir={two}", "parallel.tensor_parallel=2", nproc=2, port=29561,
-                   script="run_causal_lm.py")
-    assert "tensor parallel over 2" in proc.stdout
-    assert_close_runs(one, two, keys=("loss", "val_loss"))
+    one = tmp_path / "one"
+    assert entry("causal_lm", ["--config", "sft_tiny_chat_packed", *TINY, *CAUSAL, f"output_dir={one}"]) == 0
+    root, ran = runs
+    assert "tensor parallel over 2" in ran.ok("causal")["stdout"]
+    assert_close_runs(one, root / "causal", keys=("loss", "val_loss"))
 
 
-def test_bf16_at_tensor_two_gives_the_losses_of_one_bf16_process(dataset, tmp_path):
+def test_bf16_at_tensor_two_gives_the_losses_of_one_bf16_process(dataset, runs, tmp_path):
     """bf16 autocast at tensor 2: the training and validation losses of one bf16 process to 1e-3 relative (bf16
     keeps 8 bits of mantissa and the split changes the order of its sums; measured about 3e-6 over 4 updates),
     and the weights stay float32."""
     common = [f"data.dataset={dataset}", *COMMON, "train.precision=bf16"]
     one = tmp_path / "one"
     main(load_config("test_tiny", [*common, f"output_dir={one}"]), progress=False)
-    two = tmp_path / "two"
-    torchrun(2, 29563, "--config", "test_tiny", *common, f"output_dir={two}", "parallel.tensor_parallel=2")
+    root, ran = runs
+    ran.ok("bf16")
+    two = root / "bf16"
     la = [json.loads(x) for x in (one / "metrics.jsonl").read_text().splitlines()]
     lb = [json.loads(x) for x in (two / "metrics.jsonl").read_text().splitlines()]
     assert len(la) == len(lb) >= 4

@@ -2,10 +2,6 @@
 loss, and data parallelism equal to one process on the combined batch."""
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,7 +13,7 @@ from bert_ipu.engine.runtime import RunError as TrainingError
 from bert_ipu.tasks.pretraining import task as pretraining
 from bert_ipu.tasks import run as main
 
-from training_helpers import ROOT, final_weights, tiny, torchrun
+from training_helpers import copy_run, final_weights, job, launch, tiny, torchrun
 
 
 def test_every_config_loads():
@@ -156,20 +152,35 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(dataset, tmp_path,
     assert [p.name for p in (out / "checkpoints").iterdir()] == ["step-0000003"]
 
 
-def test_data_parallel_equals_one_process(dataset, tmp_path):
+PIPELINE = ["model.max_position_embeddings=64", "data.max_seq_length=64", "train.max_steps=4",
+            "train.checkpoint_every=2", "train.validate_every=2"]
+
+
+@pytest.fixture(scope="module")
+def runs(dataset, tmp_path_factory):
+    """Every run of this module at 2 processes, in one launch (tests/engine_worker.py): 2 DDP ranks, then 2
+    pipeline stages under each schedule and a copy of the 1F1B run resumed from its step-2 checkpoint."""
+    root = tmp_path_factory.mktemp("two_processes")
+    common = ["--config", "test_tiny", f"data.dataset={dataset}", *PIPELINE]
+    return root, launch(2, [
+        job("ddp", "--config", "test_tiny", f"data.dataset={dataset}", f"output_dir={root / 'ddp'}",
+            "model.max_position_embeddings=64", "data.max_seq_length=64", "train.micro_batch_size=4",
+            "train.global_batch_size=8", "train.max_steps=4"),
+        *[job(schedule, *common, f"output_dir={root / schedule}", "parallel.pipeline_stages=2",
+              f"parallel.schedule={schedule}") for schedule in ("1f1b", "gpipe")],
+        copy_run(root / "1f1b", root / "resumed", "checkpoints/step-0000004"),
+        job("resumed", *common, f"output_dir={root / 'resumed'}", "parallel.pipeline_stages=2", "--resume"),
+    ], root)
+
+
+def test_data_parallel_equals_one_process(dataset, runs, tmp_path):
     """2 DDP ranks (gloo, 4 packs each) end with the weights of 1 process on the combined 8 packs; the
     only difference is float32 summation order across ranks (tolerance 1e-5 relative)."""
     one = tmp_path / "one"
     main(tiny(dataset, one, "train.micro_batch_size=8", "train.global_batch_size=8", "train.max_steps=4"), progress=False)
-    two = tmp_path / "two"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29517",
-           str(ROOT / "run_pretraining.py"), "--config", "test_tiny", f"data.dataset={dataset}", f"output_dir={two}",
-           "model.max_position_embeddings=64", "data.max_seq_length=64", "train.micro_batch_size=4", "train.global_batch_size=8",
-           "train.max_steps=4"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "8 packs/update = 4 x 2 replica(s) x 1 accumulation" in proc.stdout
+    root, ran = runs
+    two = root / "ddp"
+    assert "8 packs/update = 4 x 2 replica(s) x 1 accumulation" in ran.ok("ddp")["stdout"]
     a, b = final_weights(one), final_weights(two)
     for name in a:
         scale = a[name].abs().max().clamp_min(1e-3)
@@ -177,7 +188,7 @@ def test_data_parallel_equals_one_process(dataset, tmp_path):
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
-def test_two_stage_pipeline_equals_one_process(dataset, tmp_path, schedule):
+def test_two_stage_pipeline_equals_one_process(tiny_run, runs, schedule):
     """BERT split into 2 pipeline stages in 2 processes (gloo; the tied MLM decoder on the last stage, its
     gradient summed with the embeddings' on the first) gives the losses (1e-5 relative) and updated weights of
     one process; and a run resumed from its step-2 checkpoint ends with bitwise the weights of the
@@ -187,13 +198,9 @@ def test_two_stage_pipeline_equals_one_process(dataset, tmp_path, schedule):
     LAMB, like Adam, divides each gradient by its running RMS, so parameters whose true gradient is almost
     zero (the attention query/key biases, to which softmax is nearly invariant) take steps of about lr whose
     size is set by rounding noise. With SGD the same comparison agrees to 1e-7 (checked by hand)."""
-    common = ["--config", "test_tiny", f"data.dataset={dataset}", "model.max_position_embeddings=64", "data.max_seq_length=64",
-              "train.max_steps=4", "train.checkpoint_every=2", "train.validate_every=2"]
-    one = tmp_path / "one"
-    main(load_config("test_tiny", [c for c in common[2:]] + [f"output_dir={one}"]), progress=False)
-    two = tmp_path / "two"
-    stdout = torchrun(2, 29521 + (schedule == "gpipe"), *common, f"output_dir={two}",
-                      "parallel.pipeline_stages=2", f"parallel.schedule={schedule}")
+    one, (root, ran) = tiny_run, runs  # tiny_run: the same 4 updates on one process
+    two = root / schedule
+    stdout = ran.ok(schedule)["stdout"]
     assert f"2 pipeline stages ({schedule})" in stdout
     a, b = final_weights(one), final_weights(two)
     assert a.keys() == b.keys()
@@ -206,14 +213,9 @@ def test_two_stage_pipeline_equals_one_process(dataset, tmp_path, schedule):
         for key in ("loss", "val_loss", "val_mlm_accuracy"):
             if key in x:
                 assert abs(x[key] - y[key]) <= 1e-5 * abs(x[key]) + 1e-7, (key, x[key], y[key])
-    if schedule == "1f1b":  # resume: drop the last checkpoint and continue from step 2
-        import shutil
-
-        resumed = tmp_path / "resumed"
-        shutil.copytree(two, resumed)
-        shutil.rmtree(resumed / "checkpoints" / "step-0000004")
-        torchrun(2, 29523, *common, f"output_dir={resumed}", "parallel.pipeline_stages=2", "--resume")
-        c = final_weights(resumed)
+    if schedule == "1f1b":  # resume: the launch dropped the last checkpoint of a copy and continued from step 2
+        ran.ok("resumed")
+        c = final_weights(root / "resumed")
         for name in b:
             assert torch.equal(b[name], c[name]), name
 
@@ -229,7 +231,7 @@ def test_pipeline_times_data_parallel_equals_one_process(dataset, tmp_path):
     one = tmp_path / "one"
     main(load_config("test_tiny", [*common, f"output_dir={one}"]), progress=False)
     grid = tmp_path / "grid"
-    stdout = torchrun(4, 29531, "--config", "test_tiny", *common, f"output_dir={grid}", "parallel.pipeline_stages=2")
+    stdout = torchrun(4, "--config", "test_tiny", *common, f"output_dir={grid}", "parallel.pipeline_stages=2")
     assert "16 packs/update = 4 x 2 replica(s) x 2 accumulation, 2 pipeline stages" in stdout
     a, b = final_weights(one), final_weights(grid)
     for name in a:
