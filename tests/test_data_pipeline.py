@@ -14,7 +14,7 @@ from bert_ipu.data.instances import InstanceConfig, mlm_slots_for
 from bert_ipu.data.layout import FIELDS, PackLayout, pack_instances, pack_rows, stack_packs, unpack
 from bert_ipu.data.pipeline import create_pretraining_data, pack_pretraining_data
 from bert_ipu.data.shards import DatasetError, DatasetWriter, PackedDataset
-from bert_ipu.data.text import DataInputError, split_sentences
+from bert_ipu.data.text import split_sentences
 from bert_ipu.packing import PackingInputError, auto_depth, depth_label, histogram_of, pack, parse_depth
 from packed_bert_helpers import random_instances
 

@@ -139,3 +139,17 @@ def test_a_dead_worker_fails_the_job_instead_of_hanging():
     assert time.perf_counter() - start < 60
     with worker_pool(2) as pool:
         assert list(ordered_map(pool, abs, range(-5, 5), in_flight=3)) == [abs(i) for i in range(-5, 5)]
+
+
+def test_a_launch_says_why_even_when_rank_0_was_stopped_first(tmp_path, capsys):
+    """A self-launched run's ranks leave their one-line errors for the launcher: when every rank hits the same
+    error and rank 1 exits first, the launcher stops rank 0 before it prints (seen in `make test`: exit 2, empty
+    stderr). Then rank 1's line stands in; when rank 0 wrote, only its line is printed."""
+    from bert_ipu.engine.launch import print_errors
+
+    (tmp_path / "1").write_text("quiet error (rank 1): mlp.gate_proj has 47 out features")
+    print_errors(tmp_path)
+    assert capsys.readouterr().err.splitlines() == ["error (rank 1): mlp.gate_proj has 47 out features"]
+    (tmp_path / "0").write_text("error: mlp.gate_proj has 47 out features")
+    print_errors(tmp_path)
+    assert capsys.readouterr().err.splitlines() == ["error: mlp.gate_proj has 47 out features"]

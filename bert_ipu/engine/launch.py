@@ -10,10 +10,13 @@ before. A machine that cannot hold the processes is one clear error.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 import uuid
+from pathlib import Path
 
-from .runtime import RunError
+from .runtime import ERROR_DIR, RunError
 
 
 def _available_memory() -> int | None:
@@ -79,9 +82,27 @@ def launch(processes: int, script: str, argv: list[str]) -> int:
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=processes, run_id=str(uuid.uuid4()),
                           rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1)
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // processes)))
+    errors = Path(tempfile.mkdtemp(prefix="bert_ipu_errors_"))
+    os.environ[ERROR_DIR] = str(errors)
     try:
         elastic_launch(config, entrypoint=sys.executable)(script, *argv)
     except ChildFailedError as e:
         codes = [f.exitcode for f in e.failures.values()]
+        print_errors(errors)
         return next((c for c in codes if c), 1)
+    finally:
+        del os.environ[ERROR_DIR]
+        shutil.rmtree(errors, ignore_errors=True)
     return 0
+
+
+def print_errors(folder: Path) -> None:
+    """The ranks' one-line errors, as each would have printed it: rank 0's for the run and other ranks' own.
+    When a rank's failure stopped rank 0 before it wrote (the launcher ends the others when one exits), the
+    lowest rank's line stands in, so a failed launch always says why in one line."""
+    lines = {int(p.name): p.read_text() for p in folder.iterdir() if p.name.isdigit()}
+    shown = [line for _, line in sorted(lines.items()) if not line.startswith("quiet ")]
+    if not shown and lines:
+        shown = [lines[min(lines)].removeprefix("quiet ")]
+    for line in shown:
+        print(line, file=sys.stderr, flush=True)

@@ -197,11 +197,23 @@ def finish(code: int) -> None:
     sys.exit(code)
 
 
+ERROR_DIR = "BERT_IPU_ERROR_DIR"
+"""set by engine/launch.py for the processes it starts: a folder where each rank leaves its one-line error"""
+
+
 def report_error(exc: BaseException) -> None:
     """One line on stderr for a RunError/ConfigError: from rank 0 for the run, from another rank only for a
     failure of its own (RunError(local=True))."""
     rank = int(os.environ.get("RANK", "0"))
-    if rank == 0:
+    errors = os.environ.get(ERROR_DIR)
+    if errors:  # launched by engine/launch.py: the launcher prints it (a failing rank can stop rank 0 first)
+        line = f"error: {exc}" if rank == 0 else f"error (rank {rank}): {exc}"
+        shown = rank == 0 or getattr(exc, "local", False)
+        tmp = os.path.join(errors, f".{rank}.tmp")
+        with open(tmp, "w") as f:
+            f.write(("" if shown else "quiet ") + line)
+        os.replace(tmp, os.path.join(errors, str(rank)))
+    elif rank == 0:
         print(f"error: {exc}", file=sys.stderr, flush=True)
     elif getattr(exc, "local", False):
         print(f"error (rank {rank}): {exc}", file=sys.stderr, flush=True)
