@@ -18,6 +18,8 @@ pack is seen once per epoch (fine-tuning).
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -38,6 +40,10 @@ class PackSource(Protocol):
 
     def sequence_lengths(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         """The sequences of rows [start, stop), ragged: (flat lengths, offsets), as `sequence_lengths`."""
+
+    def fingerprint(self) -> str:
+        """A sha256 naming these rows' content: equal for the same data, different for other data (a run
+        records it and refuses to resume on other data)."""
 
 
 def empty_rows(template: dict[str, np.ndarray], n: int, label_fields=()) -> dict[str, np.ndarray]:
@@ -86,6 +92,16 @@ class ShardSource:
         """Packs [start, stop)'s `sequence_ids` (read alone, not the other fields)."""
         return gather(self.sizes, self.shards.__getitem__, np.arange(start, stop), ("sequence_ids",))["sequence_ids"]
 
+    def fingerprint(self) -> str:
+        """From the manifest's entries of this split's shards, each with its bytes' sha256 (no shard is read),
+        and the vocabulary the ids refer to, when the dataset has one."""
+        h = hashlib.sha256(json.dumps([self.dataset.manifest["layout"], self.dataset.manifest["splits"][self.split]],
+                                      sort_keys=True, default=str).encode())
+        vocab = self.dataset.path / "vocab.txt"
+        if vocab.is_file():
+            h.update(vocab.read_bytes())
+        return h.hexdigest()
+
     @property
     def stores_lengths(self) -> bool:
         """Whether the shards store the packs' sequence lengths (datasets written before that field do not)."""
@@ -127,6 +143,15 @@ class ArraySource:
     def gather(self, rows: np.ndarray) -> dict[str, np.ndarray]:
         return with_empty_rows(np.asarray(rows), lambda r: {k: v[r] for k, v in self.rows.items()},
                                self.label_fields)
+
+    def fingerprint(self) -> str:
+        """Over every array's name, dtype, shape and bytes."""
+        h = hashlib.sha256()
+        for name in sorted(self.rows):
+            a = np.ascontiguousarray(self.rows[name])
+            h.update(f"{name} {a.dtype.str} {a.shape}".encode())
+            h.update(a.data)
+        return h.hexdigest()
 
     def sequence_ids(self, start: int, stop: int) -> np.ndarray:
         if "sequence_ids" not in self.rows:

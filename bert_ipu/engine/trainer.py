@@ -14,6 +14,8 @@ own all the same.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import shutil
 import time
@@ -36,6 +38,29 @@ from .tensor import local, replicas_agree
 
 RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "tensorboard", "hf", "results.json",
              "predictions*.json")
+MARKER = ".bert_ipu_run"
+"""written into every run folder when the run starts: --overwrite removes a folder's RUN_FILES only where it finds
+this marker (or a checkpoint this project wrote, for runs older than the marker), never a user's files that
+merely share their names"""
+
+
+def ours(out: Path) -> bool:
+    """Whether the folder `out` holds a run of this project (by what a run writes, not by file names)."""
+    if (out / MARKER).is_file():
+        try:
+            return json.loads((out / MARKER).read_text()).get("written_by") == "bert_ipu"
+        except (OSError, ValueError, AttributeError):
+            return False
+    return bool(checkpoint.checkpoints(out))
+
+
+def recorded_data(out: Path) -> str | None:
+    """The data fingerprint the run in `out` recorded in its config.yaml (None: not recorded or unreadable)."""
+    try:
+        layout = yaml.safe_load((out / "config.yaml").read_text()).get("data_layout") or {}
+    except (OSError, yaml.YAMLError, AttributeError):
+        return None
+    return layout.get("data_sha256") if isinstance(layout, dict) else None
 
 
 def run_lock(out: Path) -> OutputLock:
@@ -52,7 +77,11 @@ def prepare_run_dir(out: Path, resume: bool, overwrite: bool, rt: Runtime, confi
     a checkpoint; a folder that holds another run is an error unless `overwrite` (which removes that run's
     files, and only those). Rank 0 decides, all ranks raise the same error. Returns rank 0's lock."""
     error, lock = None, None
-    if rt.main and out.is_dir():
+    found = sorted({p.name for pattern in RUN_FILES for p in out.glob(pattern)}) if rt.main and out.is_dir() else []
+    if found and not resume and not ours(out):  # refused before the lock: not even a lock file is left there
+        error = (f"output_dir {out} holds files this project did not write ({', '.join(found)}; no {MARKER} "
+                 "marker), so nothing there is replaced or deleted; choose another output_dir")
+    elif rt.main and out.is_dir():
         try:
             lock = run_lock(out)
         except RunError as e:
@@ -60,7 +89,6 @@ def prepare_run_dir(out: Path, resume: bool, overwrite: bool, rt: Runtime, confi
         except OSError as e:
             error = f"cannot lock the run folder {out} ({e.strerror}); choose another output_dir"
     if rt.main and error is None:
-        found = sorted({p.name for pattern in RUN_FILES for p in out.glob(pattern)}) if out.is_dir() else []
         if out.exists() and not out.is_dir():
             error = f"output_dir {out} is a file; choose a folder"
         elif resume and not checkpoint.checkpoints(out):
@@ -68,6 +96,11 @@ def prepare_run_dir(out: Path, resume: bool, overwrite: bool, rt: Runtime, confi
         elif not resume and found and not overwrite:
             error = (f"output_dir {out} already holds a run ({', '.join(found)}); continue it with --resume, "
                      "replace it with --overwrite, or choose another output_dir")
+        elif resume and recorded_data(out) not in (None, config["data_layout"].get("data_sha256")):
+            error = (f"--resume: {out} trained on other data than this config reads (data sha256 "
+                     f"{recorded_data(out)[:12]}..., now {str(config['data_layout'].get('data_sha256'))[:12]}...: "
+                     "another dataset, or its files changed); point the config at the run's data, or start a new "
+                     "run in another output_dir")
         else:
             try:
                 if not resume:
@@ -76,6 +109,7 @@ def prepare_run_dir(out: Path, resume: bool, overwrite: bool, rt: Runtime, confi
                         shutil.rmtree(target) if target.is_dir() else target.unlink()
                 out.mkdir(parents=True, exist_ok=True)
                 lock = lock or run_lock(out)
+                write_json(out / MARKER, {"written_by": "bert_ipu", "kind": config.get("kind")})
                 write_atomic(out / "config.yaml", yaml.safe_dump(config, sort_keys=False))
             except OSError as e:
                 error = f"cannot write the run folder {out}: {e.strerror}; choose another output_dir"
@@ -99,11 +133,20 @@ def run(task, cfg, resume: bool = False, overwrite: bool = False, progress: bool
     return evaluate_only(task, cfg, rt, overwrite=overwrite)
 
 
-def run_config(cfg, task) -> dict:
-    """What OUTPUT/config.yaml records: the config and the data layout the run trained on."""
+def run_config(cfg, task, levels: list[Level] = ()) -> dict:
+    """What OUTPUT/config.yaml records: the config and the data layout the run trained on, with `data_sha256`,
+    the fingerprint of the training rows of `levels` (--resume refuses other data)."""
     import dataclasses
 
-    return dataclasses.asdict(cfg) | {"data_layout": task.layout_record()}
+    layout = task.layout_record()
+    if levels:
+        layout["data_sha256"] = data_fingerprint(levels)
+    return dataclasses.asdict(cfg) | {"data_layout": layout}
+
+
+def data_fingerprint(levels: list[Level]) -> str:
+    """One sha256 over the levels' pack lengths and their sources' fingerprints."""
+    return hashlib.sha256(" ".join(f"{lv.pack_length}:{lv.source.fingerprint()}" for lv in levels).encode()).hexdigest()
 
 
 def check_backend(cfg, rt: Runtime, training: bool) -> None:
@@ -158,7 +201,7 @@ def train(task, cfg, rt: Runtime, resume: bool = False, overwrite: bool = False,
         if level.sequence_parallel > 1:
             check_sequence_parallel(task, model, rt, level.pack_length, level.sequence_parallel)
         check_layers(model, level.checkpointed_layers)
-    lock = prepare_run_dir(out, resume, overwrite, rt, run_config(cfg, task))
+    lock = prepare_run_dir(out, resume, overwrite, rt, run_config(cfg, task, levels))
     try:
         return _train(task, cfg, rt, out, resume, progress, loader, model, P, total, warmup, levels)
     finally:
