@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 
 from .config import ConfigError, to_yaml
 from .engine.launch import launch_if_needed
@@ -80,6 +81,18 @@ def config(argv: list[str], kind: str | None = None):
     return load_config(args.config, overrides, kind), args, spec
 
 
+def check_inputs(cfg, spec) -> None:
+    """What can be checked before any process is launched or file written: the init checkpoint exists, and the
+    kind's own preflight (its data)."""
+    init = getattr(cfg.model, "init_checkpoint", None)  # every kind's model section but the profile's has it
+    if init:
+        from .tasks.common import require_checkpoint_folder
+
+        require_checkpoint_folder(init)
+    if spec.preflight is not None:
+        spec.preflight(cfg)
+
+
 def main(argv: list[str] | None = None, kind: str | None = None, script: str | None = None) -> int:
     """Run the command line `argv` (default sys.argv[1:]) for configs of `kind` (None: any kind); `script` is the
     file that re-runs it in launched processes (the caller's entry point). Returns the exit code."""
@@ -90,6 +103,7 @@ def main(argv: list[str] | None = None, kind: str | None = None, script: str | N
         if args.print_config:
             print(to_yaml(cfg), end="")
             return 0
+        check_inputs(cfg, spec)
         if spec.launches:
             code = launch_if_needed(cfg, script or sys.argv[0], argv, cfg.model.parameter_estimate())
             if code is not None:  # its processes were launched here and have finished

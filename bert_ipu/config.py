@@ -16,6 +16,7 @@ parallelism). One dataclass per section, a docstring under each field, validatio
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass
@@ -131,7 +132,7 @@ class TrainConfig:
     optimizer: str = "lamb"
     """lamb or adamw"""
     learning_rate: float = 2e-3
-    betas: tuple = (0.9, 0.999)
+    betas: list | tuple = (0.9, 0.999)
     eps: float = 1e-6
     weight_decay: float = 0.01
     decay_power: float = 1.0
@@ -216,6 +217,12 @@ class TrainConfig:
             raise ConfigError("train.warmup_steps must be >= 0 and train.warmup_proportion in [0, 1)")
         if self.learning_rate < 0 or self.eps <= 0 or self.weight_decay < 0:
             raise ConfigError("train.learning_rate and weight_decay must be >= 0 and train.eps > 0")
+        if self.learning_rate > 10:
+            raise ConfigError(f"train.learning_rate {self.learning_rate:g}: no optimizer here trains above 10 (the "
+                              "weights would leave float range); check the exponent, e.g. 1e-3")
+        if self.decay_power < 0:
+            raise ConfigError(f"train.decay_power {self.decay_power:g}: the learning rate decays as (1 - progress) "
+                              "** power; give a power >= 0 (1 linear, 0 constant)")
         if self.clip_grad_norm is not None and self.clip_grad_norm <= 0:
             raise ConfigError("train.clip_grad_norm must be > 0 (or null: no clipping)")
         if self.log_every < 1 or self.keep_checkpoints < 1 or self.validation_batches < 1:
@@ -296,22 +303,28 @@ def _build(cls, values: dict, where: str):
 
 
 def _typed(value, hint, key: str):
-    """`value` checked against a field's type: int, float, str or bool, optionally `| None` (or a union of
-    them, list and dict included); a float field also takes an int or a string such as 2e-4 (which YAML 1.1 reads as a string)."""
+    """`value` checked against a field's type: int, float, str, bool, list or dict, optionally `| None` (or a
+    union of them). A float field also takes an int or a string such as 2e-4 (which YAML 1.1 reads as a
+    string), and only a finite number: .inf and .nan pass no range check (nan < 0 is False), so they are refused
+    here, for every float field at once."""
     allowed = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
     if value is None and type(None) in allowed:
         return value
-    as_float = (float in allowed and isinstance(value, (int, str)) and not isinstance(value, bool)
+    kinds = [t for t in allowed if isinstance(t, type) and t is not type(None)]
+    as_float = (float in allowed and isinstance(value, (int, str, float)) and not isinstance(value, bool)
                 and not any(isinstance(value, t) for t in (int, str) if t in allowed))
     if as_float:
         try:
-            return float(value)
+            number = float(value)
         except ValueError:
-            pass
-    scalar = [t for t in allowed if t in (int, float, str, bool)]
-    kinds = [t for t in allowed if isinstance(t, type) and t is not type(None)]  # list and dict too
-    if scalar and not any(isinstance(value, t) and not (t is int and isinstance(value, bool)) for t in kinds):
-        names = " or ".join(t.__name__ for t in allowed if t is not type(None))
+            number = None
+        if number is not None:
+            if not math.isfinite(number):
+                raise ConfigError(f"{key} = {value!r}: give a finite number")
+            return number
+    if kinds and not any(isinstance(value, t) and not (t in (int, float) and isinstance(value, bool))
+                         for t in kinds):
+        names = " or ".join(t.__name__ for t in kinds)
         raise ConfigError(f"{key} = {value!r}: expected {names}{' (or null)' if type(None) in allowed else ''}")
     return value
 

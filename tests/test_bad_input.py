@@ -123,7 +123,13 @@ def test_manifest_totals_must_match_the_shards(dataset, tmp_path):
     ("model.hidden_size=-8", "model.hidden_size = -8: must be >= 1"),
     ("model.hidden_dropout_prob=1.5", "model.hidden_dropout_prob = 1.5: a probability"),
     ("train.clip_grad_norm=-1", "train.clip_grad_norm must be > 0"),
-    ("train.betas=fast", "train.betas 'fast': give two numbers"),
+    ("train.betas=fast", "train.betas = 'fast': expected list or tuple"),
+    ("train.eps=.inf", "train.eps = inf: give a finite number"),
+    ("train.decay_power=.nan", "train.decay_power = nan: give a finite number"),
+    ("train.num_train_epochs=.nan", "train.num_train_epochs = nan: give a finite number"),
+    ("train.decay_power=-1", "train.decay_power -1: .* give a power >= 0"),
+    ("train.learning_rate=1e300", "train.learning_rate 1e\\+300: no optimizer here trains above 10"),
+    ("parallel.layers_per_stage=5", "parallel.layers_per_stage = 5: expected list"),
     ("train.betas=[0.9]", "give two numbers"),
     ("train.learning_rate=-0.1", "learning_rate and weight_decay must be >= 0"),
     ("train.log_every=0", "log_every, keep_checkpoints and validation_batches must be >= 1"),
@@ -380,6 +386,11 @@ TRAINING_CLI_CASES = {
     "betas a string": ["train.betas=fast"],
     "betas of one element": ["train.betas=[0.9]"],
     "negative learning rate": ["train.learning_rate=-0.1"],
+    "infinite eps": ["train.eps=.inf"],
+    "decay power nan": ["train.decay_power=.nan"],
+    "negative decay power": ["train.decay_power=-1"],
+    "learning rate 1e300": ["train.learning_rate=1e300"],
+    "layers_per_stage an int": ["parallel.layers_per_stage=5"],
     "log_every 0": ["train.log_every=0"],
     "checkpoint_every 0": ["train.checkpoint_every=0"],
     "validate_every 0": ["train.validate_every=0"],
@@ -394,6 +405,7 @@ TRAINING_CLI_CASES = {
     "output_dir a file": ["output_dir={tmp}/file"],
     "output_dir not creatable": ["output_dir=/proc/no/such/run"],
     "binary config file": ["--config", "{tmp}/binary.yaml"],
+    "no dataset": ["data.dataset={tmp}/no_data"],
 }
 
 
@@ -454,3 +466,42 @@ def test_a_field_of_list_or_str_takes_either_and_refuses_others():
     assert load_config("causal_tiny_llama_packed", ["data.pack_lengths=auto"]).data.pack_lengths == "auto"
     with pytest.raises(ConfigError, match="data.pack_lengths = 3: expected list or str"):
         load_config("causal_tiny_llama_packed", ["data.pack_lengths=3"])
+
+
+def test_a_missing_dataset_is_named_before_any_process_starts(tmp_path):
+    """The headline 4-stage command without its data started 4 processes, then failed in each with elastic-launch
+    noise: the data is checked before launching, one line naming how to make it, exit 2, nothing written."""
+    from training_helpers import run_cli
+
+    proc = run_cli("--config", "pretrain_large_512_packed", f"data.dataset={tmp_path / 'none'}",
+                   "model.init_checkpoint=null", f"output_dir={tmp_path / 'run'}", check=False)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+    assert "make wikipedia DUMP=FILE" in lines[0] and "[run] starting" not in proc.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_dataset_without_training_packs_is_one_line(dataset, tmp_path, capsys):
+    """A dataset whose manifest holds only a validation split (a tiny dump at a large validation fraction): one
+    line naming the fix, not a DatasetError traceback from the loader."""
+    only = tmp_path / "only_validation"
+    shutil.copytree(dataset, only)
+    manifest = json.loads((only / "manifest.json").read_text())
+    for shard in manifest["splits"]["train"]["shards"]:
+        (only / shard["name"]).unlink() if (only / shard["name"]).is_file() else shutil.rmtree(only / shard["name"])
+    del manifest["splits"]["train"]
+    manifest.get("packing", {}).pop("train", None)
+    (only / "manifest.json").write_text(json.dumps(manifest))
+    rc = entry("pretraining", ["--config", "test_tiny", f"data.dataset={only}", f"output_dir={tmp_path / 'run'}",
+                              "model.max_position_embeddings=64", "data.max_seq_length=64"])
+    lines, err = _errors(capsys)
+    assert rc == 2 and len(lines) == 1 and "holds no training packs" in lines[0], err
+    assert not (tmp_path / "run").exists()
+
+
+def test_evaluation_only_without_a_model_is_refused(tmp_path, capsys):
+    """--eval-only without model.init_checkpoint scored a randomly initialised model without a word."""
+    rc = entry("squad", ["--config", "squad_tiny_packed", "--eval-only", f"output_dir={tmp_path / 'run'}"])
+    lines, err = _errors(capsys)
+    assert rc == 2 and len(lines) == 1 and "model.init_checkpoint" in lines[0], err
+    assert not (tmp_path / "run").exists()

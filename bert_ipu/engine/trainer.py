@@ -160,6 +160,9 @@ def check_backend(cfg, rt: Runtime, training: bool) -> None:
 def evaluate_only(task, cfg, rt: Runtime, overwrite: bool = False) -> dict:
     """Evaluate the task's model (its init checkpoint) once: no training, no checkpoints; the run folder holds
     config.yaml, the task's predictions and results.json."""
+    if not cfg.model.init_checkpoint:
+        raise RunError("an evaluation-only run scores model.init_checkpoint, and none is set (a model built from "
+                       "scratch would be scored); set model.init_checkpoint=FOLDER of a fine-tuned model")
     check_backend(cfg, rt, training=False)
     task.prepare(rt)
     torch.manual_seed(cfg.train.seed)

@@ -138,6 +138,8 @@ class TaskSpec:
     launches    whether a config of this kind may need several processes per replica (its `parallel`
                 section), started by the entry point when it was not run under torchrun
     resumable   whether a run of this kind has a run folder to resume or overwrite (--resume, --overwrite)
+    preflight   preflight(cfg): cheap checks of the inputs (the data exists, say) made by the command line before
+                it launches processes or writes anything; raises ConfigError or RunError
     doc         what `--help` says of the kind (its entry point's docstring)
     """
     kind: str
@@ -149,6 +151,7 @@ class TaskSpec:
     arguments: tuple[tuple[str, dict, str], ...] = field(default_factory=tuple)
     launches: bool = True
     resumable: bool = True
+    preflight: Callable[..., None] | None = None
     doc: str = ""
 
     @property

@@ -60,9 +60,12 @@ def packing_line(split: str, algorithm: str, noun: str, packed, pack_len: int) -
 
 
 def require_checkpoint_folder(init_checkpoint: str) -> None:
+    """A local Hugging Face model folder (checked by the command line before anything starts, and by the tasks)."""
     if not (Path(init_checkpoint) / "config.json").is_file():
+        made_by = Path(init_checkpoint).parent if Path(init_checkpoint).name == "hf" else None
+        hint = f" (the export of the run {made_by}: run that config first)" if made_by else ""
         raise RunError(f"model.init_checkpoint {init_checkpoint} is not a Hugging Face model folder (no "
-                       "config.json); give the hf/ folder of a run or a transformers BERT folder")
+                       f"config.json){hint}; give the hf/ folder of a run or a transformers model folder")
 
 
 def check_model_fits(model, vocab_size: int, max_seq_length: int):

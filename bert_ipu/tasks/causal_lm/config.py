@@ -142,7 +142,7 @@ class CausalTrainConfig(TrainConfig):
     optimizer: str = "adamw"
     learning_rate: float = 1e-3
     weight_decay: float = 0.1
-    betas: tuple = (0.9, 0.95)
+    betas: list | tuple = (0.9, 0.95)
     micro_batch_size: int = 8
     global_batch_size: int = 32
 

@@ -25,5 +25,11 @@ def _summary(result: dict) -> str | None:
     return None
 
 
+def _preflight(cfg) -> None:
+    from .task import preflight
+
+    preflight(cfg)
+
+
 SPEC = TaskSpec(kind="pretraining", config=PretrainingRunConfig, task=f"{__name__}.task:PretrainingTask",
-                summary=_summary, doc=__doc__)
+                summary=_summary, preflight=_preflight, doc=__doc__)

@@ -77,6 +77,7 @@ class PretrainingTask(TaskBase):
             raise RunError(error)
         self.path = path
         data, world, t = self.data, rt.dp_world, self.cfg.train
+        check_splits(data, path)
         if "validation" not in data.splits or data.packs("validation") < world:
             raise RunError(f"{path} has no validation split (or fewer packs than replicas); recreate it with a "
                            "larger --validation-fraction")
@@ -199,3 +200,28 @@ class PretrainingTask(TaskBase):
     def result_extra(self) -> dict:
         return {"dataset": str(self.path), "layout": self.layout_record()}
 
+
+
+def check_splits(data: PackedDataset, path) -> None:
+    """A dataset to pretrain on holds a train split with packs (one line, not a KeyError deep in the loader)."""
+    if "train" not in data.splits or data.packs("train") == 0:
+        raise RunError(f"{path} holds no training packs (splits: {', '.join(data.splits) or 'none'}); recreate it "
+                       "with a --validation-fraction that leaves documents for training")
+
+
+def preflight(cfg) -> None:
+    """Before processes are launched: the dataset exists (or can be made from data.prepare_input) and holds a
+    train split; the error names how to make it."""
+    d = cfg.data
+    path = Path(d.dataset)
+    if not (path / "manifest.json").is_file():
+        if path.exists() or d.prepare_input is not None:
+            return  # prepare() makes it from data.prepare_input, or refuses a folder that is not a dataset
+        raise RunError(f"data.dataset {path} does not exist; make it with `make wikipedia DUMP=FILE` (a Wikipedia "
+                       "dump -> runs/data/wikipedia_{128,512}_packed, then both phases; phase 2 starts from phase "
+                       "1's export), or data/create_pretraining_data.py then data/pack_pretraining_data.py, or set "
+                       "data.prepare_input=TEXT_FILE")
+    try:
+        check_splits(PackedDataset(path), path)
+    except DatasetError as e:
+        raise RunError(str(e)) from None
