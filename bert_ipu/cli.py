@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import sys
-from pathlib import Path
 
 from .config import ConfigError, to_yaml
 from .engine.launch import launch_if_needed
