@@ -160,6 +160,8 @@ class TrainConfig:
     validate_every: int | None = 50
     """evaluate every this many updates (and at the end); null: at the end only"""
     validation_batches: int = 8
+    """evaluate the first validation_batches x micro_batch_size packs of the validation split (all of it when
+    smaller), each once, whatever the number of processes"""
     checkpoint_every: int | None = 100
     """checkpoint every this many updates (and at the end); null: at the end only"""
     keep_checkpoints: int = 2

@@ -55,3 +55,16 @@ def test_refuses_what_does_not_fit():
     many = Instance(np.arange(20) + 5, np.zeros(20, dtype=np.int64), np.arange(20) + 5, 0)
     with pytest.raises(ValueError, match="only 8 MLM slots"):
         pack_instances([many], LAYOUT)
+
+
+def test_a_micro_batch_of_only_empty_rows_has_the_rows_shapes(dataset):
+    """Evaluation pads a replica's last micro-batches with empty rows; one made of empty rows only came out 1-D
+    (fetching no rows gives no row shape) and crashed the attention mask in a 4-process pipeline."""
+    from bert_ipu.data.loader import ShardSource
+    from bert_ipu.data.shards import PackedDataset
+
+    source = ShardSource(PackedDataset(dataset), "validation")
+    real, empty = source.gather(np.array([0, 1])), source.gather(np.array([-1, -1]))
+    for k in real:
+        assert empty[k].shape == real[k].shape and empty[k].dtype == real[k].dtype, k
+    assert (empty["sequence_ids"] == 0).all() and (empty["masked_lm_labels"] < 0).all()

@@ -59,6 +59,8 @@ def empty_rows(template: dict[str, np.ndarray], n: int, label_fields=()) -> dict
 def with_empty_rows(rows: np.ndarray, fetch, label_fields) -> dict[str, np.ndarray]:
     """fetch(real rows) with the -1 entries of `rows` replaced by empty rows, in place."""
     real = rows >= 0
+    if not real.any():  # shapes and dtypes from any one row (fetching no rows gives no row shape)
+        return empty_rows(fetch(np.zeros(1, dtype=np.int64)), len(rows), label_fields)
     got = fetch(rows[real])
     if real.all():
         return got
@@ -160,6 +162,22 @@ class ArraySource:
 
     def sequence_lengths(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         return sequence_lengths(self.sequence_ids(start, stop))
+
+
+def evaluation_rows(packs: int, limit: int | None, micro_batch_size: int, dp_rank: int, dp_world: int,
+                    group: int = 1) -> np.ndarray:
+    """This replica's evaluation micro-batches, (batches, micro_batch_size) pack indices (-1 = an empty row), so
+    that the replicas together evaluate the first min(packs, limit) packs of a split exactly once, whatever their
+    number: replica r takes the r-th contiguous share, and empty rows (which count nothing) fill every replica
+    to the same number of micro-batches, a multiple of `group` (a pipeline schedule's micro-batches). The
+    validation figures of a checkpoint are then the same on 1 process, 2 pipeline stages or 2 replicas."""
+    n = packs if limit is None else min(packs, limit)
+    per_replica = -(-n // dp_world)
+    batches = -(-per_replica // micro_batch_size)
+    batches = max(group, -(-batches // group) * group)
+    rows = np.full(dp_world * batches * micro_batch_size, -1, dtype=np.int64)
+    rows[:n] = np.arange(n)
+    return rows.reshape(dp_world, batches, micro_batch_size)[dp_rank]
 
 
 def sequence_lengths(sequence_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -25,7 +25,7 @@ import torch
 
 from ...data.contiguous import pack_levels, pack_sequences
 from ...data.layout import IGNORE_INDEX
-from ...data.loader import ArraySource, Level
+from ...data.loader import ArraySource, Level, evaluation_rows
 from ...data.text import DataInputError
 from ...engine.parallel import global_counts
 from ...engine.runtime import RunError, Runtime
@@ -246,19 +246,15 @@ class CausalLMTask(TaskBase):
 
     # --- evaluation and export -----------------------------------------------------------------------------
     def evaluate(self, engine, rt: Runtime, step: int) -> dict:
-        """Loss and perplexity per label token over (up to `validation_batches` micro-batches per rank of) the
-        held-out sequences, split over the data-parallel replicas."""
+        """Loss and perplexity per label token over the first `validation_batches` x `micro_batch_size` packs of
+        the held-out sequences (or all), each evaluated once over the data-parallel replicas (evaluation_rows)."""
         if "validation" not in self.packed_splits:
             return {}
         t = self.cfg.train
         source = self._source("validation")
-        mine = np.arange(rt.dp_rank, source.packs, rt.dp_world)
-        per_rank = -(-source.packs // rt.dp_world)  # every rank runs as many batches (empty rows fill)
-        batches = min(t.validation_batches, -(-per_rank // t.micro_batch_size))
-        n = batches * t.micro_batch_size
-        mine = np.pad(mine[:n], (0, max(0, n - len(mine))), constant_values=-1)
-        micro = [{k: torch.from_numpy(v).to(rt.device) for k, v in source.gather(chunk).items()}
-                 for chunk in np.split(mine, batches)]
+        rows = evaluation_rows(source.packs, t.validation_batches * t.micro_batch_size, t.micro_batch_size,
+                               rt.dp_rank, rt.dp_world, engine.eval_group)
+        micro = [{k: torch.from_numpy(v).to(rt.device) for k, v in source.gather(chunk).items()} for chunk in rows]
         counts = global_counts(self, engine, micro)
         sums = engine.evaluate(micro, self.normalizers(counts)) | counts
         out = self.summarize(sums)

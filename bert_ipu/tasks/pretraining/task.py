@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from ...data.layout import IGNORE_INDEX
-from ...data.loader import PackedLoader, ShardSource
+from ...data.loader import ShardSource, evaluation_rows
 from ...data.pipeline import check_dataset_matches, dataset_settings, prepare_dataset
 from ...data.shards import DatasetError, PackedDataset
 from ...data.text import DataInputError
@@ -161,23 +161,13 @@ class PretrainingTask(TaskBase):
 
     # --- evaluation and export -----------------------------------------------------------------------------
     def evaluate(self, engine, rt: Runtime, step: int) -> dict:
-        """MLM and NSP loss and accuracy on (up to `validation_batches` micro-batches of) the held-out split,
-        split over the data-parallel replicas."""
-        group = engine.eval_group
+        """MLM and NSP loss and accuracy on the first `validation_batches` x `micro_batch_size` packs of the
+        held-out split (or all of it), each evaluated once over the data-parallel replicas (evaluation_rows)."""
         t = self.cfg.train
-        # a small held-out split still validates: the micro-batch shrinks to what every rank can fill
-        micro = max(1, min(t.micro_batch_size, self.data.packs("validation") // (rt.dp_world * group)))
-        loader = PackedLoader(self.data, "validation", micro, shuffle=False, rank=rt.dp_rank, world_size=rt.dp_world)
-        batches = []
-        for batch in loader:
-            if len(batches) >= max(t.validation_batches, group):
-                break
-            batches.append({k: v.to(rt.device) for k, v in batch.items()})
-        batches = batches[: len(batches) // group * group]  # a pipeline evaluates whole schedules only
-        if not batches:
-            raise RunError(f"{self.path}: the validation split holds too few packs for one pipeline schedule of "
-                           f"{group} micro-batches on {rt.dp_world} replica(s); recreate the dataset with a larger "
-                           "--validation-fraction")
+        source = ShardSource(self.data, "validation")
+        rows = evaluation_rows(source.packs, t.validation_batches * t.micro_batch_size, t.micro_batch_size,
+                               rt.dp_rank, rt.dp_world, engine.eval_group)
+        batches = [{k: torch.from_numpy(v).to(rt.device) for k, v in source.gather(chunk).items()} for chunk in rows]
         counts = global_counts(self, engine, batches)
         sums = engine.evaluate(batches, self.normalizers(counts)) | counts
         return {f"val_{k}": v for k, v in self.summarize(sums).items()}
