@@ -159,3 +159,40 @@ def test_assignment_depends_on_seed():
     lengths = expand_histogram(hist)
     mix = pack(hist, "cghp", 3).mixture
     assert not np.array_equal(assign(lengths, mix, 8, seed=0), assign(lengths, mix, 8, seed=1))
+
+
+@st.composite
+def long_sparse_histograms(draw):
+    """Long-context histograms: a pack length up to 200,000 (rarely a multiple of CGHP's coarse unit), a few
+    hundred log-normal lengths, clipped so that some sit exactly at the pack length."""
+    max_len = draw(st.integers(20_000, 200_000))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    n = draw(st.integers(1, 400))
+    lengths = np.clip(np.exp(rng.normal(np.log(max_len) - 3, 1.6, n)), 1, max_len).astype(np.int64)
+    lengths[: draw(st.integers(0, 3))] = max_len
+    return np.bincount(lengths - 1, minlength=max_len).astype(np.int64)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(hist=long_sparse_histograms(), depth=st.sampled_from([None, 1, 2, 3, 4, 8]))
+def test_cghp_on_sparse_very_long_histograms(hist, depth):
+    """CGHP's bucketed path on sparse histograms at pack lengths up to 200,000 and every depth: a length above
+    the last whole coarse unit crashed it (IndexError in cghp._bucketed, from the audit: 20,000 log-normal
+    lengths at 200,000, depth 3). Every sequence once, no pack over the length or the depth, the bound held."""
+    result = pack(hist, "cghp", depth, time_limit=5)
+    mix = result.mixture
+    assert np.array_equal(mix.coverage(len(hist)), hist)
+    assert (mix.pack_lengths() <= len(hist)).all() and mix.depth <= (depth or len(hist))
+    assert result.packs >= result.lower_bound_packs
+
+
+def test_cghp_audit_case_packs():
+    """The audit's exact case: numpy default_rng(0) after one discarded draw of 300,000 normals, 20,000 lengths
+    clip(exp(N(8, 1.6)), 1, 200000) at pack length 200,000, depth 3."""
+    rng = np.random.default_rng(0)
+    rng.normal(size=300_000)
+    lengths = np.clip(np.exp(rng.normal(8, 1.6, 20_000)), 1, 200_000).astype(np.int64)
+    hist = np.bincount(lengths - 1, minlength=200_000).astype(np.int64)
+    result = pack(hist, "cghp", 3, time_limit=20)
+    assert np.array_equal(result.mixture.coverage(len(hist)), hist) and result.mixture.depth <= 3
+    assert (result.mixture.pack_lengths() <= len(hist)).all()

@@ -254,7 +254,10 @@ def _bucketed(histogram, depth, start, cheap, residual_rounds, patience, deadlin
     units = max_len // g
     edges = _bucket_edges(units)
     present = np.nonzero(histogram)[0] + 1
-    rounded_up = edges[np.searchsorted(edges, -(-present // g))]  # unit length of each present length
+    # unit length of each present length; a length above units x g tokens (max_len not a multiple of g) is
+    # clamped to a whole pack of units: it packs alone in the coarse instance, as it would really (every other
+    # length is at least one unit), so coarse packs stay real packs
+    rounded_up = edges[np.searchsorted(edges, np.minimum(-(-present // g), units))]
     coarse = np.zeros(units, dtype=np.int64)
     np.add.at(coarse, rounded_up - 1, histogram[present - 1])
     coarse_start, late = run_lpfhp(coarse, depth, deadline=deadline)

@@ -320,7 +320,9 @@ def _coarse_columns(histogram: np.ndarray, depth: int, deadline) -> list[np.ndar
     max_len = len(histogram)
     g = 2
     present = np.nonzero(histogram)[0] + 1
-    up = -(-present // g)
+    # an odd max_len's own length rounds up past the last whole unit: clamped to a full coarse pack, which it
+    # fills alone (as it does really), so every coarse pattern stays a real one
+    up = np.minimum(-(-present // g), max_len // g)
     coarse = np.zeros(max_len // g, dtype=np.int64)
     np.add.at(coarse, up - 1, histogram[present - 1])
     patterns, x, *_ = solve_relaxation(coarse, depth, [], True, deadline)
