@@ -110,7 +110,10 @@ def main(argv: list[str] | None = None, kind: str | None = None, script: str | N
         result = spec.run(cfg, resume=flags.get("resume", False), overwrite=flags.get("overwrite", False))
     except (ConfigError, RunError) as e:
         report_error(e)
-        return 2
+        return getattr(e, "exit_code", 2)  # a ConfigError has none: 2
+    except KeyboardInterrupt:  # before training began (or outside it): nothing of a run to name
+        report_error(RunError("stopped by Ctrl-C before training began; nothing was checkpointed"))
+        return 130
     line = spec.summary(result)
     if line and int(os.environ.get("RANK", "0")) == 0:  # rank 0 speaks for a run of several processes
         print(line)

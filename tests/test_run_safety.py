@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from training_helpers import entry, final_weights
 
@@ -60,3 +62,78 @@ def test_resume_refuses_other_data_and_accepts_the_same_data_moved(dataset, tiny
     assert entry("pretraining", [*COMMON, f"data.dataset={moved}", f"output_dir={run}", "--resume"]) == 0
     a, b = final_weights(run), final_weights(tiny_run)
     assert all(np.array_equal(a[k].numpy(), b[k].numpy()) for k in a)
+
+
+@contextlib.contextmanager
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+# a constant learning rate after warmup (decay_power 0): the updates before a stop are the same whatever
+# max_steps, so a run stopped early and resumed to max_steps N compares with a run of N; no checkpoint or
+# validation before the stop
+UNTIL_STOPPED = ["train.log_every=1", "train.checkpoint_every=100000", "train.validate_every=100000",
+                 "train.decay_power=0"]
+
+
+def stopped_by(sig, dataset, out: Path, steps: int):
+    """A fresh `run_pretraining.py` process of `steps` updates, sent `sig` once 3 metrics rows are written (past warmup):
+    (exit code, stderr lines). It runs on one thread, as the in-process runs it is compared with bitwise
+    (one_thread): one summation order, whatever the machine's load."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from training_helpers import ROOT
+
+    proc = subprocess.Popen([sys.executable, str(ROOT / "run_pretraining.py"), *COMMON, f"data.dataset={dataset}",
+                             f"output_dir={out}", f"train.max_steps={steps}", *UNTIL_STOPPED],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.time() + 120
+    while not ((out / "metrics.jsonl").is_file() and len((out / "metrics.jsonl").read_text().splitlines()) >= 3):
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    return proc.returncode, [line for line in err.splitlines() if line.strip()]
+
+
+def test_sigterm_checkpoints_and_stops_in_one_line_and_resumes_bitwise(dataset, tmp_path):
+    """A scheduler's SIGTERM: the run finishes its update, checkpoints it, says where it stopped in one line
+    (exit 143 = 128 + SIGTERM), and --resume ends with bitwise the weights of a run never stopped."""
+    import signal
+
+    from bert_ipu.engine import checkpoint
+
+    out = tmp_path / "stopped"
+    code, lines = stopped_by(signal.SIGTERM, dataset, out, 100000)
+    assert code == 143 and len(lines) == 1 and "by SIGTERM" in lines[0] and "--resume" in lines[0], lines
+    saved = checkpoint.checkpoints(out)
+    assert len(saved) == 1 and str(saved[0]) in lines[0]
+    step = int(saved[0].name.split("-")[1])
+    assert step >= 1
+    end = UNTIL_STOPPED
+    steps = f"train.max_steps={step + 2}"
+    straight = tmp_path / "straight"
+    with one_thread():
+        assert entry("pretraining", [*COMMON, f"data.dataset={dataset}", f"output_dir={out}", steps, *end,
+                                     "--resume"]) == 0
+        assert entry("pretraining", [*COMMON, f"data.dataset={dataset}", f"output_dir={straight}", steps, *end]) == 0
+    a, b = final_weights(out), final_weights(straight)
+    assert all(np.array_equal(a[k].numpy(), b[k].numpy()) for k in a)
+
+
+def test_ctrl_c_is_one_line_naming_how_to_continue(dataset, tmp_path):
+    """Ctrl-C (SIGINT) printed a 30-line KeyboardInterrupt traceback; now one line, exit 130."""
+    import signal
+
+    code, lines = stopped_by(signal.SIGINT, dataset, tmp_path / "run", 100000)
+    assert code == 130 and len(lines) == 1 and "by Ctrl-C" in lines[0], lines

@@ -25,9 +25,20 @@ class RunError(RuntimeError):
     Most checks run (or are broadcast) on every rank alike, and rank 0 reports them for the run; `local=True`
     marks a failure of this rank alone, which the rank reports itself."""
 
+    exit_code = 2
+
     def __init__(self, message: str, local: bool = False):
         super().__init__(message)
         self.local = local
+
+
+class Interrupted(RunError):
+    """The run was stopped by a signal (Ctrl-C: SIGINT, a scheduler's SIGTERM); the message says where it stopped
+    and how to continue. Exit code 128 + the signal's number, as a shell reports a process it stopped."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.exit_code = 128 + signum
 
 
 def pick_device(name: str) -> torch.device:

@@ -18,6 +18,8 @@ import hashlib
 import json
 import math
 import shutil
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -33,7 +35,7 @@ from .metrics import MetricsLogger
 from .optim import build_optimizer, packing_betas, packs_per_update, schedule_length
 from .parallel import (LocalParallel, PipelineParallel, check_layers, check_sequence_parallel, global_counts,
                        tensor_plan, update_balance)
-from .runtime import Runtime, RunError
+from .runtime import Interrupted, Runtime, RunError
 from .tensor import local, replicas_agree
 
 RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "tensorboard", "hf", "results.json",
@@ -212,6 +214,32 @@ def train(task, cfg, rt: Runtime, resume: bool = False, overwrite: bool = False,
             lock.release()
 
 
+class StopSignal:
+    """SIGTERM noted while training (the handler only sets a flag; the loop stops between updates, after a
+    checkpoint). Ranks agree: the flag is summed over all processes once an update, so all stop at one step."""
+
+    def __init__(self):
+        self.signum, self._previous = 0, None
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._note)
+
+    def _note(self, signum, frame):
+        self.signum = signum
+
+    def requested(self, rt: Runtime) -> bool:
+        flag = float(self.signum != 0)
+        if rt.world > 1:
+            flag = rt.all_sum(torch.tensor([flag])).item()
+        if flag > 0:
+            self.signum = self.signum or signal.SIGTERM  # a rank the signal did not reach stops with the others
+        return flag > 0
+
+    def restore(self) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+            self._previous = None
+
+
 def make_loader(task, t, rt: Runtime, levels: list[Level]):
     """(the run's loader, packs per update): an UpdateLoader over one level's packs, or a LevelLoader over
     several (every update of one level, each level over world / its sequence-parallel size replicas)."""
@@ -321,6 +349,7 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, load
     balance: dict = {}  # the window's sums of each update's balance measures (update_balance)
     per_level: dict = {}  # pack length -> [tokens, seconds] of the window's updates of that level
     window_start, window_step = time.perf_counter(), step
+    stop = StopSignal()
     try:
         while step < total:
             started = time.perf_counter()
@@ -371,7 +400,18 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, load
             if due(t.checkpoint_every, step):
                 save(step)
             logger.advance()
+            if stop.requested(rt):  # SIGTERM (a scheduler's): checkpoint this update, then stop
+                if not due(t.checkpoint_every, step):
+                    save(step)
+                raise Interrupted(f"stopped at step {step} by SIGTERM; checkpoint "
+                                  f"{out / 'checkpoints' / f'step-{step:07d}'}; continue with --resume", stop.signum)
+    except KeyboardInterrupt:
+        found = checkpoint.checkpoints(out)
+        raise Interrupted(f"stopped at step {step} by Ctrl-C; last checkpoint {found[-1] if found else 'none'}; "
+                          "continue with --resume" if found else f"stopped at step {step} by Ctrl-C before the "
+                          "first checkpoint; rerun with --overwrite", signal.SIGINT) from None
     finally:
+        stop.restore()
         logger.close()
     result = {"step": step, "output_dir": str(out), "metrics": last, "packs_per_update": P,
               "accumulation": accumulation, "packing_factor": p, "sequences_seen": seen} | task.result_extra()
