@@ -137,3 +137,22 @@ def test_ctrl_c_is_one_line_naming_how_to_continue(dataset, tmp_path):
 
     code, lines = stopped_by(signal.SIGINT, dataset, tmp_path / "run", 100000)
     assert code == 130 and len(lines) == 1 and "by Ctrl-C" in lines[0], lines
+
+
+def test_an_export_off_a_terminal_writes_no_progress_bars(tmp_path, capsys):
+    """transformers' "Writing model shards" bars appeared in logs off a terminal (here stderr is captured: not a
+    terminal); the export writes none, and leaves the bars of an interactive session as they were."""
+    from transformers import BertConfig
+    from transformers.utils import logging as hf_logging
+
+    from bert_ipu.models.bert import PackedBertForPreTraining
+    from bert_ipu.models.hf_io import export_model
+
+    config = BertConfig(vocab_size=30, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=16, max_position_embeddings=16)
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *[f"w{i}" for i in range(25)]]) + "\n")
+    assert hf_logging.is_progress_bar_enabled()
+    export_model(PackedBertForPreTraining(config), tmp_path / "hf", vocab, card={"task": "test"})
+    assert "Writing model shards" not in capsys.readouterr().err
+    assert hf_logging.is_progress_bar_enabled()

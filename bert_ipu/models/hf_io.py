@@ -21,10 +21,12 @@ at any point leaves the previous FOLDER as it was and no half-written FOLDER.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -69,11 +71,28 @@ def from_hf(cls, hf_class, path, hf_kwargs: dict, kwargs: dict):
     return model
 
 
+@contextlib.contextmanager
+def quiet_off_terminal():
+    """transformers' progress bars ("Writing model shards") off while stderr is not a terminal: in a log file
+    they are only noise (carriage returns and bar glyphs)."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    if not sys.stderr.isatty():
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
+
+
 def save_as_hf(model: nn.Module, hf_class, path) -> None:
     """Write `model` as a folder that `hf_class.from_pretrained` loads (same names, strict)."""
     hf = hf_class(model.config)
     hf.load_state_dict(model.state_dict(), strict=True)
-    hf.save_pretrained(str(path))
+    with quiet_off_terminal():
+        hf.save_pretrained(str(path))
 
 
 # --- exports ---------------------------------------------------------------------------------------------------
@@ -282,7 +301,8 @@ def _write_export(model, folder: Path, vocab_file: Path | None, lowercase: bool,
             _write_tokenizer(partial, vocab_file, lowercase, max_length)
         else:
             tokenizer.save_pretrained(str(partial))
-        model.save_pretrained(partial)  # keeps config.id2label / label2id: they are in the model's config
+        with quiet_off_terminal():
+            model.save_pretrained(partial)  # keeps config.id2label / label2id: they are in the model's config
         if not (partial / "config.json").exists():
             raise RuntimeError(f"{type(model).__name__}.save_pretrained wrote no config.json")
         (partial / "README.md").write_text(text, encoding="utf-8")
