@@ -97,6 +97,7 @@ class _Initialised:
 
     def __init__(self, fn, initializer, initargs, token: str):
         self.fn, self.initializer, self.initargs, self.token = fn, initializer, initargs, token
+        self.__name__ = fn.__name__  # what Dask names its tasks after (fn-<hash>, on its dashboard and in its logs)
 
     def __call__(self, item):
         with _READY_LOCK:
@@ -122,8 +123,10 @@ class DaskEngine:
                               "requirements.txt (or use --engine local)") from None
         self.address, self.cluster = address, None
         if address is None:
+            # ":0": the scheduler's HTTP server (always started) on a free port, not 8787 that another cluster of
+            # this machine may hold (Dask would warn and move anyway)
             self.cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                                        dashboard_address=None, silence_logs=logging.ERROR)
+                                        dashboard_address=":0", silence_logs=logging.ERROR)
             self.client = Client(self.cluster, set_as_default=False)
             self.where = f"the local Dask cluster of {workers} worker(s)"
         else:

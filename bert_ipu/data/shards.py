@@ -161,8 +161,9 @@ class DatasetWriter:
 
 def write_shard_files(folder: Path, arrays: dict[str, np.ndarray], layout: PackLayout) -> dict:
     """One shard's .npy files (FIELDS, then DERIVED) into the new `folder`: its manifest entry, less its name.
-    Any process may run it (the packing step's workers do), the writer records the entries in order."""
-    folder.mkdir(parents=True)
+    Any process may run it (the packing step's workers do), the writer records the entries in order. A task run
+    again after its worker was killed mid-write finds the folder of its first try: it rewrites every file whole."""
+    folder.mkdir(parents=True, exist_ok=True)
     packs = len(arrays["input_ids"])
     paths = []
     for field in FIELDS:
