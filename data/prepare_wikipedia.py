@@ -14,8 +14,10 @@ infoboxes, tables, references, files and images, categories, comments and HTML t
 kept, headings dropped, list items as paragraphs; split into sentences with sentencex.
 
 Output: OUTPUT/wiki-00000.txt, wiki-00001.txt, ... (one sentence per line, a blank line between articles,
---docs-per-shard articles each), identical for any --workers and --engine; OUTPUT/wikipedia.json, the manifest (counts of
-pages, articles, redirects, disambiguation pages, other namespaces, empty articles; shards; seconds), last.
+--docs-per-shard articles each), identical for any --workers and --engine; OUTPUT/wikipedia.json, the manifest
+(counts of pages, articles, redirects, disambiguation pages, other namespaces, empty articles; shards; seconds), last.
+--engine dask runs the cleaning on a Dask cluster (the one at --address, or a local one of --workers processes); this
+process still reads the dump and writes the shards.
 
 Interrupted? Run the same command again: complete shards (recorded in OUTPUT/progress.json) are kept and
 the output is the same as an uninterrupted run's. Errors (bad input, an --output that is a file or holds
