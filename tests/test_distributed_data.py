@@ -258,3 +258,72 @@ def test_a_bad_address_is_one_line_and_writes_nothing(local, tmp_path, capsys, m
     assert capsys.readouterr().err == ("error: --address nowhere: expected HOST:PORT of a Dask scheduler "
                                        "(e.g. 10.0.0.1:8786)\n")
     assert list(tmp_path.iterdir()) == []
+
+
+def one_worker_cluster(allowed_failures: int = 3) -> LocalCluster:
+    import dask
+
+    with dask.config.set({"distributed.scheduler.allowed-failures": allowed_failures}):
+        return LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0",
+                            silence_logs=logging.ERROR)
+
+
+def test_a_cluster_that_goes_away_or_kills_every_try_is_one_line(local, tmp_path, capfd, monkeypatch):
+    """The scheduler stopped during a step: text -> instances (the command) is one line naming it, exit 2, and
+    leaves no dataset; dump -> text keeps its complete shard for a rerun and writes no manifest (nothing left as
+    done), and the rerun on another cluster gives the same bytes. A piece that kills its worker on every try
+    (allowed-failures 0 here: the first death is final): one line, exit 2, no dataset."""
+    doomed = one_worker_cluster()
+    address = doomed.scheduler_address
+    real_write = DatasetWriter.write_shard
+
+    def write_then_stop_the_cluster(self, split, arrays):
+        doomed.close()
+        return real_write(self, split, arrays)
+
+    monkeypatch.setattr(DatasetWriter, "write_shard", write_then_stop_the_cluster)
+    try:
+        code = create_cli.main(["--output", str(tmp_path / "instances"), "--docs-per-shard", "50", "--engine", "dask",
+                                "--address", address])
+    finally:
+        doomed.close()
+    monkeypatch.undo()
+    captured = capfd.readouterr()
+    assert code == 2 and captured.err.startswith(f"error: lost the Dask scheduler at {address} ("), captured.err
+    assert captured.err.count("\n") == 1 and "run the same command again" in captured.err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["instances.lock"]
+
+    doomed = one_worker_cluster()
+    out = tmp_path / "wiki"
+    original = wiki_writer._commit_shard
+
+    def commit_then_stop_the_cluster(output, identity, shards):
+        original(output, identity, shards)
+        doomed.close()
+
+    monkeypatch.setattr(wiki_writer, "_commit_shard", commit_then_stop_the_cluster)
+    try:
+        with pytest.raises(jobs.EngineError, match=f"lost the Dask scheduler at {doomed.scheduler_address}"):
+            prepare(TINY, out, docs_per_shard=2, progress=False, batch_bytes=1, engine="dask",
+                    address=doomed.scheduler_address)
+    finally:
+        doomed.close()
+    monkeypatch.undo()
+    assert sorted(p.name for p in out.iterdir()) == [PROGRESS, "wiki-00000.txt"]
+    prepare(TINY, out, docs_per_shard=2, progress=False, batch_bytes=1, engine="dask", workers=1)
+    assert digests(out, ignore={"resumed_shards"}) == digests(local / "wiki", ignore={"resumed_shards"})
+
+    fragile = one_worker_cluster(allowed_failures=0)
+    try:
+        with Client(fragile, set_as_default=False) as client:
+            client.register_plugin(KillOnce(str(tmp_path / "killed"), "_write_packed_shard", after=1), name="kill")
+            code = pack_cli.main(["--input", str(local / "instances"), "--output", str(tmp_path / "packed"),
+                                  "--engine", "dask", "--address", fragile.scheduler_address])
+    finally:
+        fragile.close()
+    captured = capfd.readouterr()
+    assert code == 2 and captured.err.count("\n") == 1, captured.err
+    assert captured.err.startswith("error: a piece of work was lost with its worker on every try on the Dask "
+                                   f"scheduler at {fragile.scheduler_address} (_write_packed_shard-")
+    assert "out of memory?" in captured.err and "--packs-per-shard" in captured.err
+    assert not (tmp_path / "packed").exists() and not (tmp_path / "packed.partial").exists()
