@@ -327,3 +327,26 @@ def test_a_cluster_that_goes_away_or_kills_every_try_is_one_line(local, tmp_path
                                    f"scheduler at {fragile.scheduler_address} (_write_packed_shard-")
     assert "out of memory?" in captured.err and "--packs-per-shard" in captured.err
     assert not (tmp_path / "packed").exists() and not (tmp_path / "packed.partial").exists()
+
+
+def test_the_library_and_the_local_engine_need_no_dask(local, tmp_path):
+    """Dask is imported by --engine dask only: with `distributed` unimportable, the data modules import, the local
+    engine runs a step, and --engine dask is one line saying what to install."""
+    code = (
+        "import sys; sys.modules['distributed'] = None; sys.modules['dask'] = None\n"  # import of either fails
+        "import bert_ipu.data.pipeline, bert_ipu.data.wikipedia\n"
+        "from bert_ipu.data.pipeline import pack_pretraining_data\n"
+        f"pack_pretraining_data({str(local / 'instances')!r}, {str(tmp_path / 'packed')!r}, packs_per_shard=500, "
+        "progress=False, workers=2)\n"
+        "script, src, dst = sys.argv[1:]\n"
+        "sys.argv = ['pack', '--input', src, '--output', dst, '--engine', 'dask']\n"
+        "import runpy; runpy.run_path(script, run_name='__main__')\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    run = subprocess.run([sys.executable, "-c", code, str(ROOT / "data" / "pack_pretraining_data.py"),
+                          str(local / "instances"), str(tmp_path / "other")],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 2 and run.stdout == "", (run.stdout, run.stderr)
+    assert run.stderr == ("error: --engine dask needs the dask and distributed packages: pip install -r "
+                          "requirements.txt (or use --engine local)\n")
+    assert digests(tmp_path / "packed") == digests(local / "packed")  # 2 local workers: the same bytes
+    assert not (tmp_path / "other").exists()
