@@ -29,6 +29,18 @@ import sys
 
 from bert_ipu.data.jobs import EngineError, add_engine_arguments
 from bert_ipu.data.wikipedia import DEFAULT_DOCS_PER_SHARD, WikipediaError, prepare
+from bert_ipu.data.wikipedia.writer import DEFAULT_BATCH_BYTES
+
+
+def positive_mb(text: str) -> float:
+    """argparse type of --batch-mb: a size in MB (MiB), more than 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size in MB above 0")
+    return value
 
 
 def main(argv=None) -> int:
@@ -40,6 +52,9 @@ def main(argv=None) -> int:
     p.add_argument("--workers", type=int, default=1, help="processes that clean and split (the output does "
                    "not depend on it; the main process reads the dump and writes)")
     add_engine_arguments(p)
+    p.add_argument("--batch-mb", type=positive_mb, default=DEFAULT_BATCH_BYTES / 2**20, metavar="MB",
+                   help="wikitext in a worker's piece of work (default 0.5; on a large cluster larger pieces cost the "
+                        "scheduler less: see docs/data.md; the output does not depend on it)")
     p.add_argument("--docs-per-shard", type=int, default=DEFAULT_DOCS_PER_SHARD,
                    help=f"articles per shard (default {DEFAULT_DOCS_PER_SHARD})")
     p.add_argument("--overwrite", action="store_true", help="start over instead of resuming what DIR holds")
@@ -49,7 +64,7 @@ def main(argv=None) -> int:
         manifest = prepare(args.dump or args.hf_dataset, args.output, args.workers, args.docs_per_shard,
                            progress=not args.quiet, overwrite=args.overwrite,
                            source_type="dump" if args.dump else "hf-dataset", engine=args.engine,
-                           address=args.address)
+                           address=args.address, batch_bytes=max(1, round(args.batch_mb * 2**20)))
     except (WikipediaError, EngineError) as e:
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2

@@ -35,6 +35,7 @@ from bert_ipu.data.wikipedia import writer as wiki_writer  # noqa: E402
 
 import create_pretraining_data as create_cli  # noqa: E402  data/ scripts, on sys.path via conftest
 import pack_pretraining_data as pack_cli  # noqa: E402
+import prepare_wikipedia as wiki_cli  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = Path(__file__).resolve().parent / "fixtures" / "wiki" / "tiny.xml"
@@ -121,12 +122,19 @@ def assert_same(out: Path, local: Path) -> None:
 
 def test_each_step_on_dask_writes_the_same_bytes_as_the_local_pool(cluster, local, tmp_path, capsys):
     """Dump -> text, text -> instances and instances -> packs on the cluster at --address: every file the same
-    bytes as the local pool's (shards, vocab, progress record, manifests less their timings); and the packing
-    command with a local cluster of its own (no --address) too, with its progress off a terminal: pieces of
-    the total and MB/s."""
+    bytes as the local pool's (shards, vocab, progress record, manifests less their timings), through the API and
+    through prepare_wikipedia's command line; and the packing command with a local cluster of its own (no
+    --address) too, with its progress off a terminal: pieces of the total and MB/s."""
     run_steps(tmp_path / "at_address", local, engine="dask", address=cluster[0].scheduler_address)
     assert_same(tmp_path / "at_address", local)
     assert len(digests(local / "packed")) == 11 * 8 + 2  # many pieces: 10 train shards, 1 validation, 8 files each
+
+    assert wiki_cli.main(["--dump", str(TINY), "--output", str(tmp_path / "cli" / "wiki"), "--docs-per-shard", "2",
+                          "--batch-mb", "1e-6", "--engine", "dask", "--address",
+                          cluster[0].scheduler_address]) == 0
+    assert digests(tmp_path / "cli" / "wiki") == digests(local / "wiki")
+    err = capsys.readouterr().err.strip().splitlines()  # --batch-mb 1e-6: an article a piece (the default: 1 piece)
+    assert err[-1].startswith("tiny.xml -> text: 7 pieces, ") and "(100.0%)" in err[-1] and " MB/s" in err[-1], err
 
     assert pack_cli.main(["--input", str(local / "instances"), "--output", str(tmp_path / "own" / "packed"),
                           "--packs-per-shard", "500", "--engine", "dask", "--workers", "2"]) == 0

@@ -41,6 +41,7 @@ PROGRESS = "progress.json"
 SHARD = "wiki-{:05d}.txt"
 _SHARD_RE = re.compile(r"^wiki-\d{5,}\.txt(\.partial)?$")
 DEFAULT_DOCS_PER_SHARD = 10000
+DEFAULT_BATCH_BYTES = 1 << 19  # wikitext a piece of work holds (0.5 MB)
 LICENSE = "the dump's licence (Wikipedia text: CC BY-SA 4.0 and GFDL)"
 
 
@@ -181,11 +182,13 @@ def _check_output(output: Path, identity: dict, overwrite: bool) -> list[dict]:
 
 def prepare(dump_or_dataset: str | Path, output: str | Path, workers: int = 1,
             docs_per_shard: int = DEFAULT_DOCS_PER_SHARD, progress: bool = True, overwrite: bool = False,
-            source_type: str | None = None, batch_bytes: int = 1 << 19, engine: str = "local",
+            source_type: str | None = None, batch_bytes: int = DEFAULT_BATCH_BYTES, engine: str = "local",
             address: str | None = None) -> dict:
     """A MediaWiki XML dump (file) or a Hugging Face wikipedia dataset (folder saved with save_to_disk) ->
     OUTPUT/wiki-NNNNN.txt in BERT's text format and OUTPUT/wikipedia.json. Returns the manifest.
 
+    batch_bytes: the wikitext of a piece of work (a worker's task; at most batch_bytes / 1 KB articles, and 512
+    whatever the size): larger pieces cost the scheduler less on a large cluster (see docs/data.md).
     workers: processes that clean and split (the output does not depend on it); engine, address: where they run
     (`jobs.open_engine`: "local" processes, or "dask": the scheduler at address, or a local Dask cluster of
     `workers`); the main process reads the source and writes the shards in order. source_type: "dump" or
@@ -263,7 +266,7 @@ def _prepare(source: Path, output: Path, kind: str, size: int, identity: dict, o
                     continue
                 batch.append((index, page.text))
                 batch_size += len(page.text)
-                if batch_size >= batch_bytes or len(batch) >= 512:
+                if batch_size >= batch_bytes or len(batch) >= max(512, batch_bytes >> 10):  # 1 KB an article
                     yield text_kind, batch
                     batch, batch_size = [], 0
         if batch:
