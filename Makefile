@@ -16,7 +16,7 @@ help:
 	@echo "make        set up $(VENV) and build the custom op ($(OPS_LIB))"
 	@echo "make run    ... then the main job: pretrain a small packed BERT on the built-in corpus (CPU, minutes)"
 	@echo "make report ... the packing report on the shipped histograms and the built-in corpus"
-	@echo "make wikipedia DUMP=FILE  ... a Wikipedia dump -> packed shards -> BERT-large phase 1 and phase 2"
+	@echo "make wikipedia DUMP=FILE  ... a Wikipedia dump -> packed shards -> BERT-large phase 1 and phase 2 [ENGINE=dask [ADDRESS=HOST:PORT]]"
 	@echo "make test   ... then the tests"
 	@echo "make coverage  ... the tests under coverage.py: line coverage of bert_ipu/, subprocesses included"
 	@echo "make bench  packing and model benchmarks (print figures)"
