@@ -234,7 +234,8 @@ def free_port() -> int:
 def test_a_bad_address_is_one_line_and_writes_nothing(local, tmp_path, capsys, monkeypatch):
     """--address where no scheduler listens: each command exits 2 with one line on stderr naming the address and
     the fix, and writes nothing (no output, no lock, no temporary folder). Run as real processes: the line is
-    all of stderr, whatever Dask logs. --address without --engine dask, and one that is not HOST:PORT: one line."""
+    all of stderr, whatever Dask logs. A scheduler without workers, --address without --engine dask, and one that
+    is not HOST:PORT: one line each."""
     address = f"127.0.0.1:{free_port()}"  # nothing listens there
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     out = tmp_path / "out"
@@ -261,6 +262,15 @@ def test_a_bad_address_is_one_line_and_writes_nothing(local, tmp_path, capsys, m
     assert create_cli.main(["--output", str(out), "--address", address]) == 2
     err = capsys.readouterr().err
     assert err == f"error: --address {address} names a Dask scheduler: add --engine dask (or leave out --address)\n"
+    empty = small_cluster(workers=0)  # a scheduler without workers: the step would wait for ever
+    monkeypatch.setattr(jobs, "CONNECT_TIMEOUT", 1.0)
+    try:
+        assert create_cli.main(["--output", str(out), "--engine", "dask", "--address", empty.scheduler_address]) == 2
+    finally:
+        empty.close()
+    assert capsys.readouterr().err == (f"error: the Dask scheduler at {empty.scheduler_address} has no workers (none "
+                                       f"within 1 s): start them there (`dask worker {empty.scheduler_address}` on "
+                                       "each machine)\n")
     assert pack_cli.main(["--input", str(local / "instances"), "--output", str(out), "--engine", "dask",
                           "--address", "nowhere"]) == 2
     assert capsys.readouterr().err == ("error: --address nowhere: expected HOST:PORT of a Dask scheduler "
@@ -268,11 +278,11 @@ def test_a_bad_address_is_one_line_and_writes_nothing(local, tmp_path, capsys, m
     assert list(tmp_path.iterdir()) == []
 
 
-def one_worker_cluster(allowed_failures: int = 3) -> LocalCluster:
+def small_cluster(allowed_failures: int = 3, workers: int = 1) -> LocalCluster:
     import dask
 
     with dask.config.set({"distributed.scheduler.allowed-failures": allowed_failures}):
-        return LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0",
+        return LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0",
                             silence_logs=logging.ERROR)
 
 
@@ -281,7 +291,7 @@ def test_a_cluster_that_goes_away_or_kills_every_try_is_one_line(local, tmp_path
     leaves no dataset; dump -> text keeps its complete shard for a rerun and writes no manifest (nothing left as
     done), and the rerun on another cluster gives the same bytes. A piece that kills its worker on every try
     (allowed-failures 0 here: the first death is final): one line, exit 2, no dataset."""
-    doomed = one_worker_cluster()
+    doomed = small_cluster()
     address = doomed.scheduler_address
     real_write = DatasetWriter.write_shard
 
@@ -301,7 +311,7 @@ def test_a_cluster_that_goes_away_or_kills_every_try_is_one_line(local, tmp_path
     assert captured.err.count("\n") == 1 and "run the same command again" in captured.err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["instances.lock"]
 
-    doomed = one_worker_cluster()
+    doomed = small_cluster()
     out = tmp_path / "wiki"
     original = wiki_writer._commit_shard
 
@@ -321,7 +331,7 @@ def test_a_cluster_that_goes_away_or_kills_every_try_is_one_line(local, tmp_path
     prepare(TINY, out, docs_per_shard=2, progress=False, batch_bytes=1, engine="dask", workers=1)
     assert digests(out, ignore={"resumed_shards"}) == digests(local / "wiki", ignore={"resumed_shards"})
 
-    fragile = one_worker_cluster(allowed_failures=0)
+    fragile = small_cluster(allowed_failures=0)
     try:
         with Client(fragile, set_as_default=False) as client:
             client.register_plugin(KillOnce(str(tmp_path / "killed"), "_write_packed_shard", after=1), name="kill")

@@ -125,13 +125,23 @@ class DaskEngine:
         if address is None:
             # ":0": the scheduler's HTTP server (always started) on a free port, not 8787 that another cluster of
             # this machine may hold (Dask would warn and move anyway)
-            self.cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                                        dashboard_address=":0", silence_logs=logging.ERROR)
+            try:
+                self.cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                                            dashboard_address=":0", silence_logs=logging.ERROR)
+            except Exception as e:  # Dask raises RuntimeError, OSError, TimeoutError for a cluster that cannot start
+                raise EngineError(f"could not start a local Dask cluster of {workers} worker(s) ({type(e).__name__}: "
+                                  f"{_first_line(e)}); use --engine local, or --address of a running cluster") from None
             self.client = Client(self.cluster, set_as_default=False)
             self.where = f"the local Dask cluster of {workers} worker(s)"
         else:
             self.client = _connect(Client, address)
             self.where = f"the Dask scheduler at {address}"
+            try:  # tasks would wait forever on a scheduler without workers
+                self.client.wait_for_workers(1, timeout=CONNECT_TIMEOUT)
+            except TimeoutError:
+                self.client.close()
+                raise EngineError(f"the Dask scheduler at {address} has no workers (none within {CONNECT_TIMEOUT:.0f} "
+                                  f"s): start them there (`dask worker {address}` on each machine)") from None
         self.workers = max(1, sum(self.client.nthreads().values()))
 
     def map(self, fn, items, in_flight: int | None = None, initializer=None, initargs=()):
@@ -158,8 +168,8 @@ class DaskEngine:
             return future.result()
         except KilledWorker as e:
             raise EngineError(f"a piece of work was lost with its worker on every try on {self.where} ({e.task}; "
-                              "out of memory?): give the workers more memory, or smaller pieces (--docs-per-shard, "
-                              "--packs-per-shard)") from None
+                              "out of memory?): give the workers more memory, or smaller pieces (--batch-mb, "
+                              "--docs-per-shard, --packs-per-shard)") from None
         except Exception as e:
             if future.status == "error":  # the task itself raised: the job's own error, unchanged
                 raise
