@@ -16,7 +16,7 @@ help:
 	@echo "make        set up $(VENV) and build the custom op ($(OPS_LIB))"
 	@echo "make run    ... then the main job: pretrain a small packed BERT on the built-in corpus (CPU, minutes)"
 	@echo "make report ... the packing report on the shipped histograms and the built-in corpus"
-	@echo "make wikipedia DUMP=FILE  ... a Wikipedia dump -> packed shards -> BERT-large phase 1 and phase 2"
+	@echo "make wikipedia DUMP=FILE  ... a Wikipedia dump -> packed shards -> BERT-large phase 1 and phase 2 [ENGINE=dask [ADDRESS=HOST:PORT]]"
 	@echo "make test   ... then the tests"
 	@echo "make coverage  ... the tests under coverage.py: line coverage of bert_ipu/, subprocesses included"
 	@echo "make bench  packing and model benchmarks (print figures)"
@@ -45,22 +45,26 @@ run: ops
 
 # the real-data chain: a Wikipedia dump -> text -> instances at 128 and 512 -> packed shards -> phase 1 at 128 ->
 # phase 2 at 512 from phase 1's export. make wikipedia DUMP=enwiki-...-pages-articles.xml.bz2 [WORKERS=8]
-# [STAGES=4|1] [ARGS="train.max_steps=..."]; every step skips what an earlier run completed.
+# [STAGES=4|1] [ARGS="train.max_steps=..."] [ENGINE=dask [ADDRESS=HOST:PORT]]; every step skips what an earlier run
+# completed. ENGINE=dask runs the three data steps on a Dask cluster: the one at ADDRESS, or a local one of WORKERS.
 DUMP    ?=
 WORKERS ?= 2
+ENGINE  ?= local
+ADDRESS ?=
+DATA_ENGINE := --workers $(WORKERS) --engine $(ENGINE) $(if $(ADDRESS),--address $(ADDRESS),)
 STAGES  ?= 4
 VALIDATION ?= 0.02
 WIKI    := $(RUNS)/data/wikipedia
 STAGE_ARGS := parallel.pipeline_stages=$(STAGES) $(if $(filter 4,$(STAGES)),,parallel.layers_per_stage=null)
 wikipedia: ops
-	@test -n "$(DUMP)" || { echo "usage: make wikipedia DUMP=enwiki-...-pages-articles.xml.bz2 [WORKERS=N] [STAGES=4|1]"; exit 2; }
-	$(PY) data/prepare_wikipedia.py --dump $(DUMP) --output $(WIKI)_text --workers $(WORKERS)
+	@test -n "$(DUMP)" || { echo "usage: make wikipedia DUMP=enwiki-...-pages-articles.xml.bz2 [WORKERS=N] [STAGES=4|1] [ENGINE=dask [ADDRESS=HOST:PORT]]"; exit 2; }
+	$(PY) data/prepare_wikipedia.py --dump $(DUMP) --output $(WIKI)_text $(DATA_ENGINE)
 	for S in 128 512; do \
 	  test -f $(WIKI)_$${S}_instances/manifest.json || $(PY) data/create_pretraining_data.py --input $(WIKI)_text \
-	    --output $(WIKI)_$${S}_instances --max-seq-length $$S --workers $(WORKERS) \
+	    --output $(WIKI)_$${S}_instances --max-seq-length $$S $(DATA_ENGINE) \
 	    --validation-fraction $(VALIDATION) || exit $$?; \
 	  test -f $(WIKI)_$${S}_packed/manifest.json || $(PY) data/pack_pretraining_data.py \
-	    --input $(WIKI)_$${S}_instances --output $(WIKI)_$${S}_packed || exit $$?; \
+	    --input $(WIKI)_$${S}_instances --output $(WIKI)_$${S}_packed $(DATA_ENGINE) || exit $$?; \
 	done
 	$(PY) run_pretraining.py --config pretrain_large_128_packed $(STAGE_ARGS) $(ARGS)
 	$(PY) run_pretraining.py --config pretrain_large_512_packed $(STAGE_ARGS) $(ARGS)

@@ -2,6 +2,7 @@
 
     python data/create_pretraining_data.py --output data/instances_128                  # built-in corpus
     python data/create_pretraining_data.py --input wiki/*.txt --output out --max-seq-length 512 --workers 2
+    python data/create_pretraining_data.py --input wiki/ --output out --engine dask --address 10.0.0.1:8786
 
 Input: files or folders of BERT's text format (.txt: one sentence per line, blank line between documents),
 raw documents (--raw: one document per file) or JSON lines (.jsonl with a "text" field); default: the
@@ -12,6 +13,7 @@ import argparse
 import sys
 
 from bert_ipu.data.instances import InstanceConfig
+from bert_ipu.data.jobs import EngineError, add_engine_arguments
 from bert_ipu.data.pipeline import create_pretraining_data
 from bert_ipu.data.shards import DatasetError
 from bert_ipu.data.text import BUILTIN, DataInputError, at_least
@@ -34,6 +36,7 @@ def main(argv=None) -> int:
     p.add_argument("--dupe-factor", type=at_least(1), default=1, help="passes over the input with different masks")
     p.add_argument("--seed", type=at_least(0), default=12345)
     p.add_argument("--workers", type=at_least(1), default=1, help="worker processes (output does not depend on it)")
+    add_engine_arguments(p)
     p.add_argument("--docs-per-shard", type=at_least(1), default=2000, help="documents per chunk (= per shard)")
     p.add_argument("--validation-fraction", type=float, default=0.02, help="documents held out for validation")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
@@ -43,8 +46,8 @@ def main(argv=None) -> int:
                                 args.max_predictions_per_seq, args.whole_word_masking, args.dupe_factor, args.seed)
         manifest = create_pretraining_data(args.input, args.output, config, args.vocab, args.train_vocab, args.raw,
                                            args.workers, args.docs_per_shard, args.validation_fraction,
-                                           args.overwrite)
-    except (DataInputError, DatasetError) as e:
+                                           args.overwrite, engine=args.engine, address=args.address)
+    except (DataInputError, DatasetError, EngineError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     c, t = manifest["counts"], manifest["text"]

@@ -2,6 +2,7 @@
 
     python data/pack_pretraining_data.py --input data/instances_128 --output data/packed_128
     python data/pack_pretraining_data.py --input data/instances_128 --output data/unpacked_128 --algorithm none
+    python data/pack_pretraining_data.py --input inst_512 --output packed_512 --engine dask --address 10.0.0.1:8786
 
 Histogram of the instance lengths -> bert_ipu.packing (default: CGHP, at most 3 sequences a pack; N, max or
 auto) -> assignment of every instance to one pack -> shards in the packed layout (MLM tokens first, [CLS]
@@ -11,6 +12,7 @@ tokens last; as many NSP slots as the fullest pack holds). Inspect the result wi
 import argparse
 import sys
 
+from bert_ipu.data.jobs import EngineError, add_engine_arguments
 from bert_ipu.data.pipeline import pack_pretraining_data
 from bert_ipu.data.shards import DatasetError
 from bert_ipu.data.text import DataInputError, at_least
@@ -36,12 +38,16 @@ def main(argv=None) -> int:
                         "which CGHP needs no more packs than unlimited (on the train split) (default: 3)")
     p.add_argument("--seed", type=at_least(0), default=0, help="assignment shuffle (and GREEDY's)")
     p.add_argument("--packs-per-shard", type=at_least(1), default=4096)
+    p.add_argument("--workers", type=at_least(1), default=1, help="processes that read the lengths and write the "
+                   "shards (the output does not depend on it); the packing is solved in the main process")
+    add_engine_arguments(p)
     p.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
     args = p.parse_args(argv)
     try:
         manifest = pack_pretraining_data(args.input, args.output, args.algorithm, args.max_sequences_per_pack,
-                                         args.seed, args.packs_per_shard, args.overwrite)
-    except (DataInputError, DatasetError, PackingInputError) as e:
+                                         args.seed, args.packs_per_shard, args.overwrite, workers=args.workers,
+                                         engine=args.engine, address=args.address)
+    except (DataInputError, DatasetError, PackingInputError, EngineError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     for split, info in manifest["packing"].items():

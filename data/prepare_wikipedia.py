@@ -2,6 +2,7 @@
 
     python data/prepare_wikipedia.py --dump enwiki-latest-pages-articles.xml.bz2 --output wiki/ --workers 8
     python data/prepare_wikipedia.py --hf-dataset wikipedia_en/ --output wiki/        # a save_to_disk folder
+    python data/prepare_wikipedia.py --dump enwiki-...xml.bz2 --output wiki/ --engine dask --address 10.0.0.1:8786
     python data/create_pretraining_data.py --input wiki/ --output inst_128 --max-seq-length 128
 
 Input: a MediaWiki XML dump (https://dumps.wikimedia.org/enwiki/latest/, the pages-articles file; plain
@@ -13,8 +14,10 @@ infoboxes, tables, references, files and images, categories, comments and HTML t
 kept, headings dropped, list items as paragraphs; split into sentences with sentencex.
 
 Output: OUTPUT/wiki-00000.txt, wiki-00001.txt, ... (one sentence per line, a blank line between articles,
---docs-per-shard articles each), identical for any --workers; OUTPUT/wikipedia.json, the manifest (counts of
-pages, articles, redirects, disambiguation pages, other namespaces, empty articles; shards; seconds), last.
+--docs-per-shard articles each), identical for any --workers and --engine; OUTPUT/wikipedia.json, the manifest
+(counts of pages, articles, redirects, disambiguation pages, other namespaces, empty articles; shards; seconds), last.
+--engine dask runs the cleaning on a Dask cluster (the one at --address, or a local one of --workers processes); this
+process still reads the dump and writes the shards.
 
 Interrupted? Run the same command again: complete shards (recorded in OUTPUT/progress.json) are kept and
 the output is the same as an uninterrupted run's. Errors (bad input, an --output that is a file or holds
@@ -24,7 +27,20 @@ other files) are one line and exit code 2, and leave no shard or manifest behind
 import argparse
 import sys
 
+from bert_ipu.data.jobs import EngineError, add_engine_arguments
 from bert_ipu.data.wikipedia import DEFAULT_DOCS_PER_SHARD, WikipediaError, prepare
+from bert_ipu.data.wikipedia.writer import DEFAULT_BATCH_BYTES
+
+
+def positive_mb(text: str) -> float:
+    """argparse type of --batch-mb: a size in MB (MiB), more than 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size in MB above 0")
+    return value
 
 
 def main(argv=None) -> int:
@@ -35,6 +51,10 @@ def main(argv=None) -> int:
     p.add_argument("--output", required=True, metavar="DIR", help="folder for the shards (created)")
     p.add_argument("--workers", type=int, default=1, help="processes that clean and split (the output does "
                    "not depend on it; the main process reads the dump and writes)")
+    add_engine_arguments(p)
+    p.add_argument("--batch-mb", type=positive_mb, default=DEFAULT_BATCH_BYTES / 2**20, metavar="MB",
+                   help="wikitext in a worker's piece of work (default 0.5; on a large cluster larger pieces cost the "
+                        "scheduler less: see docs/data.md; the output does not depend on it)")
     p.add_argument("--docs-per-shard", type=int, default=DEFAULT_DOCS_PER_SHARD,
                    help=f"articles per shard (default {DEFAULT_DOCS_PER_SHARD})")
     p.add_argument("--overwrite", action="store_true", help="start over instead of resuming what DIR holds")
@@ -43,8 +63,9 @@ def main(argv=None) -> int:
     try:
         manifest = prepare(args.dump or args.hf_dataset, args.output, args.workers, args.docs_per_shard,
                            progress=not args.quiet, overwrite=args.overwrite,
-                           source_type="dump" if args.dump else "hf-dataset")
-    except WikipediaError as e:
+                           source_type="dump" if args.dump else "hf-dataset", engine=args.engine,
+                           address=args.address, batch_bytes=max(1, round(args.batch_mb * 2**20)))
+    except (WikipediaError, EngineError) as e:
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -8,6 +8,6 @@ loaders every task trains with.
     pipeline.py    create_pretraining_data and pack_pretraining_data (data/*.py are their command lines)
     loader.py      UpdateLoader (whole updates, the same on any topology), ShardSource, ArraySource, PackedLoader
     contiguous.py  whole sequences back to back (the fine-tuning tasks' rows)
-    jobs.py        worker pools that keep order and fail when a worker dies; library versions for manifests
+    jobs.py        engines (local pool, Dask) whose maps keep order; driver progress; library versions for manifests
     wikipedia/     a Wikipedia dump -> text, resumable
 """

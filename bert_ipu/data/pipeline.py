@@ -17,10 +17,10 @@ import numpy as np
 
 from .. import packing
 from .instances import InstanceConfig, WordPiece, create_instances, default_vocab, mlm_slots_for, train_vocab
-from .jobs import library_versions, ordered_map, worker_pool
+from .jobs import Progress, library_versions, open_engine
 from .layout import PackLayout, lengths_of, pack_instances, pack_rows, stack_packs
-from .shards import DatasetError, DatasetWriter, PackedDataset, gather
-from .text import BUILTIN, BUILTIN_LICENSE, DataInputError, TextStats, read_documents
+from .shards import DatasetError, DatasetWriter, PackedDataset, gather, write_shard_files
+from .text import BUILTIN, BUILTIN_LICENSE, DataInputError, TextStats, input_files, read_documents
 
 _WORKER: dict = {}
 
@@ -38,6 +38,13 @@ def _chunks(documents, size):
             chunk = []
     if chunk:
         yield chunk
+
+
+def _input_bytes(inputs: list[str]) -> int | None:
+    """The size of the input files, what the progress line counts towards (None for the built-in corpus)."""
+    if inputs == [BUILTIN]:
+        return None
+    return sum(p.stat().st_size for p in input_files(inputs) if p.is_file()) or None
 
 
 def _init_worker(vocab: str, config: InstanceConfig, validation_fraction: float) -> None:
@@ -81,10 +88,12 @@ def no_instances_reason(stats: TextStats, counts: dict) -> str:
 def create_pretraining_data(inputs: list[str], output: str | Path, config: InstanceConfig, vocab: str | None = None,
                             train_vocab_size: int | None = None, raw: bool = False, workers: int = 1,
                             docs_per_shard: int = 2000, validation_fraction: float = 0.02, overwrite: bool = False,
-                            progress: bool = True) -> dict:
-    """Text -> unpacked instances (packs of one) in the shard format. Returns the manifest."""
-    from tqdm import tqdm
+                            progress: bool = True, engine: str = "local", address: str | None = None) -> dict:
+    """Text -> unpacked instances (packs of one) in the shard format. Returns the manifest.
 
+    The main process reads the text and writes the shards in order; chunks of `docs_per_shard` documents are
+    turned into instances by `workers` processes of the `engine` (`jobs.open_engine`: "local", or "dask" on the
+    scheduler at `address` or a local Dask cluster). The output does not depend on the engine or its workers."""
     if docs_per_shard < 1 or workers < 1 or not 0 <= validation_fraction < 1:
         raise DataInputError("docs_per_shard and workers must be >= 1 and validation_fraction in [0, 1)")
     output = Path(output)
@@ -95,7 +104,9 @@ def create_pretraining_data(inputs: list[str], output: str | Path, config: Insta
                                  "output; choose an output folder outside the input")
     layout = PackLayout(config.max_seq_length, config.max_predictions, 1)
     start = time.perf_counter()
-    with DatasetWriter(output, layout, overwrite) as writer:
+    # the engine first: a bad --address writes nothing; the progress line last: after the dataset is complete
+    with (open_engine(engine, workers, address) as runner, DatasetWriter(output, layout, overwrite) as writer,
+          Progress(progress, "creating instances", _input_bytes(inputs)) as bar):
         if train_vocab_size:
             vocab_path = train_vocab(read_documents(inputs, raw), train_vocab_size, writer.partial)
         else:
@@ -106,30 +117,16 @@ def create_pretraining_data(inputs: list[str], output: str | Path, config: Insta
         stats = TextStats()
         documents = read_documents(inputs, raw, stats)
         counts: dict = {"instances": {"train": 0, "validation": 0}}
-        bar = tqdm(desc="creating instances", unit="B", unit_scale=True, disable=not progress or None)
-        jobs = enumerate(_chunks(documents, docs_per_shard))
-        args = (str(vocab_path), config, validation_fraction)
-        if workers == 1:
-            _init_worker(*args)
-            results = map(_process_chunk, jobs)
-            pool = None
-        else:
-            pool = worker_pool(workers, initializer=_init_worker, initargs=args)
-            results = ordered_map(pool, _process_chunk, jobs, in_flight=2 * workers)
-        try:
-            for rows, chunk_counts, text_bytes in results:
-                for split, arrays in rows.items():
-                    if arrays is not None:
-                        writer.write_shard(split, arrays)
-                        counts["instances"][split] += len(arrays["input_ids"])
-                for key, value in chunk_counts.items():
-                    counts[key] = counts.get(key, 0) + value
-                bar.update(text_bytes)
-                bar.set_postfix(instances=sum(counts["instances"].values()))
-        finally:
-            bar.close()
-            if pool is not None:
-                pool.shutdown(wait=True, cancel_futures=True)
+        for rows, chunk_counts, text_bytes in runner.map(_process_chunk, enumerate(_chunks(documents, docs_per_shard)),
+                                                         initializer=_init_worker,
+                                                         initargs=(str(vocab_path), config, validation_fraction)):
+            for split, arrays in rows.items():
+                if arrays is not None:
+                    writer.write_shard(split, arrays)
+                    counts["instances"][split] += len(arrays["input_ids"])
+            for key, value in chunk_counts.items():
+                counts[key] = counts.get(key, 0) + value
+            bar.update(pieces=1, add_bytes=text_bytes, extra=f"{sum(counts['instances'].values()):,} instances")
         if sum(counts["instances"].values()) == 0:
             raise DataInputError(no_instances_reason(stats, counts))
         seconds = time.perf_counter() - start
@@ -150,10 +147,28 @@ def create_pretraining_data(inputs: list[str], output: str | Path, config: Insta
     return PackedDataset(output).manifest
 
 
-def _split_lengths(src: PackedDataset, split: str) -> np.ndarray:
-    # shard by shard, dropping each map: a mapped page that was read counts as resident memory
-    return np.concatenate([lengths_of(src.shard(split, i, ["sequence_ids"])["sequence_ids"])
-                           for i in range(len(src.shard_sizes(split)))])
+def _open_source(path: str) -> None:
+    _WORKER["source"] = PackedDataset(path)  # the driver verified it; a worker only maps its shards
+
+
+def _shard_lengths(job) -> np.ndarray:
+    """(split, shard index) -> the lengths of its sequences. Runs in a worker; the map is dropped on return (a
+    mapped page that was read counts as resident memory)."""
+    split, index = job
+    return lengths_of(_WORKER["source"].shard(split, index, ["sequence_ids"])["sequence_ids"])
+
+
+def _write_packed_shard(job) -> tuple[dict, int]:
+    """(split, pack groups (packs, K) of source row indices or -1, layout, shard folder) -> the shard's manifest
+    entry (less its name) and its bytes. Runs in a worker: gathers the rows from the source and writes them."""
+    split, block, layout, folder = job
+    src = _WORKER["source"]
+    used = block[block >= 0]
+    rows = gather(src.shard_sizes(split), lambda i: src.shard(split, i), used)
+    local = np.full(block.shape, -1)
+    local[block >= 0] = np.arange(len(used))
+    entry = write_shard_files(Path(folder), pack_rows(rows, local, layout), layout)
+    return entry, sum(p.stat().st_size for p in Path(folder).iterdir())
 
 
 def _compact(groups: np.ndarray, width: int) -> np.ndarray:
@@ -165,8 +180,14 @@ def _compact(groups: np.ndarray, width: int) -> np.ndarray:
 
 def pack_pretraining_data(input_dir: str | Path, output: str | Path, algorithm: str = "cghp",
                           max_sequences_per_pack: int | str | None = 3, seed: int = 0, packs_per_shard: int = 4096,
-                          overwrite: bool = False, progress: bool = True) -> dict:
+                          overwrite: bool = False, progress: bool = True, workers: int = 1, engine: str = "local",
+                          address: str | None = None) -> dict:
     """Unpacked instances -> packed shards with a `bert_ipu.packing` algorithm. Returns the manifest.
+
+    Three phases: the sequence lengths, read shard by shard by the workers (a reduction: 2 bytes a sequence
+    reach the main process); the packing solved once, here; the packed shards, each gathered and written by a
+    worker into the dataset's temporary folder (`packs_per_shard` packs: a worker holds one shard's rows).
+    Workers: `workers` processes of the `engine` (`jobs.open_engine`); the output does not depend on them.
 
     max_sequences_per_pack: the depth limit, `N | max | auto` (see `packing.parse_depth`): an int, None or
     "max" for unlimited, or "auto" for `packing.auto_depth` of the training split's histogram.
@@ -177,8 +198,6 @@ def pack_pretraining_data(input_dir: str | Path, output: str | Path, algorithm: 
     number of sequences any pack of any split holds, never more than the limit. The manifest records the
     limit the packer ran with (`max_sequences_per_pack`: an int or "max"), what the caller asked for
     (`depth_requested`) and, in `layout`, K."""
-    from tqdm import tqdm
-
     requested = packing.parse_depth(max_sequences_per_pack)
     if algorithm not in packing.ALGORITHMS:
         raise packing.PackingInputError(f"unknown algorithm {algorithm!r}; choose from "
@@ -189,8 +208,16 @@ def pack_pretraining_data(input_dir: str | Path, output: str | Path, algorithm: 
     config = src.instance_config()
     S = src.layout.pack_len
     start = time.perf_counter()
-    with DatasetWriter(output, None, overwrite) as writer:  # the layout is known once every split is packed
-        lengths = {split: _split_lengths(src, split) for split in src.splits}
+    source = (_open_source, (str(src.path),))
+    # the engine first: a bad --address writes nothing; the progress line last: after the dataset is complete.
+    # The layout is known once every split is packed.
+    with (open_engine(engine, workers, address) as runner, DatasetWriter(output, None, overwrite) as writer,
+          Progress(progress, "packing") as bar):
+        lengths = {}
+        for split in src.splits:
+            jobs = [(split, i) for i in range(len(src.shard_sizes(split)))]
+            lengths[split] = np.concatenate(list(runner.map(_shard_lengths, jobs, initializer=source[0],
+                                                            initargs=source[1])))
         histograms = {split: packing.histogram_of(x, S) for split, x in lengths.items()}
         basis = histograms["train"] if "train" in histograms else sum(histograms.values())
         limit = packing.resolve_depth(requested, basis, algorithm)
@@ -205,18 +232,16 @@ def pack_pretraining_data(input_dir: str | Path, output: str | Path, algorithm: 
         writer.layout = layout
         shutil.copyfile(src.path / "vocab.txt", writer.partial / "vocab.txt")
         per_split = {}
+        bar.total_pieces = sum(-(-len(g) // packs_per_shard) for g in groups.values())
         for split in src.splits:
             split_groups = _compact(groups.pop(split), K)
-            bar = tqdm(total=len(split_groups), desc=f"packing {split}", unit="pack", disable=not progress or None)
-            for lo in range(0, len(split_groups), packs_per_shard):
-                block = split_groups[lo:lo + packs_per_shard]
-                used = block[block >= 0]
-                rows = gather(src.shard_sizes(split), lambda i: src.shard(split, i), used)
-                local = np.full(block.shape, -1)
-                local[block >= 0] = np.arange(len(used))
-                writer.write_shard(split, pack_rows(rows, local, layout))
-                bar.update(len(block))
-            bar.close()
+            starts = range(0, len(split_groups), packs_per_shard)
+            names = [writer.next_shard(split, n) for n in range(len(starts))]
+            jobs = ((split, split_groups[lo:lo + packs_per_shard], layout, str(writer.partial / name))
+                    for name, lo in zip(names, starts))
+            for entry, written in runner.map(_write_packed_shard, jobs, initializer=source[0], initargs=source[1]):
+                writer.add_shard(split, {"name": writer.next_shard(split), **entry})
+                bar.update(pieces=1, add_bytes=written, extra=split)
             result = results[split]
             per_split[split] = {**{k: v for k, v in result.to_json().items() if k != "seconds"},
                                 "solver_seconds": result.seconds, "histogram": histograms[split]}

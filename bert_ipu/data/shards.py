@@ -105,23 +105,17 @@ class DatasetWriter:
                                "--overwrite only replaces a dataset, nothing was deleted: choose another output")
 
     def write_shard(self, split: str, arrays: dict[str, np.ndarray]) -> dict:
-        shards = self.splits.setdefault(split, [])
-        name = f"{split}/shard-{len(shards):05d}"
-        folder = self.partial / name
-        folder.mkdir(parents=True)
-        packs = len(arrays["input_ids"])
-        paths = []
-        for field in FIELDS:
-            data = np.ascontiguousarray(arrays[field]).astype(STORAGE[field], copy=False)
-            if len(data) != packs:
-                raise ValueError(f"field {field} has {len(data)} rows, expected {packs}")
-            np.save(folder / f"{field}.npy", data)
-            paths.append(folder / f"{field}.npy")
-        entry = {"name": name, "packs": packs, "sha256": sha256_of(paths), "derived_sha256": {}}
-        for field, derive in DERIVED.items():
-            np.save(folder / f"{field}.npy", derive(arrays, self.layout).astype(STORAGE[field], copy=False))
-            entry["derived_sha256"][field] = sha256_of([folder / f"{field}.npy"])
-        shards.append(entry)
+        name = self.next_shard(split)
+        return self.add_shard(split, {"name": name, **write_shard_files(self.partial / name, arrays, self.layout)})
+
+    def next_shard(self, split: str, offset: int = 0) -> str:
+        """The name of the split's shard `offset` places after those added so far (a worker can write it)."""
+        return f"{split}/shard-{len(self.splits.get(split, [])) + offset:05d}"
+
+    def add_shard(self, split: str, entry: dict) -> dict:
+        """Record a shard written (by `write_shard_files`) into `self.partial / entry["name"]`, in order."""
+        assert entry["name"] == self.next_shard(split), (entry["name"], "shards out of order")
+        self.splits.setdefault(split, []).append(entry)
         return entry
 
     def finish(self, info: dict) -> Path:
@@ -163,6 +157,26 @@ class DatasetWriter:
             raise DatasetError(f"writing {self.out_dir} failed: {describe_os_error(exc)}; nothing was written{kept}: "
                                "free space (or fix the cause) and run again") from None
         return False
+
+
+def write_shard_files(folder: Path, arrays: dict[str, np.ndarray], layout: PackLayout) -> dict:
+    """One shard's .npy files (FIELDS, then DERIVED) into the new `folder`: its manifest entry, less its name.
+    Any process may run it (the packing step's workers do), the writer records the entries in order. A task run
+    again after its worker was killed mid-write finds the folder of its first try: it rewrites every file whole."""
+    folder.mkdir(parents=True, exist_ok=True)
+    packs = len(arrays["input_ids"])
+    paths = []
+    for field in FIELDS:
+        data = np.ascontiguousarray(arrays[field]).astype(STORAGE[field], copy=False)
+        if len(data) != packs:
+            raise ValueError(f"field {field} has {len(data)} rows, expected {packs}")
+        np.save(folder / f"{field}.npy", data)
+        paths.append(folder / f"{field}.npy")
+    entry = {"packs": packs, "sha256": sha256_of(paths), "derived_sha256": {}}
+    for field, derive in DERIVED.items():
+        np.save(folder / f"{field}.npy", derive(arrays, layout).astype(STORAGE[field], copy=False))
+        entry["derived_sha256"][field] = sha256_of([folder / f"{field}.npy"])
+    return entry
 
 
 def _leftover(folder: Path) -> bool:

@@ -27,12 +27,11 @@ import hashlib
 import json
 import os
 import re
-import sys
 import time
 from pathlib import Path
 
 from ...files import PARTIAL, OutputBusy, OutputLock, describe_os_error, sha256_of, write_json
-from ..jobs import library_versions, ordered_map, worker_pool
+from ..jobs import Progress, library_versions, open_engine
 from .reader import WikipediaError, check_source, hf_pages, hf_rows, iter_pages, page_kind, sniff, source_size
 from .wikitext import convert_batch
 
@@ -42,6 +41,7 @@ PROGRESS = "progress.json"
 SHARD = "wiki-{:05d}.txt"
 _SHARD_RE = re.compile(r"^wiki-\d{5,}\.txt(\.partial)?$")
 DEFAULT_DOCS_PER_SHARD = 10000
+DEFAULT_BATCH_BYTES = 1 << 19  # wikitext a piece of work holds (0.5 MB)
 LICENSE = "the dump's licence (Wikipedia text: CC BY-SA 4.0 and GFDL)"
 
 
@@ -180,53 +180,18 @@ def _check_output(output: Path, identity: dict, overwrite: bool) -> list[dict]:
     return done
 
 
-class _Progress:
-    """tqdm on a terminal; elsewhere a line on stderr every `every` seconds (and at the end)."""
-
-    def __init__(self, enabled: bool, total: int, unit: str, label: str, every: float = 30.0):
-        self.enabled, self.total, self.unit, self.label, self.every = enabled, total, unit, label, every
-        self.bar = None
-        self.done = 0
-        self.start = self.last = time.perf_counter()
-        if enabled and sys.stderr.isatty():
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, unit=unit, unit_scale=True, desc=label, file=sys.stderr)
-
-    def update(self, done: int, articles: int) -> None:
-        if not self.enabled:
-            return
-        if self.bar is not None:
-            self.bar.update(done - self.done)
-            self.bar.set_postfix(articles=articles, refresh=False)
-        elif time.perf_counter() - self.last >= self.every:
-            self.last = time.perf_counter()
-            self._line(done, articles)
-        self.done = done
-
-    def _line(self, done: int, articles: int) -> None:
-        seconds = time.perf_counter() - self.start
-        amount = (f"{done / 1e6:,.1f} of {self.total / 1e6:,.1f} MB" if self.unit == "B"
-                  else f"{done:,} of {self.total:,} {self.unit}")
-        print(f"{self.label}: {done / max(self.total, 1):.1%} ({amount}), {articles:,} articles, {seconds:.0f} s",
-              file=sys.stderr, flush=True)
-
-    def close(self, articles: int, ok: bool) -> None:
-        """The last line on success; on an error nothing is left (the error is the one line)."""
-        if self.bar is not None:
-            self.bar.leave = ok
-            self.bar.close()
-        elif self.enabled and ok:
-            self._line(self.done, articles)
-
-
 def prepare(dump_or_dataset: str | Path, output: str | Path, workers: int = 1,
             docs_per_shard: int = DEFAULT_DOCS_PER_SHARD, progress: bool = True, overwrite: bool = False,
-            source_type: str | None = None, batch_bytes: int = 1 << 19) -> dict:
+            source_type: str | None = None, batch_bytes: int = DEFAULT_BATCH_BYTES, engine: str = "local",
+            address: str | None = None) -> dict:
     """A MediaWiki XML dump (file) or a Hugging Face wikipedia dataset (folder saved with save_to_disk) ->
     OUTPUT/wiki-NNNNN.txt in BERT's text format and OUTPUT/wikipedia.json. Returns the manifest.
 
-    workers: processes that clean and split (the output does not depend on it). source_type: "dump" or
+    batch_bytes: the wikitext of a piece of work (a worker's task; at most batch_bytes / 1 KB articles, and 512
+    whatever the size): larger pieces cost the scheduler less on a large cluster (see docs/data.md).
+    workers: processes that clean and split (the output does not depend on it); engine, address: where they run
+    (`jobs.open_engine`: "local" processes, or "dask": the scheduler at address, or a local Dask cluster of
+    `workers`); the main process reads the source and writes the shards in order. source_type: "dump" or
     "hf-dataset" to insist on one (default: a folder is a dataset, a file a dump). Resumes the shards of an
     interrupted run with the same source and docs_per_shard; `overwrite` starts over instead."""
     start = time.perf_counter()
@@ -237,24 +202,25 @@ def prepare(dump_or_dataset: str | Path, output: str | Path, workers: int = 1,
     size = source_size(source)
     identity = {"source": str(source.resolve()), "type": kind, "bytes": size, "docs_per_shard": docs_per_shard,
                 "format_version": FORMAT_VERSION}
-    try:
-        lock = OutputLock(output)  # a second run writing the same folder is refused, not interleaved
-    except OutputBusy as e:
-        raise WikipediaError(str(e)) from None
-    except OSError as e:
-        raise WikipediaError(f"--output {output}: cannot create it ({e.strerror}); choose a folder that can be "
-                             "written") from None
-    try:
-        return _prepare(source, output, kind, size, identity, overwrite, workers, docs_per_shard, progress,
-                        batch_bytes, start)
-    except OSError as e:  # before the shards (progress.json, the folder itself): nothing is lost
-        raise WikipediaError(f"{describe_os_error(e)}; fix the cause (free space) and run the same command "
-                             "again") from None
-    finally:
-        lock.release()
+    with open_engine(engine, workers, address) as runner:  # first: a bad --address writes nothing, not even a lock
+        try:
+            lock = OutputLock(output)  # a second run writing the same folder is refused, not interleaved
+        except OutputBusy as e:
+            raise WikipediaError(str(e)) from None
+        except OSError as e:
+            raise WikipediaError(f"--output {output}: cannot create it ({e.strerror}); choose a folder that can be "
+                                 "written") from None
+        try:
+            return _prepare(source, output, kind, size, identity, overwrite, runner, docs_per_shard, progress,
+                            batch_bytes, start)
+        except OSError as e:  # before the shards (progress.json, the folder itself): nothing is lost
+            raise WikipediaError(f"{describe_os_error(e)}; fix the cause (free space) and run the same command "
+                                 "again") from None
+        finally:
+            lock.release()
 
 
-def _prepare(source: Path, output: Path, kind: str, size: int, identity: dict, overwrite: bool, workers: int,
+def _prepare(source: Path, output: Path, kind: str, size: int, identity: dict, overwrite: bool, runner,
              docs_per_shard: int, progress: bool, batch_bytes: int, start: float) -> dict:
     done = _check_output(output, identity, overwrite)
     manifest = _read_json(output / MANIFEST)
@@ -269,15 +235,15 @@ def _prepare(source: Path, output: Path, kind: str, size: int, identity: dict, o
     skip = sum(r["articles"] for r in done)  # articles of the complete shards: read, not converted
     writer = _ShardWriter(output, docs_per_shard, identity, done)
     if kind == "dump":
-        bar = _Progress(progress, size, "B", f"{source.name} -> text")
+        bar = Progress(progress, f"{source.name} -> text", size)
         compression = sniff(source)
     else:
-        bar = _Progress(progress, hf_rows(source), "rows", f"{source.name} -> text")
+        bar = Progress(progress, f"{source.name} -> text", hf_rows(source), unit="rows")
         compression = None
     articles = 0  # article indices handed out, skipped ones included
 
     def on_progress(position: int) -> None:
-        bar.update(position, articles)
+        bar.update(done_bytes=position, extra=f"{articles:,} articles")
 
     def tasks():
         nonlocal articles
@@ -300,23 +266,18 @@ def _prepare(source: Path, output: Path, kind: str, size: int, identity: dict, o
                     continue
                 batch.append((index, page.text))
                 batch_size += len(page.text)
-                if batch_size >= batch_bytes or len(batch) >= 512:
+                if batch_size >= batch_bytes or len(batch) >= max(512, batch_bytes >> 10):  # 1 KB an article
                     yield text_kind, batch
                     batch, batch_size = [], 0
         if batch:
             yield text_kind, batch
 
-    pool = None
     ok = False
     try:
-        if workers == 1:
-            results = map(convert_batch, tasks())
-        else:
-            pool = worker_pool(workers)
-            results = ordered_map(pool, convert_batch, tasks(), in_flight=3 * workers)
-        for result in results:
+        for result in runner.map(convert_batch, tasks(), in_flight=3 * runner.workers):
             for index, sentences in result:
                 writer.add(index, sentences)
+            bar.update(pieces=1)
         writer.commit()  # the last shard, with fewer articles
         if articles < skip:
             raise WikipediaError(f"{source}: holds {articles:,} articles but {PROGRESS} records {skip:,} in "
@@ -342,7 +303,6 @@ def _prepare(source: Path, output: Path, kind: str, size: int, identity: dict, o
             "counts": counts,
             "shards": shards,
             "resumed_shards": len(done),
-            "workers": workers,
             "seconds": time.perf_counter() - start,
             "versions": library_versions("mwparserfromhell", "sentencex"),
         }
@@ -365,7 +325,5 @@ def _prepare(source: Path, output: Path, kind: str, size: int, identity: dict, o
         writer.abort()  # interrupted: complete shards and progress.json stay for the rerun
         raise
     finally:
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
-        bar.close(articles, ok)
+        bar.close(ok)
     return manifest
