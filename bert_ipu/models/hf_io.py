@@ -205,12 +205,38 @@ def model_card(card: dict) -> str:
         lines += ["## Final metrics", "", "| metric | value |", "|---|---|"]
         lines += [f"| {_cell(name)} | {_cell(_number(value))} |" for name, value in metrics.items()]
         lines.append("")
-    lines += ["## Use", "", "```python", "from transformers import pipeline", "",
-              f"pipe = pipeline({json.dumps(tag or 'feature-extraction')}, model=\"path/to/this/folder\")",
-              "```", ""]
+    lines += ["## Use", "", "```python", *usage(tag), "```", ""]
     if card.get("command"):
         lines += ["## Command", "", "```", str(card["command"]), "```", ""]
     return "\n".join(lines)
+
+
+QA_USAGE = """import torch
+from transformers import AutoModelForQuestionAnswering, AutoTokenizer
+
+folder = "path/to/this/folder"
+tokenizer = AutoTokenizer.from_pretrained(folder)
+model = AutoModelForQuestionAnswering.from_pretrained(folder).eval()
+question, context = "What is the capital of France?", "Paris is the capital of France."
+inputs = tokenizer(question, context, truncation="only_second", return_tensors="pt")
+with torch.no_grad():
+    out = model(**inputs)
+context_tokens = torch.tensor([s == 1 for s in inputs.sequence_ids(0)])
+start = out.start_logits[0].masked_fill(~context_tokens, -1e9).argmax()
+end = start + out.end_logits[0, start:start + 30].masked_fill(~context_tokens[start:start + 30], -1e9).argmax()
+answer = tokenizer.decode(inputs["input_ids"][0, start:end + 1])"""
+
+
+def usage(tag: str | None) -> list[str]:
+    """The card's code: `pipeline(tag)` where the installed transformers has that pipeline; question answering,
+    whose pipeline transformers 5 removed, by the model and tokenizer classes (the best span in the context)."""
+    if tag == "question-answering":
+        from transformers.pipelines import SUPPORTED_TASKS
+
+        if tag not in SUPPORTED_TASKS:
+            return QA_USAGE.splitlines()
+    return ["from transformers import pipeline", "",
+            f"pipe = pipeline({json.dumps(tag or 'feature-extraction')}, model=\"path/to/this/folder\")"]
 
 
 # --- export --------------------------------------------------------------------------------------------------
