@@ -85,3 +85,18 @@ def test_bad_input_is_one_line(tmp_path, capsys):
     code = entry("glue", ["--config", "glue_tiny", "data.train_split=test", f"output_dir={tmp_path / 'b'}"])
     stderr = capsys.readouterr().err
     assert code == 2 and "no labels" in stderr and len(stderr.strip().splitlines()) == 1
+
+
+def test_an_update_holds_the_configured_examples_when_packed(tmp_path, capsys):
+    """GLUE packed at p examples a pack with train.global_batch_size 8 and micro-batches of 4 packs: an update
+    held a whole micro-batch, about 4p examples, whatever the config said. Now the micro-batch shrinks to the
+    packs 8 examples need, and the examples seen per update are 8 within one pack's examples."""
+    out = tmp_path / "run"
+    assert entry("glue", ["--config", "glue_tiny_packed", "train.max_steps=4", "train.num_train_epochs=null",
+                          "train.global_batch_size=8", "train.micro_batch_size=4", f"output_dir={out}"]) == 0
+    result = json.loads((out / "results.json").read_text())
+    p = result["packing_factor"]
+    assert p > 2  # packed enough that one micro-batch of 4 packs would hold far more than 8 examples
+    per_update = result["sequences_seen"] / 4
+    assert abs(per_update - 8) <= p, (per_update, p)
+    assert result["packs_per_update"] == round(8 / p)

@@ -14,6 +14,7 @@ own all the same.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -191,7 +192,7 @@ def train(task, cfg, rt: Runtime, resume: bool = False, overwrite: bool = False,
     check_backend(cfg, rt, training=True)
     task.prepare(rt)
     levels = task.train_levels()
-    loader, P = make_loader(task, t, rt, levels)
+    loader, P, levels = make_loader(task, t, rt, levels)
     accumulation = loader.accumulation
     total, warmup = schedule_length(t, loader.updates_per_epoch)
     stages = rt.stages
@@ -240,9 +241,21 @@ class StopSignal:
             self._previous = None
 
 
+def fitted_micro_batch(t, level: Level, replicas: int) -> Level:
+    """With train.batch_unit=sequences an update holds about global_batch_size sequences, 1/p as many packs. When
+    that is less than one micro-batch on every replica (GLUE packed at p = 13: 2.5 packs against micro-batches
+    of 8 would train on about 100 examples an update instead of 32), the micro-batch shrinks to the packs a
+    replica's share needs (at least 1)."""
+    share = t.global_batch_size / level.packing_factor / replicas
+    if t.batch_unit != "sequences" or share >= level.micro_batch_size:
+        return level
+    return dataclasses.replace(level, micro_batch_size=max(1, round(share)))
+
+
 def make_loader(task, t, rt: Runtime, levels: list[Level]):
-    """(the run's loader, packs per update): an UpdateLoader over one level's packs, or a LevelLoader over
-    several (every update of one level, each level over world / its sequence-parallel size replicas)."""
+    """(the run's loader, packs per update, the levels with their micro-batches fitted to the update): an
+    UpdateLoader over one level's packs, or a LevelLoader over several (every update of one level, each level
+    over world / its sequence-parallel size replicas)."""
     if len(levels) > 1 and (rt.tensor > 1 or rt.stages > 1 or rt.sequence > 1 or t.batch_unit != "sequences"):
         raise RunError("packs of several lengths train with train.batch_unit=sequences on data-parallel processes "
                        "(each level's sequence parallelism in train.levels), not with parallel.tensor_parallel, "
@@ -253,6 +266,7 @@ def make_loader(task, t, rt: Runtime, levels: list[Level]):
                            f"sequence-parallel ranks, which do not divide the {rt.world} processes; choose a size "
                            "that divides them")
     replicas = [rt.dp_world if len(levels) == 1 else rt.world // lv.sequence_parallel for lv in levels]
+    levels = [fitted_micro_batch(t, lv, n) for lv, n in zip(levels, replicas)]
     Ps = [packs_per_update(t, lv.packing_factor, n, lv.micro_batch_size) for lv, n in zip(levels, replicas)]
     costs = []
     for level in levels:
@@ -272,7 +286,7 @@ def make_loader(task, t, rt: Runtime, levels: list[Level]):
                                  pack_costs=costs if t.balance == "attention" else None)
     except ValueError as e:
         raise RunError(f"{e}; use more data or a smaller train.global_batch_size / train.micro_batch_size") from None
-    return loader, (Ps[0] if len(levels) == 1 else Ps)
+    return loader, (Ps[0] if len(levels) == 1 else Ps), levels
 
 
 def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, loader, model, P, total: int,
@@ -306,7 +320,8 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, load
         rt.say(f"resumed from {newest} at step {step} (saved on {state['replicas']} replica(s) x {state['stages']} "
                f"stage(s) x {state.get('sequence', 1)} sequence-parallel x {state.get('tensor', 1)} tensor-parallel, now "
                f"{rt.dp_world} x {stages} x {rt.sequence} x {rt.tensor})")
-    per_update = (f"{P} packs/update = {t.micro_batch_size} x {rt.dp_world} replica(s) x {accumulation} accumulation"
+    per_update = (f"{P} packs/update = {levels[0].micro_batch_size} x {rt.dp_world} replica(s) x {accumulation} "
+                  f"accumulation (about {P * p:.0f} sequences)"
                   if len(levels) == 1 else "levels " + "; ".join(
                       f"{lv.pack_length}: {n} packs/update, micro-batch {lv.micro_batch_size}, sequence parallel "
                       f"{lv.sequence_parallel}, {lv.checkpointed_layers} checkpointed layers"
