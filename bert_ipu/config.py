@@ -258,6 +258,12 @@ class ParallelConfig:
     def __post_init__(self):
         if self.pipeline_stages < 1 or self.schedule not in ("1f1b", "gpipe"):
             raise ConfigError("parallel.pipeline_stages must be >= 1 and parallel.schedule 1f1b or gpipe")
+        split = self.layers_per_stage
+        if split is not None and (not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in split)
+                                  or len(split) != self.pipeline_stages):
+            raise ConfigError(f"parallel.layers_per_stage {split} does not give parallel.pipeline_stages="
+                              f"{self.pipeline_stages} stages; set parallel.layers_per_stage=null (as even as "
+                              f"possible) or a list of {self.pipeline_stages} layer counts")
         for key in ("tensor_parallel", "sequence_parallel"):
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:

@@ -130,6 +130,7 @@ def test_manifest_totals_must_match_the_shards(dataset, tmp_path):
     ("train.decay_power=-1", "train.decay_power -1: .* give a power >= 0"),
     ("train.learning_rate=1e300", "train.learning_rate 1e\\+300: no optimizer here trains above 10"),
     ("parallel.layers_per_stage=5", "parallel.layers_per_stage = 5: expected list"),
+    ("parallel.layers_per_stage=[1, 1, 0]", "layers_per_stage \\[1, 1, 0\\] does not give parallel.pipeline_stages=1"),
     ("train.betas=[0.9]", "give two numbers"),
     ("train.learning_rate=-0.1", "learning_rate and weight_decay must be >= 0"),
     ("train.log_every=0", "log_every, keep_checkpoints and validation_batches must be >= 1"),
@@ -505,3 +506,15 @@ def test_evaluation_only_without_a_model_is_refused(tmp_path, capsys):
     lines, err = _errors(capsys)
     assert rc == 2 and len(lines) == 1 and "model.init_checkpoint" in lines[0], err
     assert not (tmp_path / "run").exists()
+
+
+def test_fewer_pipeline_stages_on_a_config_that_splits_its_layers_names_the_fix():
+    """pretrain_large_512_packed (4 stages, layers_per_stage [5, 7, 7, 5]) at parallel.pipeline_stages=2 failed
+    without naming the fix; the error names layers_per_stage=null."""
+    from bert_ipu.config import ConfigError
+    from bert_ipu.tasks import load_config
+
+    with pytest.raises(ConfigError, match=r"layers_per_stage \[5, 7, 7, 5\].*pipeline_stages=2.*layers_per_stage=null"):
+        load_config("pretrain_large_512_packed", ["parallel.pipeline_stages=2"])
+    assert load_config("pretrain_large_512_packed", ["parallel.pipeline_stages=2",
+                                                     "parallel.layers_per_stage=null"]).parallel.processes == 2

@@ -33,8 +33,9 @@ def split_layers(num_layers: int, stages: int, layers_per_stage: list[int] | Non
         base, extra = divmod(num_layers, stages)
         layers_per_stage = [base + (i < extra) for i in range(stages)]
     if len(layers_per_stage) != stages or sum(layers_per_stage) != num_layers or min(layers_per_stage) < 0:
-        raise RunError(f"parallel.layers_per_stage {layers_per_stage} must give {stages} stages summing to "
-                       f"{num_layers} layers")
+        raise RunError(f"parallel.layers_per_stage {layers_per_stage} must give {stages} stages summing to the "
+                       f"model's {num_layers} layers; set parallel.layers_per_stage=null (as even as possible) or "
+                       f"a list of {stages} counts summing to {num_layers}")
     out, at = [], 0
     for n in layers_per_stage:
         out.append(list(range(at, at + n)))
