@@ -60,11 +60,10 @@ wikipedia: ops
 	@test -n "$(DUMP)" || { echo "usage: make wikipedia DUMP=enwiki-...-pages-articles.xml.bz2 [WORKERS=N] [STAGES=4|1] [ENGINE=dask [ADDRESS=HOST:PORT]]"; exit 2; }
 	$(PY) data/prepare_wikipedia.py --dump $(DUMP) --output $(WIKI)_text $(DATA_ENGINE)
 	for S in 128 512; do \
-	  test -f $(WIKI)_$${S}_instances/manifest.json || $(PY) data/create_pretraining_data.py --input $(WIKI)_text \
-	    --output $(WIKI)_$${S}_instances --max-seq-length $$S $(DATA_ENGINE) \
-	    --validation-fraction $(VALIDATION) || exit $$?; \
-	  test -f $(WIKI)_$${S}_packed/manifest.json || $(PY) data/pack_pretraining_data.py \
-	    --input $(WIKI)_$${S}_instances --output $(WIKI)_$${S}_packed $(DATA_ENGINE) || exit $$?; \
+	  $(PY) data/create_pretraining_data.py --input $(WIKI)_text --output $(WIKI)_$${S}_instances --if-changed \
+	    --max-seq-length $$S $(DATA_ENGINE) --validation-fraction $(VALIDATION) || exit $$?; \
+	  $(PY) data/pack_pretraining_data.py --input $(WIKI)_$${S}_instances --output $(WIKI)_$${S}_packed \
+	    --if-changed $(DATA_ENGINE) || exit $$?; \
 	done
 	$(PY) run_pretraining.py --config pretrain_large_128_packed $(STAGE_ARGS) $(ARGS)
 	$(PY) run_pretraining.py --config pretrain_large_512_packed $(STAGE_ARGS) $(ARGS)
@@ -73,9 +72,9 @@ wikipedia: ops
 report: ops
 	$(PY) -m bert_ipu.packing --histogram $(HIST)/wikipedia_512.json --plot wikipedia_512_packing.png
 	$(PY) -m bert_ipu.packing --histogram $(HIST)/squad_1_1_384.json --plot squad_1_1_384_packing.png
-	$(PY) data/create_pretraining_data.py --output $(RUNS)/data/instances_128 --overwrite
-	$(PY) data/pack_pretraining_data.py --input $(RUNS)/data/instances_128 --output $(RUNS)/data/packed_128 --overwrite
-	$(PY) data/inspect_packed_data.py $(RUNS)/data/packed_128
+	$(PY) data/create_pretraining_data.py --output $(RUNS)/report/instances_128 --overwrite
+	$(PY) data/pack_pretraining_data.py --input $(RUNS)/report/instances_128 --output $(RUNS)/report/packed_128 --overwrite
+	$(PY) data/inspect_packed_data.py $(RUNS)/report/packed_128
 
 # two pytest-xdist workers (this machine has 2 cores), a test file each at a time: a file's tests share its module
 # fixtures (a launch of processes, a corpus) on one worker. TEST_WORKERS=0: one process.

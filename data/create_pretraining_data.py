@@ -40,13 +40,17 @@ def main(argv=None) -> int:
     p.add_argument("--docs-per-shard", type=at_least(1), default=2000, help="documents per chunk (= per shard)")
     p.add_argument("--validation-fraction", type=float, default=0.02, help="documents held out for validation")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
+    p.add_argument("--if-changed", action="store_true",
+                   help="keep an OUTPUT made from the same input and arguments (nothing redone); remake one made "
+                        "from others (a dataset of this tool only; make wikipedia reruns use it)")
     args = p.parse_args(argv)
     try:
         config = InstanceConfig(args.max_seq_length, args.short_seq_prob, args.masked_lm_prob,
                                 args.max_predictions_per_seq, args.whole_word_masking, args.dupe_factor, args.seed)
         manifest = create_pretraining_data(args.input, args.output, config, args.vocab, args.train_vocab, args.raw,
                                            args.workers, args.docs_per_shard, args.validation_fraction,
-                                           args.overwrite, engine=args.engine, address=args.address)
+                                           args.overwrite, engine=args.engine, address=args.address,
+                                           if_changed=args.if_changed)
     except (DataInputError, DatasetError, EngineError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

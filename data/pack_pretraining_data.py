@@ -42,11 +42,14 @@ def main(argv=None) -> int:
                    "shards (the output does not depend on it); the packing is solved in the main process")
     add_engine_arguments(p)
     p.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
+    p.add_argument("--if-changed", action="store_true",
+                   help="keep an OUTPUT made from the same input and arguments (nothing redone); remake one made "
+                        "from others (a dataset of this tool only; make wikipedia reruns use it)")
     args = p.parse_args(argv)
     try:
         manifest = pack_pretraining_data(args.input, args.output, args.algorithm, args.max_sequences_per_pack,
                                          args.seed, args.packs_per_shard, args.overwrite, workers=args.workers,
-                                         engine=args.engine, address=args.address)
+                                         engine=args.engine, address=args.address, if_changed=args.if_changed)
     except (DataInputError, DatasetError, PackingInputError, EngineError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -398,3 +398,48 @@ def test_bad_depth_is_refused_before_any_work(instances_dir, tmp_path):
         with pytest.raises(PackingInputError, match="max_sequences_per_pack"):
             pack_pretraining_data(instances_dir, tmp_path / "p", "cghp", value, progress=False)
         assert not (tmp_path / "p").exists() and not (tmp_path / "p.partial").exists()
+
+
+def test_if_changed_keeps_a_current_step_and_remakes_a_stale_one(corpus, tmp_path, capsys):
+    """`make wikipedia` skipped a step whenever its output existed, so a new dump (or text, or VALIDATION)
+    still trained on the old packs. Each step records what it was made from (the input's fingerprint and the
+    arguments): --if-changed keeps an output made from the same (byte-identical, nothing rewritten) and remakes
+    one whose input or arguments changed."""
+    text = tmp_path / "text"
+    text.mkdir()
+    original = (corpus / "a.txt").read_text()
+    (text / "a.txt").write_text(original)
+    inst, packed = tmp_path / "inst", tmp_path / "packed"
+
+    def chain(*extra):
+        assert create_cli.main(["--input", str(text), "--output", str(inst), "--if-changed",
+                                "--validation-fraction", "0.2", *extra]) == 0
+        assert pack_cli.main(["--input", str(inst), "--output", str(packed), "--if-changed"]) == 0
+        return {p.name: p.stat().st_mtime_ns for d in (inst, packed) for p in sorted(d.iterdir())}
+
+    first = chain()
+    assert chain() == first  # the same input and arguments: nothing rewritten
+    capsys.readouterr()
+    documents = json.loads((inst / "manifest.json").read_text())["text"]["documents"]
+    (text / "a.txt").write_text(original + "\n\nA new document.\nIt has two sentences.\n")
+    chain()
+    assert "remaking" in capsys.readouterr().out
+    assert json.loads((inst / "manifest.json").read_text())["text"]["documents"] == documents + 1
+    before = json.loads((packed / "manifest.json").read_text())["made_from"]
+    chain("--validation-fraction", "0.5")  # other arguments: remade too
+    assert json.loads((inst / "manifest.json").read_text())["validation_fraction"] == 0.5
+    assert json.loads((packed / "manifest.json").read_text())["made_from"] != before
+
+
+def test_a_folder_input_skips_a_datasets_vocab(tmp_path):
+    """create_pretraining_data --input FOLDER tokenized an earlier dataset's vocab.txt lying in that folder as
+    text; a vocab.txt beside a manifest.json is not read."""
+    from bert_ipu.data.text import input_files
+
+    (tmp_path / "a.txt").write_text("Some text.")
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "vocab.txt").write_text("[PAD]\n[UNK]\n")
+    (tmp_path / "old" / "manifest.json").write_text("{}")
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "vocab.txt").write_text("a word list the user wrote as text")
+    assert [p.relative_to(tmp_path).as_posix() for p in input_files([str(tmp_path)])] == ["a.txt", "notes/vocab.txt"]

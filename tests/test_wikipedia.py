@@ -399,3 +399,23 @@ def test_create_pretraining_data_reads_the_output(tiny_out, tmp_path):
     assert inst["text"]["documents"] == manifest["counts"]["articles_kept"]
     assert inst["text"]["sentences"] == manifest["counts"]["sentences"]
     assert inst["counts"]["instances"]["train"] > 0
+
+
+def test_a_dump_changed_in_place_is_not_taken_for_the_old_one(tmp_path):
+    """A rerun after the dump changed (same path, same size) kept the old text: the output's identity was the
+    path and size. It is now the content: the rerun refuses in one line, and --overwrite makes the new text."""
+    from bert_ipu.data.wikipedia.reader import WikipediaError
+
+    dump = tmp_path / "dump.xml"
+    original = TINY.read_bytes()
+    dump.write_bytes(original)
+    out = tmp_path / "out"
+    prepare(dump, out, workers=1, docs_per_shard=2, progress=False)
+    changed = original.replace(b"largest city", b"biggest town")
+    assert len(changed) == len(original)
+    dump.write_bytes(changed)
+    with pytest.raises(WikipediaError, match="content changed since"):
+        prepare(dump, out, workers=1, docs_per_shard=2, progress=False)
+    prepare(dump, out, workers=1, docs_per_shard=2, progress=False, overwrite=True)
+    text = "".join(p.read_text() for p in sorted(out.glob("wiki-*.txt")))
+    assert "biggest town" in text and "largest city" not in text

@@ -8,6 +8,7 @@ run leaves no dataset behind.
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import time
 from dataclasses import asdict
@@ -17,6 +18,7 @@ import numpy as np
 
 from .. import packing
 from .instances import InstanceConfig, WordPiece, create_instances, default_vocab, mlm_slots_for, train_vocab
+from ..files import sha256_of
 from .jobs import Progress, library_versions, open_engine
 from .layout import PackLayout, lengths_of, pack_instances, pack_rows, stack_packs
 from .shards import DatasetError, DatasetWriter, PackedDataset, gather, write_shard_files
@@ -38,6 +40,33 @@ def _chunks(documents, size):
             chunk = []
     if chunk:
         yield chunk
+
+
+def inputs_sha256(inputs: list[str]) -> str:
+    """A fingerprint of the text a dataset is made from: every file read (name and sha256, about 1 s per GB)."""
+    if inputs == [BUILTIN]:
+        return BUILTIN
+    h = hashlib.sha256()
+    for path in input_files(inputs):
+        for f in sorted(q for q in path.rglob("*") if q.is_file()) if path.is_dir() else [path]:
+            h.update(f"{f.name} {sha256_of([f])}\n".encode())
+    return h.hexdigest()
+
+
+def up_to_date(output: Path, made_from: dict, say=print) -> dict | None:
+    """The manifest of `output` when it was made from `made_from` (the same input fingerprint and arguments),
+    else None; says which (a changed input is remade, over a dataset of this project only)."""
+    if not (output / "manifest.json").is_file():
+        return None
+    try:
+        manifest = PackedDataset(output).manifest
+    except DatasetError:
+        return None  # the writer refuses a folder that is not one of our datasets
+    if manifest.get("made_from") == made_from:
+        say(f"{output} is up to date (made from the same input and arguments): kept")
+        return manifest
+    say(f"{output} was made from {'another input' if (manifest.get('made_from') or {}).get('input') != made_from['input'] else 'other arguments'}: remaking it")
+    return None
 
 
 def _input_bytes(inputs: list[str]) -> int | None:
@@ -88,8 +117,12 @@ def no_instances_reason(stats: TextStats, counts: dict) -> str:
 def create_pretraining_data(inputs: list[str], output: str | Path, config: InstanceConfig, vocab: str | None = None,
                             train_vocab_size: int | None = None, raw: bool = False, workers: int = 1,
                             docs_per_shard: int = 2000, validation_fraction: float = 0.02, overwrite: bool = False,
-                            progress: bool = True, engine: str = "local", address: str | None = None) -> dict:
+                            progress: bool = True, engine: str = "local", address: str | None = None,
+                            if_changed: bool = False) -> dict:
     """Text -> unpacked instances (packs of one) in the shard format. Returns the manifest.
+
+    The manifest's `made_from` records the input's fingerprint and the arguments; `if_changed` keeps an output
+    made from the same ones (nothing is redone) and remakes one made from others (`make wikipedia` reruns).
 
     The main process reads the text and writes the shards in order; chunks of `docs_per_shard` documents are
     turned into instances by `workers` processes of the `engine` (`jobs.open_engine`: "local", or "dask" on the
@@ -103,6 +136,16 @@ def create_pretraining_data(inputs: list[str], output: str | Path, config: Insta
             raise DataInputError(f"--output {output} is inside --input {source}: the next run would read its own "
                                  "output; choose an output folder outside the input")
     layout = PackLayout(config.max_seq_length, config.max_predictions, 1)
+    made_from = {"input": inputs_sha256(inputs),
+                 "arguments": {"instance_config": asdict(config), "validation_fraction": validation_fraction,
+                               "vocab": sha256_of([vocab]) if vocab and Path(vocab).is_file() else vocab,
+                               "train_vocab_size": train_vocab_size,
+                               "raw": raw, "docs_per_shard": docs_per_shard}}
+    if if_changed:
+        kept = up_to_date(output, made_from, print if progress else (lambda *_: None))
+        if kept is not None:
+            return kept
+        overwrite = True
     start = time.perf_counter()
     # the engine first: a bad --address writes nothing; the progress line last: after the dataset is complete
     with (open_engine(engine, workers, address) as runner, DatasetWriter(output, layout, overwrite) as writer,
@@ -141,7 +184,7 @@ def create_pretraining_data(inputs: list[str], output: str | Path, config: Insta
                      "sentences": stats.sentences, "skipped_empty_files": stats.empty_files,
                      "skipped_empty_documents": stats.empty_documents,
                      "single_sentence_documents": stats.single_sentence_documents},
-            "counts": counts, "seconds": seconds, "versions": versions(),
+            "counts": counts, "seconds": seconds, "versions": versions(), "made_from": made_from,
         }
         writer.finish(info)
     return PackedDataset(output).manifest
@@ -181,8 +224,10 @@ def _compact(groups: np.ndarray, width: int) -> np.ndarray:
 def pack_pretraining_data(input_dir: str | Path, output: str | Path, algorithm: str = "cghp",
                           max_sequences_per_pack: int | str | None = 3, seed: int = 0, packs_per_shard: int = 4096,
                           overwrite: bool = False, progress: bool = True, workers: int = 1, engine: str = "local",
-                          address: str | None = None) -> dict:
+                          address: str | None = None, if_changed: bool = False) -> dict:
     """Unpacked instances -> packed shards with a `bert_ipu.packing` algorithm. Returns the manifest.
+    `made_from` and `if_changed` as in `create_pretraining_data` (the input: its manifest, shard checksums
+    included).
 
     Three phases: the sequence lengths, read shard by shard by the workers (a reduction: 2 bytes a sequence
     reach the main process); the packing solved once, here; the packed shards, each gathered and written by a
@@ -207,6 +252,14 @@ def pack_pretraining_data(input_dir: str | Path, output: str | Path, algorithm: 
         raise DatasetError(f"{input_dir} is already packed; give the output of data/create_pretraining_data.py")
     config = src.instance_config()
     S = src.layout.pack_len
+    made_from = {"input": sha256_of([src.path / "manifest.json"]),
+                 "arguments": {"algorithm": algorithm, "max_sequences_per_pack": str(max_sequences_per_pack),
+                               "seed": seed, "packs_per_shard": packs_per_shard}}
+    if if_changed:
+        kept = up_to_date(Path(output), made_from, print if progress else (lambda *_: None))
+        if kept is not None:
+            return kept
+        overwrite = True
     start = time.perf_counter()
     source = (_open_source, (str(src.path),))
     # the engine first: a bad --address writes nothing; the progress line last: after the dataset is complete.
@@ -251,6 +304,7 @@ def pack_pretraining_data(input_dir: str | Path, output: str | Path, algorithm: 
             "depth_requested": "max" if requested is None else requested,
             "seed": seed, "instance_config": src.manifest["instance_config"], "vocab": src.manifest["vocab"],
             "packing": per_split, "seconds": time.perf_counter() - start, "versions": versions(),
+            "made_from": made_from,
         }
         writer.finish(info)
     return PackedDataset(output).manifest

@@ -186,7 +186,9 @@ def input_files(inputs: list[str]) -> list[Path]:
         if is_hf_dataset(path):
             out.append(path)
         elif path.is_dir():
-            found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in (".txt", ".md", ".jsonl", ".text"))
+            # not a dataset's vocab.txt (beside its manifest.json): a word list, not text to train on
+            found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in (".txt", ".md", ".jsonl", ".text")
+                           and not (p.name == "vocab.txt" and (p.parent / "manifest.json").is_file()))
             if not found:
                 raise DataInputError(f"{path}: the folder holds no .txt, .md or .jsonl files")
             out.extend(found)

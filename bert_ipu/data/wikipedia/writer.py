@@ -158,6 +158,9 @@ def _check_output(output: Path, identity: dict, overwrite: bool) -> list[dict]:
         if recorded is None:
             raise WikipediaError(f"--output {output} holds shards without {PROGRESS}; pass --overwrite to "
                                  "start over")
+        if {k: v for k, v in recorded.items() if k != "sha256"} == {k: v for k, v in identity.items() if k != "sha256"}:
+            raise WikipediaError(f"--output {output} holds the text of an earlier {recorded.get('source')}: its "
+                                 "content changed since; pass --overwrite to make the text of the new one")
         raise WikipediaError(f"--output {output} holds the output of {recorded.get('source')} with "
                              f"--docs-per-shard {recorded.get('docs_per_shard')}; rerun with those to resume, "
                              "or pass --overwrite to start over")
@@ -200,8 +203,10 @@ def prepare(dump_or_dataset: str | Path, output: str | Path, workers: int = 1,
     source, output = Path(dump_or_dataset), Path(output)
     kind = check_source(source, source_type)
     size = source_size(source)
-    identity = {"source": str(source.resolve()), "type": kind, "bytes": size, "docs_per_shard": docs_per_shard,
-                "format_version": FORMAT_VERSION}
+    # by content, not path and size: a new dump saved over the old one (same path, same size) is another source
+    files = sorted(p for p in source.rglob("*") if p.is_file()) if source.is_dir() else [source]
+    identity = {"source": str(source.resolve()), "type": kind, "bytes": size, "sha256": sha256_of(files),
+                "docs_per_shard": docs_per_shard, "format_version": FORMAT_VERSION}
     with open_engine(engine, workers, address) as runner:  # first: a bad --address writes nothing, not even a lock
         try:
             lock = OutputLock(output)  # a second run writing the same folder is refused, not interleaved
