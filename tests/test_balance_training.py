@@ -22,7 +22,7 @@ from bert_ipu.engine import checkpoint
 from bert_ipu.packing.balance import balance_ratio, pack_costs
 from bert_ipu.tasks import run as main
 
-from training_helpers import final_weights, tiny
+from training_helpers import Killed, final_weights, tiny
 
 # 16 packs an update: 2 ranks x 2 micro-batches x 4 packs (with 4 packs a rank, most of them of one
 # 64-token sequence, a single short pack is an imbalance no dealing can remove)
@@ -249,9 +249,9 @@ def test_balanced_run_resumes_bitwise(dataset, tmp_path, monkeypatch):
 
     def kill_after_first(*args, **kwargs):
         real(*args, **kwargs)
-        raise KeyboardInterrupt
+        raise Killed
     monkeypatch.setattr(checkpoint, "save", kill_after_first)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(Killed):
         main(tiny(dataset, tmp_path / "stopped", *extra), progress=False)
     monkeypatch.undo()
     main(tiny(dataset, tmp_path / "stopped", *extra), resume=True, progress=False)

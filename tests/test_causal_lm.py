@@ -24,7 +24,7 @@ from bert_ipu.tasks.causal_lm.data import CausalReport, chat_tokens, next_token_
 from bert_ipu.data.contiguous import pack_sequences
 from bert_ipu.data.text import DataInputError
 from bert_ipu.data.layout import IGNORE_INDEX
-from training_helpers import ROOT, entry, final_weights, run_cli
+from training_helpers import Killed, ROOT, entry, final_weights, run_cli
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
 V = 61
@@ -386,9 +386,9 @@ def test_kill_and_resume_is_bitwise_identical(tmp_path, monkeypatch):
 
     def kill_after_first(*args, **kwargs):
         real(*args, **kwargs)
-        raise KeyboardInterrupt  # as if the process died right after the checkpoint
+        raise Killed  # as if the process died right after the checkpoint
     monkeypatch.setattr(checkpoint, "save", kill_after_first)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(Killed):
         main(cfg(tmp_path / "stopped"), progress=False)
     monkeypatch.undo()
     assert main(cfg(tmp_path / "stopped"), resume=True, progress=False)["step"] == 4

@@ -19,7 +19,7 @@ from bert_ipu.engine import checkpoint
 from bert_ipu.engine.runtime import RunError
 from bert_ipu.tasks import run as main
 
-from training_helpers import copy_run, entry, final_weights, job, launch, run_cli, tiny
+from training_helpers import Killed, copy_run, entry, final_weights, job, launch, run_cli, tiny
 
 FAST = ["train.max_steps=2", "train.validate_every=2", "train.checkpoint_every=2", "train.log_every=1"]
 TOPOLOGY = ["model.max_position_embeddings=64", "data.max_seq_length=64", "train.max_steps=4",
@@ -204,7 +204,7 @@ def test_pipeline_config_launches_its_processes(dataset, tmp_path, capsys):
     assert sum(x.startswith("final:") for x in proc.stdout.splitlines()) == 1
     assert checkpoint.read_state(checkpoint.checkpoints(out)[-1])["stages"] == 2
     if not torch.cuda.is_available():  # refused before anything is launched: the command line in this process
-        code = entry("pretraining", ["--config", "test_tiny", "parallel.pipeline_stages=2", "train.device=cuda",
+        code = entry("pretraining", ["--config", "test_tiny", f"data.dataset={dataset}", "parallel.pipeline_stages=2", "train.device=cuda",
                                      f"output_dir={tmp_path / 'gpu'}"])
         stderr = capsys.readouterr().err
         assert code == 2 and stderr.strip().count("\n") == 0 and "GPU" in stderr
@@ -283,9 +283,9 @@ def test_squad_kill_and_resume_is_bitwise_identical(tmp_path, monkeypatch):
 
     def kill_after_first(*args, **kwargs):
         real(*args, **kwargs)
-        raise KeyboardInterrupt
+        raise Killed
     monkeypatch.setattr(checkpoint, "save", kill_after_first)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(Killed):
         squad(cfg(tmp_path / "stopped"), progress=False)
     monkeypatch.undo()
     squad(cfg(tmp_path / "stopped"), resume=True, progress=False)

@@ -17,7 +17,7 @@ from bert_ipu.data.loader import ArraySource, Level, LevelLoader
 from bert_ipu.engine import checkpoint
 from bert_ipu.tasks import load_config
 
-from training_helpers import entry, final_weights, run_cli
+from training_helpers import Killed, entry, final_weights, run_cli
 
 
 def source(packs: int, length: int, first: int) -> ArraySource:
@@ -109,9 +109,9 @@ def test_levels_train_resume_bitwise_and_equal_one_process_under_sequence_parall
 
     def kill_after_first(*args, **kwargs):
         real(*args, **kwargs)
-        raise KeyboardInterrupt
+        raise Killed
     monkeypatch.setattr(checkpoint, "save", kill_after_first)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(Killed):
         entry("causal_lm", [*SFT, LEVELS, f"output_dir={stopped}"])
     monkeypatch.undo()
     assert entry("causal_lm", [*SFT, LEVELS, f"output_dir={stopped}", "--resume"]) == 0

@@ -96,7 +96,10 @@ def stopped_by(sig, dataset, out: Path, steps: int):
     proc = subprocess.Popen([sys.executable, str(ROOT / "run_pretraining.py"), *COMMON, f"data.dataset={dataset}",
                              f"output_dir={out}", f"train.max_steps={steps}", *UNTIL_STOPPED],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+                            env={**os.environ, "OMP_NUM_THREADS": "1"},
+                            # a job started in the background (a CI shell's `&`) inherits SIGINT ignored, and so
+                            # would Python: Ctrl-C's default here, as in a terminal
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 120
     while not ((out / "metrics.jsonl").is_file() and len((out / "metrics.jsonl").read_text().splitlines()) >= 3):
         assert proc.poll() is None and time.time() < deadline, proc.communicate()

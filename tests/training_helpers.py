@@ -30,6 +30,11 @@ def entry(kind: str, argv: list[str]) -> int:
         return cli.main(argv, kind, str(ROOT / registry()[kind].script))
 
 
+class Killed(BaseException):
+    """Raised by a test where the process dies (SIGKILL: no handler of the run's sees it, unlike Ctrl-C's
+    KeyboardInterrupt, which the trainer turns into a one-line stop)."""
+
+
 def final_weights(out: Path) -> dict:
     return checkpoint.load_weights(checkpoint.checkpoints(out)[-1])
 
