@@ -83,7 +83,7 @@ def _arrow_lengths(dataset, column: str, batch_size: int) -> np.ndarray:
     return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
 
 
-def pack_dataset(dataset, pack_length: int, algorithm: str = "cghp", max_sequences_per_pack="auto", *,
+def pack_dataset(dataset, pack_length: int, algorithm: str = "cghp", max_sequences_per_pack="max", *,
                  columns=("input_ids",), label_column: str | None = "labels", causal: bool = True,
                  too_long: str = "error", pad_token_id: int = 0, seed: int = 0, num_proc: int | None = None,
                  cache_dir: str | os.PathLike | None = None, time_limit: float | None = None,
@@ -96,16 +96,19 @@ def pack_dataset(dataset, pack_length: int, algorithm: str = "cghp", max_sequenc
         are its input_ids; an encoder's packs then have no labels column.
     causal: True for causal LMs (labels at each document's first token and on padding are IGNORE_INDEX, since the
         model shifts labels inside), False for encoders (the source labels as they are, IGNORE_INDEX on padding).
-    max_sequences_per_pack: "auto" (the smallest depth CGHP needs no more packs at), a whole number, or "max".
+    max_sequences_per_pack: "max" (unlimited: Hugging Face models pay S x S attention per pack however many
+        documents it holds, so a depth limit only costs packs), a whole number, or "auto" (the smallest depth at
+        which CGHP needs no more packs than unlimited; a CGHP run per depth tried, slow on wide histograms).
     too_long: a sequence longer than pack_length is an "error" (a ValueError naming it), is "truncate"d to its
         first pack_length tokens, or is "drop"ped; the report counts both.
     num_proc: processes writing the packs (each writes its own shards; the result is the same for any num_proc).
     cache_dir: where the packed Arrow files go (default: the `datasets` cache); a second call with the same source
         fingerprint and arguments reuses them.
 
-    Returns a memory-mapped `datasets.Dataset`, one row per pack: input_ids, position_ids, sequence_ids (int32,
-    (pack_length,) each), the other `columns`, labels (int64) where there are labels, and source_rows (the
-    source rows of the pack, in order). Its `info.description` holds the packing report (`packing_report`).
+    Returns a memory-mapped `datasets.Dataset`, one row per pack: input_ids, position_ids, sequence_ids, the other
+    `columns`, labels where there are labels (int32, (pack_length,) each: the collator makes them int64), and
+    source_rows (the source rows of the pack, in order). Its `info.description` holds the packing report
+    (`packing_report`).
     """
     import datasets
 
@@ -162,8 +165,8 @@ def pack_dataset(dataset, pack_length: int, algorithm: str = "cghp", max_sequenc
         "gap_to_bound": result.packs / result.lower_bound_packs - 1 if result.lower_bound_packs else 0.0,
     }
     plan = _Plan(dataset, columns, label_column, pack_length, causal, pad_token_id, offsets, rows)
-    key = hashlib.sha256(json.dumps([dataset._fingerprint, columns, label_column, causal, pad_token_id, seed,
-                                     report["packs"], report["algorithm"]]).encode()
+    key = hashlib.sha256(json.dumps([dataset._fingerprint, pack_length, columns, label_column, causal, too_long,
+                                     pad_token_id, CHUNK_TOKENS, SHARD_CHUNKS]).encode()
                          + offsets.tobytes() + rows.tobytes()).hexdigest()[:24]
     root = Path(cache_dir) if cache_dir is not None else Path(datasets.config.HF_DATASETS_CACHE) / "bert_ipu_packed"
     packed = _write(plan, root / key, num_proc or 1)
@@ -211,7 +214,7 @@ def _features(plan: _Plan):
     ids = datasets.Sequence(datasets.Value("int32"), length=plan.pack_length)
     features = {c: ids for c in plan.columns} | {"position_ids": ids, "sequence_ids": ids}
     if plan.label_column or plan.causal:
-        features["labels"] = datasets.Sequence(datasets.Value("int64"), length=plan.pack_length)
+        features["labels"] = datasets.Sequence(datasets.Value("int32"), length=plan.pack_length)
     features["source_rows"] = datasets.Sequence(datasets.Value("int64"))
     return datasets.Features(features)
 
@@ -254,7 +257,7 @@ def _build(plan: _Plan, a: int, b: int) -> dict:
         out["labels"][out["position_ids"] == 0] = IGNORE_INDEX   # a document's first token: never a target
     batch = {c: out[c].astype(np.int32) for c in plan.columns + ("position_ids", "sequence_ids")}
     if "labels" in out:
-        batch["labels"] = out["labels"].astype(np.int64)
+        batch["labels"] = out["labels"].astype(np.int32)
     batch["source_rows"] = [rows[offsets[p]:offsets[p + 1]].tolist() for p in range(b - a)]
     return batch
 
@@ -270,7 +273,8 @@ def packing_report(packed) -> dict:
 def format_report(report: dict) -> str:
     """One paragraph: packs, efficiency, the gap to the proven bound, what was truncated or dropped."""
     return (f"packed {report['sequences']:,} of {report['source_rows']:,} rows into {report['packs']:,} packs of "
-            f"{report['pack_length']} ({report['algorithm']}, max_sequences_per_pack {report['max_sequences_per_pack']})"
+            f"{report['pack_length']} ({report['algorithm']}, "
+            f"max_sequences_per_pack {report['max_sequences_per_pack']})"
             f": efficiency {report['efficiency']:.3%}, {report['packing_factor']:.3f} sequences a pack, "
             f"{report['gap_to_bound']:+.3%} packs over the proven lower bound {report['lower_bound_packs']:,}; "
             f"truncated {report['truncated']}, dropped {report['dropped']}; {report['seconds']:.2f} s")
@@ -342,8 +346,8 @@ class PackedDataCollator:
         if not (attn_implementation in MASK_IMPLEMENTATIONS or attn_implementation == OWN_MODELS
                 or attn_implementation.startswith(FLASH_PREFIX)):
             raise ValueError(f"attn_implementation {attn_implementation!r} is not known to keep packed documents "
-                             f"apart: load the model with attn_implementation= one of {', '.join(MASK_IMPLEMENTATIONS)} "
-                             f"or a {FLASH_PREFIX}* kernel, or train it unpacked")
+                             "apart: load the model with attn_implementation= one of "
+                             f"{', '.join(MASK_IMPLEMENTATIONS)} or a {FLASH_PREFIX}* kernel, or train it unpacked")
         self.attn_implementation = attn_implementation
         self.causal = _is_causal(model) if causal is None else bool(causal)
         self.position_offset = (_position_offset(model) if model is not None else 0) if position_offset is None \
@@ -356,8 +360,9 @@ class PackedDataCollator:
         if not features:
             raise ValueError("an empty batch: there are no packs to collate")
         if "sequence_ids" not in features[0]:
-            raise ValueError("the packs have no sequence_ids (the Trainer removes columns the model does not take): "
-                             "set TrainingArguments(remove_unused_columns=False) and pack with bert_ipu.hf.pack_dataset")
+            raise ValueError("the packs have no sequence_ids (the Trainer removes columns the model does not "
+                             "take): set TrainingArguments(remove_unused_columns=False) and pack with "
+                             "bert_ipu.hf.pack_dataset")
         stack = {k: torch.as_tensor(np.stack([np.asarray(f[k]) for f in features]), dtype=torch.long)
                  for k in ("input_ids", "position_ids", "sequence_ids", "labels", "token_type_ids")
                  if k in features[0]}

@@ -133,7 +133,8 @@ def test_a_dataset_on_disk_larger_than_the_memory_allowed_is_packed(tmp_path):
         path = {str(tmp_path / "src.arrow")!r}
         rng = np.random.default_rng(0)
         total = count = 0
-        with ArrowWriter(path=path, features=datasets.Features({{"input_ids": datasets.Sequence(datasets.Value("int32"))}})) as w:
+        features = datasets.Features({{"input_ids": datasets.Sequence(datasets.Value("int32"))}})
+        with ArrowWriter(path=path, features=features) as w:
             for _ in range(24):
                 lengths = rng.integers(1, 2048, size=1000)
                 flat = rng.integers(1, 30000, size=int(lengths.sum()), dtype=np.int32)
@@ -352,3 +353,4 @@ def test_packed_predict_maps_back_to_source_rows_equal_to_unpacked(tmp_path, mak
         n = len(src[r]["input_ids"])
         assert logits.shape == (n, 64)
         np.testing.assert_allclose(logits, plain[r][:n], rtol=0, atol=1e-5)
+
