@@ -1,11 +1,12 @@
 """Our packing inside Hugging Face `datasets` and `transformers.Trainer`, without cross-contamination.
 
-    from bert_ipu.hf import pack_dataset, PackedDataCollator, token_loss, unpack_outputs
+    from bert_ipu.hf import pack_dataset, PackedDataCollator, token_loss, token_metrics, unpack_outputs
     packed = pack_dataset(dataset, 2048, causal=True)        # datasets.Dataset -> a datasets.Dataset of packs
     collator = PackedDataCollator(model)                     # reads the attention implementation off the model
     args = TrainingArguments(..., remove_unused_columns=False)   # keep sequence_ids for the collator
     Trainer(model, args, train_dataset=packed, data_collator=collator, compute_loss_func=token_loss(causal=True))
     rows = unpack_outputs(packed, trainer.predict(packed).predictions)   # per source row, in source order
+    preprocess, compute = token_metrics(causal=True)  # evaluate: token-average loss/accuracy, same as unpacked
 
 `pack_dataset` reads only the lengths of the source (Arrow, batch by batch), packs their histogram with any
 algorithm of `bert_ipu.packing` (CGHP by default: a proven lower bound on the packs), assigns every sequence to
@@ -420,3 +421,37 @@ def token_loss(causal: bool):
         return total / count
 
     return loss
+
+
+def token_metrics(causal: bool):
+    """(preprocess_logits_for_metrics, compute_metrics) for `Trainer`: the token-average loss and accuracy over the
+    whole evaluation set, `eval_token_loss` and `eval_token_accuracy`, the same packed and unpacked.
+
+    Trainer's own `eval_loss` is the mean over rows of each batch's mean, so it depends on how the set is cut into
+    batches and rows (packs hold several documents): it differs packed and unpacked. Here each batch's logits are
+    reduced at once to per-token losses and hits (aligned with the labels they score: the next token for causal
+    LMs), and compute_metrics sums them over every label that is not IGNORE_INDEX."""
+    import torch
+
+    def preprocess(logits, labels):
+        if isinstance(logits, tuple):
+            logits = logits[0]
+        if causal:
+            logits, labels = logits[..., :-1, :], labels[..., 1:]
+        losses = torch.nn.functional.cross_entropy(logits.transpose(1, -1).float(), labels,
+                                                   ignore_index=IGNORE_INDEX, reduction="none")
+        hits = (logits.argmax(-1) == labels).float()
+        if causal:  # back to the position of the label they score
+            losses, hits = (torch.nn.functional.pad(x, (1, 0)) for x in (losses, hits))
+        return torch.stack([losses, hits], dim=-1)
+
+    def compute(prediction):
+        values, labels = np.asarray(prediction.predictions), np.asarray(prediction.label_ids)
+        valid = labels != IGNORE_INDEX
+        if causal:
+            valid[..., 0] = False
+        count = max(int(valid.sum()), 1)
+        return {"token_loss": float(values[..., 0][valid].astype(np.float64).sum() / count),
+                "token_accuracy": float(values[..., 1][valid].astype(np.float64).sum() / count)}
+
+    return preprocess, compute

@@ -411,3 +411,40 @@ def test_two_ddp_processes_equal_one_process(tmp_path):
     np.testing.assert_allclose(ddp["loss"], one_loss, rtol=1e-5)
     for name, weight in one_weights.items():
         torch.testing.assert_close(ddp["weights"][name], weight, rtol=1e-5, atol=2e-6, msg=name)
+
+
+@pytest.mark.parametrize("make", [llama, bert], ids=["llama", "bert"])
+def test_packed_evaluate_token_metrics_equal_unpacked(tmp_path, make):
+    """Trainer.evaluate with token_metrics: eval_token_loss and eval_token_accuracy over the packs equal those of
+    the same rows unpacked (padded, batches of 4) and the token mean computed one row at a time without padding
+    (1e-5 relative: float32 losses summed in float64)."""
+    causal = make is llama
+    src = source(30, high=20, seed=5, labels=not causal)
+    packed = hf.pack_dataset(src, 40, causal=causal, cache_dir=tmp_path, verbose=False)
+    model = make().eval()
+    preprocess, compute = hf.token_metrics(causal)
+
+    def evaluate(dataset, collator, batch):
+        args = transformers.TrainingArguments(output_dir=str(tmp_path / "e"), per_device_eval_batch_size=batch,
+                                              report_to=[], remove_unused_columns=False, use_cpu=True,
+                                              disable_tqdm=True)
+        return transformers.Trainer(model=model, args=args, data_collator=collator, compute_metrics=compute,
+                                    preprocess_logits_for_metrics=preprocess).evaluate(dataset)
+
+    ours = evaluate(packed, hf.PackedDataCollator(model), 3)
+    plain = evaluate(src, pad_collator(causal), 4)
+    total = hits = count = 0.0
+    with torch.no_grad():
+        for row in src:
+            ids = torch.tensor([row["input_ids"]])
+            labels = (ids if causal else torch.tensor([row["labels"]]))[0]
+            logits = model(input_ids=ids).logits[0]
+            if causal:
+                logits, labels = logits[:-1], labels[1:]
+            keep = labels != IGNORE_INDEX
+            total += torch.nn.functional.cross_entropy(logits[keep], labels[keep], reduction="sum").double().item()
+            hits += int((logits[keep].argmax(-1) == labels[keep]).sum())
+            count += int(keep.sum())
+    for result in (ours, plain):
+        np.testing.assert_allclose(result["eval_token_loss"], total / count, rtol=1e-5)
+        np.testing.assert_allclose(result["eval_token_accuracy"], hits / count, rtol=1e-6)
