@@ -2,6 +2,7 @@
 
     from bert_ipu.hf import pack_dataset, PackedDataCollator, token_loss, token_metrics, unpack_outputs
     packed = pack_dataset(dataset, 2048, causal=True)        # datasets.Dataset -> a datasets.Dataset of packs
+    stream = pack_iterable(iterable, 2048, buffer_size=100_000)   # IterableDataset -> packs, a buffer at a time
     collator = PackedDataCollator(model)                     # reads the attention implementation off the model
     args = TrainingArguments(..., remove_unused_columns=False)   # keep sequence_ids for the collator
     Trainer(model, args, train_dataset=packed, data_collator=collator, compute_loss_func=token_loss(causal=True))
@@ -114,8 +115,8 @@ def pack_dataset(dataset, pack_length: int, algorithm: str = "cghp", max_sequenc
     import datasets
 
     if isinstance(dataset, datasets.IterableDataset):
-        raise ValueError("pack_dataset needs a datasets.Dataset (it reads every length before packing); write the "
-                         "IterableDataset to disk first, e.g. Dataset.from_generator(lambda: (yield from it))")
+        raise ValueError("pack_dataset needs a datasets.Dataset (it reads every length before packing); pack an "
+                         "IterableDataset with pack_iterable (a buffer at a time) or write it to disk first")
     if not isinstance(dataset, datasets.Dataset):
         raise ValueError(f"pack_dataset takes a datasets.Dataset, got {type(dataset).__name__}; "
                          "wrap the data with datasets.Dataset.from_dict")
@@ -134,6 +135,77 @@ def pack_dataset(dataset, pack_length: int, algorithm: str = "cghp", max_sequenc
         raise ValueError(f"num_proc must be a whole number >= 1 or None, got {num_proc!r}")
     if len(dataset) == 0:
         raise ValueError("the dataset is empty: there is nothing to pack")
+    plan, report = _plan(dataset, pack_length, algorithm, max_sequences_per_pack, columns, label_column, causal,
+                         too_long, pad_token_id, seed, time_limit, batch_size)
+    offsets, rows = plan.offsets, plan.rows
+    key = hashlib.sha256(json.dumps([dataset._fingerprint, pack_length, columns, label_column, causal, too_long,
+                                     pad_token_id, CHUNK_TOKENS, SHARD_CHUNKS]).encode()
+                         + offsets.tobytes() + rows.tobytes()).hexdigest()[:24]
+    root = Path(cache_dir) if cache_dir is not None else Path(datasets.config.HF_DATASETS_CACHE) / "bert_ipu_packed"
+    packed = _write(plan, root / key, num_proc or 1)
+    packed.info.description = json.dumps({REPORT_KEY: report})
+    if verbose:
+        print(format_report(report))
+    return packed
+
+
+def pack_iterable(dataset, pack_length: int, algorithm: str = "cghp", max_sequences_per_pack="max", *,
+                  buffer_size: int = 100_000, columns=("input_ids",), label_column: str | None = "labels",
+                  causal: bool = True, too_long: str = "error", pad_token_id: int = 0, seed: int = 0,
+                  time_limit: float | None = None, verbose: bool = False):
+    """Pack a `datasets.IterableDataset` (or any iterable of dicts) as it streams: an IterableDataset of packs.
+
+    The stream is read `buffer_size` rows at a time, and each buffer is packed on its own exactly as
+    `pack_dataset` packs a dataset (the same columns; `source_rows` count rows from the start of the stream): a
+    pack never holds rows of two buffers, and memory holds one buffer of rows and its packs. The packing of each
+    buffer is as good as CGHP makes it on that buffer; only the last, partial buffer packs fewer rows. With
+    verbose, each buffer's report is printed. Arguments as for `pack_dataset`."""
+    import datasets
+
+    if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size < 1:
+        raise ValueError(f"buffer_size must be a whole number >= 1, got {buffer_size!r}")
+    if isinstance(dataset, datasets.Dataset):
+        raise ValueError("pack_iterable streams an IterableDataset; pack a datasets.Dataset with pack_dataset")
+    columns = (columns,) if isinstance(columns, str) else tuple(columns)
+    settings = dict(pack_length=pack_length, algorithm=algorithm, max_sequences_per_pack=max_sequences_per_pack,
+                    columns=columns, label_column=label_column, causal=causal, too_long=too_long,
+                    pad_token_id=pad_token_id, seed=seed, time_limit=time_limit)
+    return datasets.IterableDataset.from_generator(
+        _stream_packs, gen_kwargs={"stream": dataset, "buffer_size": buffer_size, "settings": settings,
+                                   "verbose": verbose})
+
+
+def _stream_packs(stream, buffer_size: int, settings: dict, verbose: bool):
+    """The packs of `stream`, one buffer of rows at a time (pack_iterable's generator)."""
+    buffer, start = [], 0
+    for row in stream:
+        buffer.append(row)
+        if len(buffer) == buffer_size:
+            yield from _buffer_packs(buffer, start, settings, verbose)
+            start, buffer = start + len(buffer), []
+    if buffer:
+        yield from _buffer_packs(buffer, start, settings, verbose)
+
+
+def _buffer_packs(buffer: list, start: int, settings: dict, verbose: bool):
+    import datasets
+
+    wanted = list(settings["columns"]) + ([settings["label_column"]] if settings["label_column"] else [])
+    chunk = datasets.Dataset.from_dict({c: [row[c] for row in buffer] for c in wanted if c in buffer[0]})
+    plan, report = _plan(chunk, **settings, batch_size=len(buffer))
+    if verbose:
+        print(format_report(report))
+    n_packs = len(plan.offsets) - 1
+    for a in range(0, n_packs, _chunk(plan.pack_length)):
+        batch = _build(plan, a, min(a + _chunk(plan.pack_length), n_packs))
+        batch["source_rows"] = [[start + r for r in rows] for rows in batch["source_rows"]]
+        for p in range(len(batch["source_rows"])):
+            yield {k: v[p] for k, v in batch.items()}
+
+
+def _plan(dataset, pack_length, algorithm, max_sequences_per_pack, columns, label_column, causal, too_long,
+          pad_token_id, seed, time_limit, batch_size):
+    """Read the lengths, pack their histogram, assign the rows: the _Plan of the packs and the report."""
     label_column = label_column if label_column and label_column in dataset.column_names else None
 
     lengths = _arrow_lengths(dataset, "input_ids", batch_size)
@@ -165,16 +237,7 @@ def pack_dataset(dataset, pack_length: int, algorithm: str = "cghp", max_sequenc
         "truncated": 0 if too_long != "truncate" else len(long), "dropped": 0 if too_long != "drop" else len(long),
         "gap_to_bound": result.packs / result.lower_bound_packs - 1 if result.lower_bound_packs else 0.0,
     }
-    plan = _Plan(dataset, columns, label_column, pack_length, causal, pad_token_id, offsets, rows)
-    key = hashlib.sha256(json.dumps([dataset._fingerprint, pack_length, columns, label_column, causal, too_long,
-                                     pad_token_id, CHUNK_TOKENS, SHARD_CHUNKS]).encode()
-                         + offsets.tobytes() + rows.tobytes()).hexdigest()[:24]
-    root = Path(cache_dir) if cache_dir is not None else Path(datasets.config.HF_DATASETS_CACHE) / "bert_ipu_packed"
-    packed = _write(plan, root / key, num_proc or 1)
-    packed.info.description = json.dumps({REPORT_KEY: report})
-    if verbose:
-        print(format_report(report))
-    return packed
+    return _Plan(dataset, columns, label_column, pack_length, causal, pad_token_id, offsets, rows), report
 
 
 def _chunk(pack_length: int) -> int:

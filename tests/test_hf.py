@@ -103,7 +103,7 @@ def test_bad_input_is_one_clear_error(tmp_path):
         (dict(dataset=datasets.Dataset.from_dict({"input_ids": [[1], []]}), pack_length=32), "row 1 is empty"),
         (dict(dataset=datasets.Dataset.from_dict({"input_ids": [[1, 2]], "labels": [[1]]}), pack_length=32),
          "row 0: 1 labels for 2 input_ids"),
-        (dict(dataset=good.to_iterable_dataset(), pack_length=32), "needs a datasets.Dataset"),
+        (dict(dataset=good.to_iterable_dataset(), pack_length=32), "needs a datasets.Dataset.*pack_iterable"),
     ]
     for kwargs, message in cases:
         with pytest.raises(ValueError, match=message):
@@ -448,3 +448,26 @@ def test_packed_evaluate_token_metrics_equal_unpacked(tmp_path, make):
     for result in (ours, plain):
         np.testing.assert_allclose(result["eval_token_loss"], total / count, rtol=1e-5)
         np.testing.assert_allclose(result["eval_token_accuracy"], hits / count, rtol=1e-6)
+
+
+def test_a_stream_is_packed_buffer_by_buffer(tmp_path):
+    """pack_iterable on an IterableDataset: every source row is in exactly one pack, with its own tokens, labels
+    and restarting positions, and a pack only holds rows of one buffer of buffer_size consecutive rows; a
+    datasets.Dataset or a bad buffer_size is a ValueError."""
+    src = source(230, seed=6)
+    stream = hf.pack_iterable(src.to_iterable_dataset(), 48, buffer_size=100, columns=("input_ids", "token_type_ids"))
+    seen = []
+    for row in stream:
+        ids, pos, seq, lab = (np.array(row[k]) for k in ("input_ids", "position_ids", "sequence_ids", "labels"))
+        assert len({r // 100 for r in row["source_rows"]}) == 1          # one buffer a pack
+        for j, r in enumerate(row["source_rows"], start=1):
+            doc = seq == j
+            np.testing.assert_array_equal(ids[doc], src[r]["input_ids"])
+            np.testing.assert_array_equal(pos[doc], np.arange(doc.sum()))
+            np.testing.assert_array_equal(lab[doc], [IGNORE_INDEX] + src[r]["input_ids"][1:])
+            seen.append(r)
+    assert sorted(seen) == list(range(len(src)))
+    with pytest.raises(ValueError, match="pack a datasets.Dataset with pack_dataset"):
+        hf.pack_iterable(src, 48)
+    with pytest.raises(ValueError, match="buffer_size must be a whole number >= 1"):
+        hf.pack_iterable(src.to_iterable_dataset(), 48, buffer_size=0)
