@@ -393,7 +393,8 @@ class PackedDataCollator:
         for sdpa; padding attends to itself only, so no row is empty. "flash_attention_*"
         -> the micro-batch's documents flattened into one row without padding, with position_ids and
         cu_seq_lens_q/k, max_length_q/k (what the varlen kernels take). "bert_ipu" -> input_ids, position_ids,
-        sequence_ids, labels for this project's packed models. Anything else: ValueError.
+        sequence_ids, labels for this project's packed models (a causal LM's labels as they take them: the next
+        token of the same document at each position). Anything else: ValueError.
     causal, position_offset: override what `model` says. dtype: the float mask's dtype (the model's).
 
     The Trainer must keep `sequence_ids`: TrainingArguments(remove_unused_columns=False).
@@ -431,6 +432,8 @@ class PackedDataCollator:
                  for k in ("input_ids", "position_ids", "sequence_ids", "labels", "token_type_ids")
                  if k in features[0]}
         if self.attn_implementation == OWN_MODELS:
+            if self.causal and "labels" in stack:  # our causal LMs take next-token labels (bert_ipu.models.causal_lm)
+                stack["labels"] = torch.nn.functional.pad(stack["labels"][:, 1:], (0, 1), value=IGNORE_INDEX)
             return stack
         sequence_ids = stack.pop("sequence_ids")
         stack["position_ids"] = stack["position_ids"] + self.position_offset

@@ -471,3 +471,31 @@ def test_a_stream_is_packed_buffer_by_buffer(tmp_path):
         hf.pack_iterable(src, 48)
     with pytest.raises(ValueError, match="buffer_size must be a whole number >= 1"):
         hf.pack_iterable(src.to_iterable_dataset(), 48, buffer_size=0)
+
+
+def test_our_packed_llama_takes_the_collators_sequence_ids_form(tmp_path):
+    """attn_implementation="bert_ipu": our PackedLlamaForCausalLM, given HF's weights, computes from input_ids,
+    position_ids and sequence_ids the logits HF's Llama computes on the same packs through the sdpa mask (equal
+    at every real token: the same float32 operations, 1e-6), and the labels are ours: the next token of the same
+    document, IGNORE_INDEX at a document's last token and on padding."""
+    from bert_ipu.models.llama import PackedLlamaForCausalLM
+
+    reference = llama().eval()
+    ours = PackedLlamaForCausalLM(reference.config).eval()
+    ours.load_state_dict(reference.state_dict())
+    src = source(12, high=20, seed=3)
+    packed = hf.pack_dataset(src, 40, cache_dir=tmp_path, verbose=False)
+    rows = [packed[i] for i in range(len(packed))]
+    own = hf.PackedDataCollator(attn_implementation="bert_ipu", causal=True)(rows)
+    assert set(own) == {"input_ids", "position_ids", "sequence_ids", "labels"}
+    masked = hf.PackedDataCollator(reference)(rows)
+    with torch.no_grad():
+        got = ours(own["input_ids"], own["position_ids"], own["sequence_ids"])
+        want = reference(**{k: v for k, v in masked.items() if k != "labels"}).logits
+    real = own["sequence_ids"] > 0
+    torch.testing.assert_close(got[real], want[real], rtol=0, atol=1e-6)
+    for p, row in enumerate(rows):
+        for j, r in enumerate(row["source_rows"], start=1):
+            doc = own["sequence_ids"][p] == j
+            assert own["labels"][p][doc].tolist() == src[r]["input_ids"][1:] + [IGNORE_INDEX]
+    assert (own["labels"][~real] == IGNORE_INDEX).all()
