@@ -1,6 +1,6 @@
 """Our packing inside Hugging Face `datasets` and `transformers.Trainer`, without cross-contamination.
 
-    from bert_ipu.hf import pack_dataset, PackedDataCollator, token_loss, token_metrics, unpack_outputs
+    from bert_ipu.hf import pack_dataset, pack_iterable, PackedDataCollator, token_loss, token_metrics, unpack_outputs
     packed = pack_dataset(dataset, 2048, causal=True)        # datasets.Dataset -> a datasets.Dataset of packs
     stream = pack_iterable(iterable, 2048, buffer_size=100_000)   # IterableDataset -> packs, a buffer at a time
     collator = PackedDataCollator(model)                     # reads the attention implementation off the model
