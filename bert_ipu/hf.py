@@ -1,0 +1,524 @@
+"""Our packing inside Hugging Face `datasets` and `transformers.Trainer`, without cross-contamination.
+
+    from bert_ipu.hf import pack_dataset, pack_iterable, PackedDataCollator, token_loss, token_metrics, unpack_outputs
+    packed = pack_dataset(dataset, 2048, causal=True)        # datasets.Dataset -> a datasets.Dataset of packs
+    stream = pack_iterable(iterable, 2048, buffer_size=100_000)   # IterableDataset -> packs, a buffer at a time
+    collator = PackedDataCollator(model)                     # reads the attention implementation off the model
+    args = TrainingArguments(..., remove_unused_columns=False)   # keep sequence_ids for the collator
+    Trainer(model, args, train_dataset=packed, data_collator=collator, compute_loss_func=token_loss(causal=True))
+    rows = unpack_outputs(packed, trainer.predict(packed).predictions)   # per source row, in source order
+    preprocess, compute = token_metrics(causal=True)  # evaluate: token-average loss/accuracy, same as unpacked
+
+`pack_dataset` reads only the lengths of the source (Arrow, batch by batch), packs their histogram with any
+algorithm of `bert_ipu.packing` (CGHP by default: a proven lower bound on the packs), assigns every sequence to
+one pack, and writes the packs as Arrow files (one per shard, `num_proc` processes; the same files whatever
+`num_proc`), returned memory-mapped: the source and the packs need not fit in memory. Each pack has
+`input_ids`, `position_ids` (0, 1, ... restarting in every document), `sequence_ids` (1..k, 0 = padding),
+`labels` and `source_rows`; the packing report is printed and kept in `info.description` (`packing_report`).
+
+Labels never cross documents. A causal LM's model shifts labels inside (the logit at t is scored against
+label t + 1), so the label at each document's first token, which the previous document's last token would be
+asked to predict, is IGNORE_INDEX, as is padding. An encoder keeps the source's per-token labels.
+
+`PackedDataCollator` turns packs into what the model's attention implementation isolates documents with: a
+4D block-diagonal (document-causal for causal LMs) mask for eager and sdpa (transformers uses a 4D mask as
+given), flattened rows with `cu_seq_lens` for the flash implementations, `sequence_ids` for this project's own
+packed models. Any other implementation (flex_attention included: not verified here, its CPU kernel crashes the
+process in torch 2.13) is refused with a ValueError: nothing is warned and run.
+`token_loss` is a `compute_loss_func` summing token losses and dividing by the Trainer's `num_items_in_batch`
+(the valid labels of the whole update, over gradient accumulation and ranks), so a packed run's loss and
+gradients equal the unpacked run's on the same sequences.
+
+numpy at import; `datasets`, `pyarrow`, `torch` and `transformers` are imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .data.contiguous import rows_from_packs
+from .data.layout import IGNORE_INDEX
+from .packing.api import pack, resolve_depth
+from .packing.assign import assign_ragged
+from .packing.histogram import histogram_of
+
+REPORT_KEY = "bert_ipu.packing_report"   # the key of the report in a packed dataset's info.description (JSON)
+TOO_LONG = ("error", "truncate", "drop")
+MASK_IMPLEMENTATIONS = ("eager", "sdpa")   # transformers uses a 4D mask as given (tests/test_hf.py checks both)
+FLASH_PREFIX = "flash_attention_"                            # varlen kernels: cu_seq_lens of flattened rows
+OWN_MODELS = "bert_ipu"                                      # this project's packed models: sequence_ids
+CHUNK_TOKENS = 2**18          # pack tokens built and written at a time (bounds the memory of pack_dataset;
+                              # 2**18 was 15% faster than 2**20 on 400k SFT-like sequences: arrays stay in the heap)
+SHARD_CHUNKS = 16             # chunks per Arrow file: one file = one unit of work for num_proc
+
+
+# ------------------------------------------------------------------------------------------------ pack_dataset
+
+@dataclass(frozen=True)
+class _Plan:
+    """What every shard writer needs: which source rows go into which pack, and how to lay them out."""
+    source: object              # the datasets.Dataset (memory-mapped when it comes from disk)
+    columns: tuple              # token-level columns copied into the packs (input_ids first)
+    label_column: str | None    # the source's per-token labels, if any
+    pack_length: int
+    causal: bool
+    pad_token_id: int
+    offsets: np.ndarray         # (packs + 1,): pack p holds rows[offsets[p]:offsets[p + 1]]
+    rows: np.ndarray            # (packed sequences,) source row indices in pack order
+
+
+def _arrow_lengths(dataset, column: str, batch_size: int) -> np.ndarray:
+    """The number of tokens of every row of `column`, read batch by batch as Arrow (no Python loop over rows)."""
+    import pyarrow.compute as pc
+
+    parts = []
+    for batch in dataset.select_columns([column]).with_format("arrow").iter(batch_size=batch_size):
+        lengths = pc.list_value_length(batch[column])
+        if lengths.null_count:
+            raise ValueError(f"column {column!r} has missing rows (None); filter them out before packing")
+        parts.append(lengths.to_numpy(zero_copy_only=False))
+    return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
+
+
+def pack_dataset(dataset, pack_length: int, algorithm: str = "cghp", max_sequences_per_pack="max", *,
+                 columns=("input_ids",), label_column: str | None = "labels", causal: bool = True,
+                 too_long: str = "error", pad_token_id: int = 0, seed: int = 0, num_proc: int | None = None,
+                 cache_dir: str | os.PathLike | None = None, time_limit: float | None = None,
+                 batch_size: int = 10_000, verbose: bool = True):
+    """Pack a `datasets.Dataset` of token sequences into a `datasets.Dataset` of `pack_length`-token rows.
+
+    columns: the token-level columns to pack, `input_ids` first (e.g. ("input_ids", "token_type_ids")); every
+        one must have as many entries per row as input_ids. Other columns are left out (`source_rows` finds them).
+    label_column: the source's per-token labels (used when the column exists). Without it a causal LM's labels
+        are its input_ids; an encoder's packs then have no labels column.
+    causal: True for causal LMs (labels at each document's first token and on padding are IGNORE_INDEX, since the
+        model shifts labels inside), False for encoders (the source labels as they are, IGNORE_INDEX on padding).
+    max_sequences_per_pack: "max" (unlimited: Hugging Face models pay S x S attention per pack however many
+        documents it holds, so a depth limit only costs packs), a whole number, or "auto" (the smallest depth at
+        which CGHP needs no more packs than unlimited; a CGHP run per depth tried, slow on wide histograms).
+    too_long: a sequence longer than pack_length is an "error" (a ValueError naming it), is "truncate"d to its
+        first pack_length tokens, or is "drop"ped; the report counts both.
+    num_proc: processes writing the packs (each writes its own shards; the result is the same for any num_proc).
+    cache_dir: where the packed Arrow files go (default: the `datasets` cache); a second call with the same source
+        fingerprint and arguments reuses them.
+
+    Returns a memory-mapped `datasets.Dataset`, one row per pack: input_ids, position_ids, sequence_ids, the other
+    `columns`, labels where there are labels (int32, (pack_length,) each: the collator makes them int64), and
+    source_rows (the source rows of the pack, in order). Its `info.description` holds the packing report
+    (`packing_report`).
+    """
+    import datasets
+
+    if isinstance(dataset, datasets.IterableDataset):
+        raise ValueError("pack_dataset needs a datasets.Dataset (it reads every length before packing); pack an "
+                         "IterableDataset with pack_iterable (a buffer at a time) or write it to disk first")
+    if not isinstance(dataset, datasets.Dataset):
+        raise ValueError(f"pack_dataset takes a datasets.Dataset, got {type(dataset).__name__}; "
+                         "wrap the data with datasets.Dataset.from_dict")
+    if isinstance(pack_length, bool) or not isinstance(pack_length, (int, np.integer)) or pack_length < 1:
+        raise ValueError(f"pack_length must be a whole number >= 1, got {pack_length!r}")
+    pack_length = int(pack_length)
+    columns = (columns,) if isinstance(columns, str) else tuple(columns)
+    if not columns or columns[0] != "input_ids":
+        raise ValueError(f"columns must start with 'input_ids', got {columns!r}")
+    missing = [c for c in columns if c not in dataset.column_names]
+    if missing:
+        raise ValueError(f"the dataset has no column {missing[0]!r} (columns: {', '.join(dataset.column_names)})")
+    if too_long not in TOO_LONG:
+        raise ValueError(f"too_long must be one of {', '.join(TOO_LONG)}, got {too_long!r}")
+    if num_proc is not None and (isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc < 1):
+        raise ValueError(f"num_proc must be a whole number >= 1 or None, got {num_proc!r}")
+    if len(dataset) == 0:
+        raise ValueError("the dataset is empty: there is nothing to pack")
+    plan, report = _plan(dataset, pack_length, algorithm, max_sequences_per_pack, columns, label_column, causal,
+                         too_long, pad_token_id, seed, time_limit, batch_size)
+    offsets, rows = plan.offsets, plan.rows
+    key = hashlib.sha256(json.dumps([dataset._fingerprint, pack_length, columns, label_column, causal, too_long,
+                                     pad_token_id, CHUNK_TOKENS, SHARD_CHUNKS]).encode()
+                         + offsets.tobytes() + rows.tobytes()).hexdigest()[:24]
+    root = Path(cache_dir) if cache_dir is not None else Path(datasets.config.HF_DATASETS_CACHE) / "bert_ipu_packed"
+    packed = _write(plan, root / key, num_proc or 1)
+    packed.info.description = json.dumps({REPORT_KEY: report})
+    if verbose:
+        print(format_report(report))
+    return packed
+
+
+def pack_iterable(dataset, pack_length: int, algorithm: str = "cghp", max_sequences_per_pack="max", *,
+                  buffer_size: int = 100_000, columns=("input_ids",), label_column: str | None = "labels",
+                  causal: bool = True, too_long: str = "error", pad_token_id: int = 0, seed: int = 0,
+                  time_limit: float | None = None, verbose: bool = False):
+    """Pack a `datasets.IterableDataset` (or any iterable of dicts) as it streams: an IterableDataset of packs.
+
+    The stream is read `buffer_size` rows at a time, and each buffer is packed on its own exactly as
+    `pack_dataset` packs a dataset (the same columns; `source_rows` count rows from the start of the stream): a
+    pack never holds rows of two buffers, and memory holds one buffer of rows and its packs. The packing of each
+    buffer is as good as CGHP makes it on that buffer; only the last, partial buffer packs fewer rows. With
+    verbose, each buffer's report is printed. Arguments as for `pack_dataset`."""
+    import datasets
+
+    if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size < 1:
+        raise ValueError(f"buffer_size must be a whole number >= 1, got {buffer_size!r}")
+    if isinstance(dataset, datasets.Dataset):
+        raise ValueError("pack_iterable streams an IterableDataset; pack a datasets.Dataset with pack_dataset")
+    columns = (columns,) if isinstance(columns, str) else tuple(columns)
+    settings = dict(pack_length=pack_length, algorithm=algorithm, max_sequences_per_pack=max_sequences_per_pack,
+                    columns=columns, label_column=label_column, causal=causal, too_long=too_long,
+                    pad_token_id=pad_token_id, seed=seed, time_limit=time_limit)
+    return datasets.IterableDataset.from_generator(
+        _stream_packs, gen_kwargs={"stream": dataset, "buffer_size": buffer_size, "settings": settings,
+                                   "verbose": verbose})
+
+
+def _stream_packs(stream, buffer_size: int, settings: dict, verbose: bool):
+    """The packs of `stream`, one buffer of rows at a time (pack_iterable's generator)."""
+    buffer, start = [], 0
+    for row in stream:
+        buffer.append(row)
+        if len(buffer) == buffer_size:
+            yield from _buffer_packs(buffer, start, settings, verbose)
+            start, buffer = start + len(buffer), []
+    if buffer:
+        yield from _buffer_packs(buffer, start, settings, verbose)
+
+
+def _buffer_packs(buffer: list, start: int, settings: dict, verbose: bool):
+    import datasets
+
+    wanted = list(settings["columns"]) + ([settings["label_column"]] if settings["label_column"] else [])
+    chunk = datasets.Dataset.from_dict({c: [row[c] for row in buffer] for c in wanted if c in buffer[0]})
+    plan, report = _plan(chunk, **settings, batch_size=len(buffer))
+    if verbose:
+        print(format_report(report))
+    n_packs = len(plan.offsets) - 1
+    for a in range(0, n_packs, _chunk(plan.pack_length)):
+        batch = _build(plan, a, min(a + _chunk(plan.pack_length), n_packs))
+        batch["source_rows"] = [[start + r for r in rows] for rows in batch["source_rows"]]
+        for p in range(len(batch["source_rows"])):
+            yield {k: v[p] for k, v in batch.items()}
+
+
+def _plan(dataset, pack_length, algorithm, max_sequences_per_pack, columns, label_column, causal, too_long,
+          pad_token_id, seed, time_limit, batch_size):
+    """Read the lengths, pack their histogram, assign the rows: the _Plan of the packs and the report."""
+    label_column = label_column if label_column and label_column in dataset.column_names else None
+
+    lengths = _arrow_lengths(dataset, "input_ids", batch_size)
+    for column in columns[1:] + ((label_column,) if label_column else ()):
+        other = _arrow_lengths(dataset, column, batch_size)
+        if not np.array_equal(other, lengths):
+            i = int(np.argmax(other != lengths))
+            raise ValueError(f"row {i}: {other[i]} {column} for {lengths[i]} input_ids; {column} must be per token")
+    if (lengths == 0).any():
+        raise ValueError(f"row {int(np.argmax(lengths == 0))} is empty (0 tokens); filter out empty rows first")
+    long = np.nonzero(lengths > pack_length)[0]
+    if len(long) and too_long == "error":
+        i = int(long[0])
+        raise ValueError(f"row {i} has {lengths[i]} tokens, more than pack_length {pack_length} ({len(long)} such "
+                         "rows); raise pack_length or pass too_long='truncate' or too_long='drop'")
+    keep = np.arange(len(lengths)) if too_long != "drop" else np.nonzero(lengths <= pack_length)[0]
+    if len(keep) == 0:
+        raise ValueError(f"every row is longer than pack_length {pack_length}; nothing to pack")
+    kept = np.minimum(lengths[keep], pack_length)
+
+    histogram = histogram_of(kept, pack_length)
+    depth = resolve_depth(max_sequences_per_pack, histogram, algorithm)
+    result = pack(histogram, algorithm, depth, seed=seed, time_limit=time_limit)
+    offsets, order = assign_ragged(kept, result.mixture, pack_length, seed=seed)
+    rows = keep[order]
+
+    report = result.to_json() | {
+        "pack_length": pack_length, "source_rows": len(lengths), "causal": causal, "too_long": too_long,
+        "truncated": 0 if too_long != "truncate" else len(long), "dropped": 0 if too_long != "drop" else len(long),
+        "gap_to_bound": result.packs / result.lower_bound_packs - 1 if result.lower_bound_packs else 0.0,
+    }
+    return _Plan(dataset, columns, label_column, pack_length, causal, pad_token_id, offsets, rows), report
+
+
+def _chunk(pack_length: int) -> int:
+    return max(1, CHUNK_TOKENS // pack_length)
+
+
+def _shards(n_packs: int, pack_length: int) -> list[tuple[int, int]]:
+    """Pack ranges written to one Arrow file each: fixed by the data alone, so num_proc changes only who writes."""
+    size = _chunk(pack_length) * SHARD_CHUNKS
+    return [(a, min(a + size, n_packs)) for a in range(0, n_packs, size)]
+
+
+def _write(plan: _Plan, folder: Path, num_proc: int):
+    """Write every shard of the packs under `folder` (reused when a finished run left it) and load them."""
+    import datasets
+
+    shards = _shards(len(plan.offsets) - 1, plan.pack_length)
+    paths = [folder / f"packs-{i:05d}.arrow" for i in range(len(shards))]
+    if not (folder / "done").exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        jobs = list(zip(shards, paths))
+        if num_proc > 1 and len(jobs) > 1:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            with ProcessPoolExecutor(min(num_proc, len(jobs)), mp_context=multiprocessing.get_context("fork")) as pool:
+                list(pool.map(_write_shard, [plan] * len(jobs), jobs))
+        else:
+            for job in jobs:
+                _write_shard(plan, job)
+        (folder / "done").write_text("ok\n")
+    return datasets.concatenate_datasets([datasets.Dataset.from_file(str(p)) for p in paths])
+
+
+def _features(plan: _Plan):
+    import datasets
+
+    ids = datasets.Sequence(datasets.Value("int32"), length=plan.pack_length)
+    features = {c: ids for c in plan.columns} | {"position_ids": ids, "sequence_ids": ids}
+    if plan.label_column or plan.causal:
+        features["labels"] = datasets.Sequence(datasets.Value("int32"), length=plan.pack_length)
+    features["source_rows"] = datasets.Sequence(datasets.Value("int64"))
+    return datasets.Features(features)
+
+
+def _write_shard(plan: _Plan, job) -> None:
+    """Build packs [a, b) chunk by chunk from the source rows they hold and write them to one Arrow file."""
+    from datasets.arrow_writer import ArrowWriter
+
+    (a, b), path = job
+    tmp = Path(str(path) + ".tmp")
+    with ArrowWriter(features=_features(plan), path=str(tmp)) as writer:
+        step = _chunk(plan.pack_length)
+        for start in range(a, b, step):
+            writer.write_batch(_build(plan, start, min(start + step, b)))
+        writer.finalize()
+    os.replace(tmp, path)
+
+
+def _build(plan: _Plan, a: int, b: int) -> dict:
+    """The columns of packs [a, b): the source rows are read once, as Arrow, truncated to pack_length."""
+    import pyarrow.compute as pc
+
+    offsets = plan.offsets[a:b + 1] - plan.offsets[a]
+    rows = plan.rows[plan.offsets[a]:plan.offsets[b]]
+    wanted = plan.columns + ((plan.label_column,) if plan.label_column else ())
+    table = plan.source.select_columns(list(wanted)).with_format("arrow")[rows]
+    flat = {}
+    for column in wanted:
+        values = pc.list_slice(table[column], 0, plan.pack_length)
+        flat[column] = pc.list_flatten(values).to_numpy(zero_copy_only=False).astype(np.int64)
+        lengths = pc.list_value_length(values).to_numpy(zero_copy_only=False).astype(np.int64)
+    fields = {c: flat[c] for c in plan.columns}
+    if plan.label_column:
+        fields["labels"] = flat[plan.label_column]
+    elif plan.causal:
+        fields["labels"] = flat["input_ids"]
+    fill = {"input_ids": plan.pad_token_id, "labels": IGNORE_INDEX}
+    out, *_ = rows_from_packs(lengths, fields, plan.pack_length, offsets, np.arange(len(rows)), fill=fill)
+    if plan.causal and "labels" in out:
+        out["labels"][out["position_ids"] == 0] = IGNORE_INDEX   # a document's first token: never a target
+    batch = {c: out[c].astype(np.int32) for c in plan.columns + ("position_ids", "sequence_ids")}
+    if "labels" in out:
+        batch["labels"] = out["labels"].astype(np.int32)
+    batch["source_rows"] = [rows[offsets[p]:offsets[p + 1]].tolist() for p in range(b - a)]
+    return batch
+
+
+def packing_report(packed) -> dict:
+    """The packing report `pack_dataset` stored in a packed dataset's info.description."""
+    try:
+        return json.loads(packed.info.description)[REPORT_KEY]
+    except (TypeError, ValueError, KeyError):
+        raise ValueError("this dataset carries no packing report; make it with bert_ipu.hf.pack_dataset") from None
+
+
+def format_report(report: dict) -> str:
+    """One paragraph: packs, efficiency, the gap to the proven bound, what was truncated or dropped."""
+    return (f"packed {report['sequences']:,} of {report['source_rows']:,} rows into {report['packs']:,} packs of "
+            f"{report['pack_length']} ({report['algorithm']}, "
+            f"max_sequences_per_pack {report['max_sequences_per_pack']})"
+            f": efficiency {report['efficiency']:.3%}, {report['packing_factor']:.3f} sequences a pack, "
+            f"{report['gap_to_bound']:+.3%} packs over the proven lower bound {report['lower_bound_packs']:,}; "
+            f"truncated {report['truncated']}, dropped {report['dropped']}; {report['seconds']:.2f} s")
+
+
+def unpack_outputs(packed, outputs) -> list:
+    """Token-level outputs of the packs (packs, pack_length, ...) -> one array per source row, in source row
+    order (a row of the source that was dropped gets None): row r's outputs are its (possibly truncated) tokens'.
+    `outputs` is what `Trainer.predict(packed).predictions` returns for a mask-based collator."""
+    outputs = np.asarray(outputs)
+    report = packing_report(packed)
+    if outputs.shape[:2] != (len(packed), report["pack_length"]):
+        raise ValueError(f"outputs of shape {outputs.shape} are not (packs, pack_length, ...) = "
+                         f"({len(packed)}, {report['pack_length']}, ...); predict on the packed dataset, in order")
+    result = [None] * report["source_rows"]
+    columns = packed.select_columns(["sequence_ids", "source_rows"]).with_format("numpy")
+    step = _chunk(report["pack_length"])
+    for start in range(0, len(packed), step):
+        chunk = columns[start:start + step]
+        for p, (ids, sources) in enumerate(zip(chunk["sequence_ids"], chunk["source_rows"])):
+            for k, row in enumerate(sources, start=1):
+                result[int(row)] = outputs[start + p][ids == k]
+    return result
+
+
+# ------------------------------------------------------------------------------------------------ the collator
+
+def _is_causal(model) -> bool:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return bool(getattr(model.config, "is_decoder", False)) or \
+        type(model).__name__ in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()
+
+
+def _position_offset(model) -> int:
+    """RoBERTa-style embeddings number positions from padding_idx + 1 (they make position_ids from input_ids
+    when none are given); our positions start at 0, so they are shifted by that much."""
+    embeddings = getattr(getattr(model, "base_model", model), "embeddings", None)
+    if embeddings is not None and hasattr(type(embeddings), "create_position_ids_from_input_ids"):
+        return int(embeddings.padding_idx) + 1
+    return 0
+
+
+class PackedDataCollator:
+    """A `data_collator` for `transformers.Trainer` (and TRL's SFTTrainer) taking packed rows (`pack_dataset`:
+    input_ids, position_ids, sequence_ids, labels) to inputs on which the model attends within documents only.
+
+    model: read for the attention implementation (`model.config._attn_implementation`), whether it is causal
+        (a decoder or a *ForCausalLM) and RoBERTa's position offset; or give them:
+    attn_implementation: "eager", "sdpa" -> a 4D mask (batch, 1, S, S) that is block-diagonal (and causal
+        inside each document for causal LMs): additive float (0 / dtype min) for eager, boolean (True = attend)
+        for sdpa; padding attends to itself only, so no row is empty. "flash_attention_*"
+        -> the micro-batch's documents flattened into one row without padding, with position_ids and
+        cu_seq_lens_q/k, max_length_q/k (what the varlen kernels take). "bert_ipu" -> input_ids, position_ids,
+        sequence_ids, labels for this project's packed models (a causal LM's labels as they take them: the next
+        token of the same document at each position). Anything else: ValueError.
+    causal, position_offset: override what `model` says. dtype: the float mask's dtype (the model's).
+
+    The Trainer must keep `sequence_ids`: TrainingArguments(remove_unused_columns=False).
+    """
+
+    def __init__(self, model=None, *, attn_implementation: str | None = None, causal: bool | None = None,
+                 position_offset: int | None = None, dtype=None):
+        import torch
+
+        if model is None and (attn_implementation is None or causal is None):
+            raise ValueError("PackedDataCollator needs the model, or both attn_implementation and causal")
+        if attn_implementation is None:
+            attn_implementation = getattr(model.config, "_attn_implementation", None) or "eager"
+        if not (attn_implementation in MASK_IMPLEMENTATIONS or attn_implementation == OWN_MODELS
+                or attn_implementation.startswith(FLASH_PREFIX)):
+            raise ValueError(f"attn_implementation {attn_implementation!r} is not known to keep packed documents "
+                             "apart: load the model with attn_implementation= one of "
+                             f"{', '.join(MASK_IMPLEMENTATIONS)} or a {FLASH_PREFIX}* kernel, or train it unpacked")
+        self.attn_implementation = attn_implementation
+        self.causal = _is_causal(model) if causal is None else bool(causal)
+        self.position_offset = (_position_offset(model) if model is not None else 0) if position_offset is None \
+            else int(position_offset)
+        self.dtype = dtype if dtype is not None else (model.dtype if model is not None else torch.float32)
+
+    def __call__(self, features: list[dict]) -> dict:
+        import torch
+
+        if not features:
+            raise ValueError("an empty batch: there are no packs to collate")
+        if "sequence_ids" not in features[0]:
+            raise ValueError("the packs have no sequence_ids (the Trainer removes columns the model does not "
+                             "take): set TrainingArguments(remove_unused_columns=False) and pack with "
+                             "bert_ipu.hf.pack_dataset")
+        stack = {k: torch.as_tensor(np.stack([np.asarray(f[k]) for f in features]), dtype=torch.long)
+                 for k in ("input_ids", "position_ids", "sequence_ids", "labels", "token_type_ids")
+                 if k in features[0]}
+        if self.attn_implementation == OWN_MODELS:
+            if self.causal and "labels" in stack:  # our causal LMs take next-token labels (bert_ipu.models.causal_lm)
+                stack["labels"] = torch.nn.functional.pad(stack["labels"][:, 1:], (0, 1), value=IGNORE_INDEX)
+            return stack
+        sequence_ids = stack.pop("sequence_ids")
+        stack["position_ids"] = stack["position_ids"] + self.position_offset
+        if self.attn_implementation.startswith(FLASH_PREFIX):
+            return self._flattened(stack, sequence_ids)
+        stack["attention_mask"] = self._mask(sequence_ids)
+        return stack
+
+    def _mask(self, sequence_ids):
+        """(B, 1, S, S): query t sees key u iff both are in the same document (and u <= t if causal); a padding
+        token sees itself."""
+        import torch
+
+        same = (sequence_ids[:, :, None] == sequence_ids[:, None, :]) & (sequence_ids[:, :, None] > 0)
+        if self.causal:
+            same &= torch.ones(same.shape[1:], dtype=torch.bool).tril()
+        same |= torch.eye(same.shape[1], dtype=torch.bool)
+        if self.attn_implementation == "sdpa":
+            return same[:, None]
+        mask = torch.zeros(same.shape, dtype=self.dtype).masked_fill_(~same, torch.finfo(self.dtype).min)
+        return mask[:, None]
+
+    def _flattened(self, stack, sequence_ids):
+        """Every document of the micro-batch back to back in one row (padding left out), as flash varlen takes."""
+        import torch
+
+        real = sequence_ids > 0
+        out = {k: v[real][None] for k, v in stack.items()}
+        starts = (out["position_ids"][0] == self.position_offset).nonzero().flatten()
+        cu = torch.cat([starts, torch.tensor([out["input_ids"].shape[1]])]).to(torch.int32)
+        longest = int((cu[1:] - cu[:-1]).max())
+        return out | {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest}
+
+
+def token_loss(causal: bool):
+    """A `compute_loss_func` for `transformers.Trainer`: the sum of the token cross-entropies of the micro-batch
+    divided by `num_items_in_batch`, the Trainer's count of valid labels over the whole update (all gradient
+    accumulation steps, and all ranks with average_tokens_across_devices). Packed or not, every token of an
+    update then weighs 1 / (its tokens): the loss and gradients do not depend on how the update is cut into
+    micro-batches or rows. causal: score the logit at t against label t + 1 (what causal LMs do)."""
+    import torch
+
+    def loss(outputs, labels, num_items_in_batch=None):
+        logits = outputs["logits"]
+        if causal:
+            logits, labels = logits[..., :-1, :], labels[..., 1:]
+        total = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
+                                                  labels.reshape(-1).to(logits.device),
+                                                  ignore_index=IGNORE_INDEX, reduction="sum")
+        count = num_items_in_batch if num_items_in_batch is not None else labels.ne(IGNORE_INDEX).sum()
+        return total / count
+
+    return loss
+
+
+def token_metrics(causal: bool):
+    """(preprocess_logits_for_metrics, compute_metrics) for `Trainer`: the token-average loss and accuracy over the
+    whole evaluation set, `eval_token_loss` and `eval_token_accuracy`, the same packed and unpacked.
+
+    Trainer's own `eval_loss` is the mean over rows of each batch's mean, so it depends on how the set is cut into
+    batches and rows (packs hold several documents): it differs packed and unpacked. Here each batch's logits are
+    reduced at once to per-token losses and hits (aligned with the labels they score: the next token for causal
+    LMs), and compute_metrics sums them over every label that is not IGNORE_INDEX."""
+    import torch
+
+    def preprocess(logits, labels):
+        if isinstance(logits, tuple):
+            logits = logits[0]
+        if causal:
+            logits, labels = logits[..., :-1, :], labels[..., 1:]
+        losses = torch.nn.functional.cross_entropy(logits.transpose(1, -1).float(), labels,
+                                                   ignore_index=IGNORE_INDEX, reduction="none")
+        hits = (logits.argmax(-1) == labels).float()
+        if causal:  # back to the position of the label they score
+            losses, hits = (torch.nn.functional.pad(x, (1, 0)) for x in (losses, hits))
+        return torch.stack([losses, hits], dim=-1)
+
+    def compute(prediction):
+        values, labels = np.asarray(prediction.predictions), np.asarray(prediction.label_ids)
+        valid = labels != IGNORE_INDEX
+        if causal:
+            valid[..., 0] = False
+        count = max(int(valid.sum()), 1)
+        return {"token_loss": float(values[..., 0][valid].astype(np.float64).sum() / count),
+                "token_accuracy": float(values[..., 1][valid].astype(np.float64).sum() / count)}
+
+    return preprocess, compute
