@@ -18,7 +18,7 @@ import os
 import sys
 
 from .config import ConfigError, to_yaml
-from .engine.launch import launch_if_needed
+from .engine.launch import die_with_launcher, launch_if_needed
 from .engine.runtime import RunError, finish, report_error
 from .tasks import TaskSpec, load_config, registry
 
@@ -96,6 +96,7 @@ def main(argv: list[str] | None = None, kind: str | None = None, script: str | N
     """Run the command line `argv` (default sys.argv[1:]) for configs of `kind` (None: any kind); `script` is the
     file that re-runs it in launched processes (the caller's entry point). Returns the exit code."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    die_with_launcher()
     try:
         cfg, args, spec = config(argv, kind)
         flags = vars(args)

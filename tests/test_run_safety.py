@@ -159,3 +159,47 @@ def test_an_export_off_a_terminal_writes_no_progress_bars(tmp_path, capsys):
     export_model(PackedBertForPreTraining(config), tmp_path / "hf", vocab, card={"task": "test"})
     assert "Writing model shards" not in capsys.readouterr().err
     assert hf_logging.is_progress_bar_enabled()
+
+
+def test_a_killed_launcher_leaves_no_stage_processes(dataset, tmp_path):
+    """kill -9 of `python run_pretraining.py` running a 2-stage pipeline (it launches the 2 stage processes
+    itself) left both stages running for ever. They now get SIGTERM when their launcher dies, and end."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from training_helpers import ROOT
+
+    out = tmp_path / "orphans"
+    proc = subprocess.Popen([sys.executable, str(ROOT / "run_pretraining.py"), *COMMON, f"data.dataset={dataset}",
+                             f"output_dir={out}", "parallel.pipeline_stages=2", "train.max_steps=100000",
+                             *UNTIL_STOPPED], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+    def stages() -> list[int]:  # the processes whose command line names this run's folder, but the launcher
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                cmdline = open(f"/proc/{pid}/cmdline", "rb").read()
+            except OSError:
+                continue
+            if str(out).encode() in cmdline and int(pid) != proc.pid:
+                found.append(int(pid))
+        return found
+
+    deadline = time.time() + 120
+    while not ((out / "metrics.jsonl").is_file() and (out / "metrics.jsonl").read_text().strip()):
+        assert proc.poll() is None and time.time() < deadline
+        time.sleep(0.1)
+    assert len(stages()) == 2
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    deadline = time.time() + 60
+    while stages() and time.time() < deadline:
+        time.sleep(0.2)
+    left = stages()
+    for pid in left:  # do not leave them to the next test either
+        os.kill(pid, signal.SIGKILL)
+    assert not left
