@@ -342,12 +342,13 @@ def test_none_is_depth_one(instances_dir, tmp_path):
 
 def test_auto_depth_resolves_on_the_training_split(instances_dir, tmp_path, capsys):
     """--max-sequences-per-pack auto packs at auto_depth of the train histogram: the smallest limit at which
-    CGHP needs no more packs than unlimited; NNLSHP at most 3."""
+    CGHP needs at most 0.1% more packs than unlimited; NNLSHP at most 3."""
     hist = train_histogram(instances_dir)
     depth = auto_depth(hist)
     unlimited = pack(hist, "cghp", None).packs
-    assert pack(hist, "cghp", depth).packs <= unlimited
-    assert depth == 1 or pack(hist, "cghp", depth - 1).packs > unlimited
+    enough = unlimited + unlimited // 1000
+    assert pack(hist, "cghp", depth).packs <= enough
+    assert depth == 1 or pack(hist, "cghp", depth - 1).packs > enough
     assert auto_depth(hist, "nnlshp") == min(depth, 3)
     assert pack_cli.main(["--input", str(instances_dir), "--output", str(tmp_path / "auto"),
                           "--max-sequences-per-pack", "auto"]) == 0
@@ -359,6 +360,28 @@ def test_auto_depth_resolves_on_the_training_split(instances_dir, tmp_path, caps
     assert K == most_sequences_in_a_row(tmp_path / "auto") <= depth
     nnlshp = pack_pretraining_data(instances_dir, tmp_path / "nnlshp", "nnlshp", "auto", progress=False)
     assert nnlshp["max_sequences_per_pack"] == min(depth, 3)
+
+
+def test_auto_depth_stops_at_the_unlimited_packings_depth(monkeypatch):
+    """CGHP at a depth limit is a heuristic: on wide histograms (50,000 SFT-like lengths at 2048) it stayed a few
+    packs above the unlimited count at every depth, and auto_depth ran one CGHP per depth up to the pack length.
+    The search now ends at the unlimited packing's deepest pack, which that packing respects."""
+    from bert_ipu.packing import api
+
+    real, calls = api.pack, []
+    hist = histogram_of(np.random.default_rng(0).integers(8, 64, 400), 256)
+    deepest = real(hist, "cghp", None).mixture.depth
+    monkeypatch.setattr(api, "pack", lambda h, a, d=None, **kw: WorsePacks(real(h, a, d, **kw), d, calls))
+    assert api.auto_depth(hist) == deepest
+    assert len(calls) <= deepest + 1
+
+
+class WorsePacks:
+    """A PackingResult whose limited runs report 50 more packs (as CGHP at a limit can stay above unlimited)."""
+
+    def __init__(self, result, depth, calls):
+        calls.append(depth)
+        self.mixture, self.packs = result.mixture, result.packs + (50 if depth is not None else 0)
 
 
 def test_inspect_prints_the_layout_depth(instances_dir, tmp_path, capsys):

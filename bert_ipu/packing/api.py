@@ -153,8 +153,8 @@ def pack(histogram, algorithm: str, max_sequences_per_pack: int | None = None, *
 
 
 def auto_depth(histogram, algorithm: str = "cghp") -> int:
-    """The smallest depth limit at which CGHP needs no more packs than with unlimited depth: deeper packs
-    would gain nothing. Capped at 3 for NNLSHP (it enumerates strategies up to depth 3).
+    """The smallest depth limit at which CGHP needs at most 0.1% more packs than with unlimited depth (and at most
+    the deepest pack of the unlimited packing): deeper packs would gain almost nothing. Capped at 3 for NNLSHP (it enumerates strategies up to depth 3).
 
     Depths below sequences / packs(unlimited) cannot reach that pack count (a packing of depth d has at
     least sequences / d packs), so the search starts there."""
@@ -162,10 +162,17 @@ def auto_depth(histogram, algorithm: str = "cghp") -> int:
         raise PackingInputError(f"unknown algorithm {algorithm!r}; choose from {', '.join(ALGORITHMS)}")
     histogram = validate_histogram(histogram)
     max_len = len(histogram)
-    target = pack(histogram, "cghp", None).packs
+    unlimited = pack(histogram, "cghp", None)
+    target = unlimited.packs
+    # the unlimited packing itself respects a limit of its own deepest pack: no deeper limit is ever needed
+    # (CGHP at a limit is a heuristic that can stay a few packs above the unlimited count at every depth,
+    # which once made this loop run one CGHP per depth up to max_len)
+    deepest = max(1, unlimited.mixture.depth)
     depth = max(1, math.ceil(int(np.sum(histogram)) / target))
-    while depth < max_len and pack(histogram, "cghp", depth).packs > target:
+    enough = target + target // 1000  # within 0.1% of the unlimited count: a deeper limit would gain at most that
+    while depth < deepest and pack(histogram, "cghp", depth).packs > enough:
         depth += 1
+    depth = min(depth, deepest)
     return min(depth, 3) if algorithm == "nnlshp" else depth
 
 
