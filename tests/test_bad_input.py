@@ -407,6 +407,7 @@ TRAINING_CLI_CASES = {
     "output_dir not creatable": ["output_dir=/proc/no/such/run"],
     "binary config file": ["--config", "{tmp}/binary.yaml"],
     "no dataset": ["data.dataset={tmp}/no_data"],
+    "a model no memory holds": ["model.hidden_size=100000000", "model.num_attention_heads=1"],
 }
 
 

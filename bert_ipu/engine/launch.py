@@ -34,7 +34,7 @@ def check_capacity(processes: int, device: str, parameters: int | None = None) -
     import torch
 
     wants_cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
-    if wants_cuda and torch.cuda.device_count() < processes:
+    if wants_cuda and processes > 1 and torch.cuda.device_count() < processes:  # 1 process: the runtime says
         raise RunError(f"the config needs {processes} processes, one GPU each, but this machine has "
                        f"{torch.cuda.device_count()} GPU(s); run torchrun on several machines or lower "
                        "parallel.pipeline_stages")
@@ -44,9 +44,9 @@ def check_capacity(processes: int, device: str, parameters: int | None = None) -
         need = processes * parameters * 4 + parameters * 16
         have = _available_memory()
         if have is not None and need > have:
-            raise RunError(f"{processes} processes of a {parameters / 1e6:.0f} M-parameter model need about "
+            raise RunError(f"{processes} process(es) of a {parameters / 1e6:.0f} M-parameter model need about "
                            f"{need / 2**30:.1f} GiB but {have / 2**30:.1f} GiB are free; run torchrun on several "
-                           "machines or lower parallel.pipeline_stages")
+                           "machines, lower parallel.pipeline_stages, or choose smaller model sizes")
 
 
 def launched() -> bool:
@@ -59,9 +59,11 @@ def launch_if_needed(cfg, script: str, argv: list[str] | None, parameters: int |
     `python`: launch them here with the same arguments (`argv`, default the command line's) and return their
     exit code; None when this process should run the job itself (one process per replica, or under torchrun)."""
     processes = cfg.parallel.processes
-    if processes == 1 or launched():
+    if launched():
         return None
-    check_capacity(processes, cfg.train.device, parameters)
+    check_capacity(processes, cfg.train.device, parameters)  # one process too: a model that cannot fit is one line
+    if processes == 1:
+        return None
     return launch(processes, script, sys.argv[1:] if argv is None else list(argv))
 
 
