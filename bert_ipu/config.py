@@ -361,6 +361,8 @@ def _read(name: str, seen=()) -> dict:
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping of sections")
     parent = raw.pop("inherit", None)
+    if parent is not None and not isinstance(parent, str):
+        raise ConfigError(f"{path}: inherit: {parent!r}; give the name of one config (e.g. inherit: test_tiny)")
     merged = _read(parent, (*seen, path)) if parent else {}
     for key, value in raw.items():
         if isinstance(value, dict) and isinstance(merged.get(key), dict):
@@ -368,6 +370,15 @@ def _read(name: str, seen=()) -> dict:
         else:
             merged[key] = value
     return merged
+
+
+def _value(key: str, text: str):
+    """An override's value, read as YAML (safely: a python tag is refused, never run)."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"override {key}={text}: not a YAML value ({str(e).splitlines()[0]}); give a number, a "
+                          "word, true/false, null or a [list]") from None
 
 
 def _apply(raw: dict, overrides) -> None:
@@ -380,9 +391,9 @@ def _apply(raw: dict, overrides) -> None:
             section = raw.setdefault(parts[0], {})
             if not isinstance(section, dict):
                 raise ConfigError(f"override {key!r}: {parts[0]} is not a section")
-            section[parts[1]] = yaml.safe_load(value)
+            section[parts[1]] = _value(key, value)
         elif len(parts) == 1:
-            raw[key] = yaml.safe_load(value)
+            raw[key] = _value(key, value)
         else:
             raise ConfigError(f"override {key!r}: use section.key (e.g. train.max_steps)")
 

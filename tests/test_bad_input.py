@@ -408,6 +408,10 @@ TRAINING_CLI_CASES = {
     "binary config file": ["--config", "{tmp}/binary.yaml"],
     "no dataset": ["data.dataset={tmp}/no_data"],
     "a model no memory holds": ["model.hidden_size=100000000", "model.num_attention_heads=1"],
+    "an override with a python tag": ["train.seed=!!python/name:os.system"],
+    "an override that is not YAML": ["train.betas=[0.9, 0.99"],
+    "inherit a list": ["--config", "{tmp}/inherit_list.yaml"],
+    "inherit a number": ["--config", "{tmp}/inherit_number.yaml"],
 }
 
 
@@ -418,6 +422,8 @@ def test_training_cli_bad_config_is_one_line(dataset, tmp_path, capsys, case):
 
     (tmp_path / "file").write_text("mine")
     (tmp_path / "binary.yaml").write_bytes(bytes(range(256)) * 4)
+    (tmp_path / "inherit_list.yaml").write_text("inherit: [test_tiny, glue_tiny]\n")
+    (tmp_path / "inherit_number.yaml").write_text("inherit: 3\n")
     extra = [a.replace("{tmp}", str(tmp_path)) for a in TRAINING_CLI_CASES[case]]
     config = extra[1] if extra[0] == "--config" else "test_tiny"
     overrides = [] if extra[0] == "--config" else extra
@@ -427,7 +433,8 @@ def test_training_cli_bad_config_is_one_line(dataset, tmp_path, capsys, case):
     lines, err = _errors(capsys)
     assert rc == 2 and len(lines) == 1 and lines[0].startswith("error:") and "Traceback" not in err, err
     assert not (tmp_path / "run").exists() and (tmp_path / "file").read_text() == "mine"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["binary.yaml", "file"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["binary.yaml", "file", "inherit_list.yaml",
+                                                          "inherit_number.yaml"]
 
 
 def test_data_output_that_is_a_file_is_one_line(corpus, tmp_path, capsys):
