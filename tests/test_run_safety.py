@@ -203,3 +203,59 @@ def test_a_killed_launcher_leaves_no_stage_processes(dataset, tmp_path):
     for pid in left:  # do not leave them to the next test either
         os.kill(pid, signal.SIGKILL)
     assert not left
+
+
+DAMAGE = {
+    "state a list": lambda c: (c / "state.json").write_text("[1, 2]"),
+    "state empty": lambda c: (c / "state.json").write_text("{}"),
+    "step a string": lambda c: _edit(c, step="two"),
+    "loader missing": lambda c: _edit(c, loader=None),
+    "negative epoch": lambda c: _edit(c, loader={"epoch": -1, "update_in_epoch": 0, "seed": 0,
+                                                 "packs_per_update": 8}),
+    "scheduler garbage": lambda c: _edit(c, scheduler={"last_epoch": "x"}),
+    "rng not base64": lambda c: _edit(c, rng=["%%%"]),
+    "weights truncated": lambda c: _truncate(next(c.glob("*.safetensors"))),
+    "weights garbage": lambda c: next(c.glob("*.safetensors")).write_bytes(b"\x00garbage" * 100),
+}
+
+
+def _edit(folder: Path, **fields):
+    import json
+
+    state = json.loads((folder / "state.json").read_text())
+    for key, value in fields.items():
+        if value is None:
+            state.pop(key, None)
+        else:
+            state[key] = value
+    (folder / "state.json").write_text(json.dumps(state))
+
+
+def _truncate(path: Path):
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def test_a_damaged_checkpoint_is_one_line_naming_it(dataset, tiny_run, tmp_path, capsys):
+    """--resume from a checkpoint whose state or weights were damaged raised KeyError/TypeError/binascii
+    tracebacks from deep in the loaders: each kind is now one line naming the checkpoint and the way on (the
+    older checkpoint), exit 2, and the checkpoints are left as they were."""
+    import pytest
+
+    from training_helpers import entry as run_entry
+
+    failed = []
+    for name, damage in DAMAGE.items():
+        run = tmp_path / name.replace(" ", "_")
+        shutil.copytree(tiny_run, run)
+        (run / "results.json").unlink()
+        newest = run / "checkpoints" / "step-0000004"
+        damage(newest)
+        before = snapshot(run / "checkpoints")
+        code = run_entry("pretraining", [*COMMON, f"data.dataset={dataset}", f"output_dir={run}", "--resume"])
+        err = capsys.readouterr().err
+        lines = [line for line in err.splitlines() if line.strip()]
+        if not (code == 2 and len(lines) == 1 and str(newest) in lines[0] and "Traceback" not in err
+                and snapshot(run / "checkpoints") == before):
+            failed.append((name, code, lines[-3:]))
+    if failed:
+        pytest.fail("\n".join(map(str, failed)))

@@ -27,7 +27,8 @@ from training_helpers import call, copy_run, entry, final_weights, job, launch, 
 COMMON = ["model.max_position_embeddings=64", "data.max_seq_length=64", "train.max_steps=4",
           "train.checkpoint_every=2", "train.validate_every=2"]
 DROPOUT = ["model.hidden_dropout_prob=0.1", "model.attention_probs_dropout_prob=0.1"]
-GLUE = ["--config", "glue_tiny_packed", "train.max_steps=3", "train.num_train_epochs=1",
+# 64 examples an update: 8 packs of about 7.5, whole micro-batches of 8 (fewer examples would shrink the micro-batch)
+GLUE = ["--config", "glue_tiny_packed", "train.max_steps=3", "train.num_train_epochs=1", "train.global_batch_size=64",
         "model.hidden_dropout_prob=0.0", "model.attention_probs_dropout_prob=0.0"]  # the same numbers: no dropout
 # the causal LM at tensor 2: test_causal_lm's TINY Llama with 2 key/value heads, 8 packs an update
 CAUSAL = ["model.num_key_value_heads=2", "train.micro_batch_size=2", "train.batch_unit=packs",

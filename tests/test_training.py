@@ -256,7 +256,7 @@ def test_pipeline_times_data_parallel_equals_one_process(dataset, tmp_path):
     main(load_config("test_tiny", [*common, f"output_dir={one}"]), progress=False)
     grid = tmp_path / "grid"
     stdout = torchrun(4, "--config", "test_tiny", *common, f"output_dir={grid}", "parallel.pipeline_stages=2")
-    assert "16 packs/update = 4 x 2 replica(s) x 2 accumulation, 2 pipeline stages" in stdout
+    assert "16 packs/update = 4 x 2 replica(s) x 2 accumulation" in stdout and "2 pipeline stages" in stdout
     a, b = final_weights(one), final_weights(grid)
     for name in a:
         scale = a[name].abs().max().clamp_min(1e-3)

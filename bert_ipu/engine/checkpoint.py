@@ -177,11 +177,29 @@ def save(path: Path, module: torch.nn.Module, opt, state: dict, keep: int, main:
     return final
 
 
+STATE_FIELDS = {"step": int, "sequences_seen": (int, float), "scheduler": dict, "loader": dict, "replicas": int,
+                "stages": int}
+"""what every checkpoint's JSON state holds, by type (read_state checks it before anything uses it)"""
+
+
 def read_state(path: Path) -> dict:
     try:
-        return json.loads((Path(path) / STATE).read_text())
-    except (OSError, json.JSONDecodeError) as e:
+        state = json.loads((Path(path) / STATE).read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
         raise RunError(f"{path} is not a checkpoint of this project ({e}); resume from another or start anew") from None
+    bad = ("not a JSON object" if not isinstance(state, dict) else
+           next((f"{key!r} is {state.get(key)!r}" for key, kind in STATE_FIELDS.items()
+                 if not isinstance(state.get(key), kind) or isinstance(state.get(key), bool)
+                 or (kind is int and state.get(key) < 0)), None))
+    if bad:
+        raise RunError(f"checkpoint {path} is damaged ({STATE}: {bad}); move it away to resume from an older one, "
+                       "or start a new run with --overwrite")
+    loader = state["loader"]
+    if not all(isinstance(loader.get(k), int) and not isinstance(loader.get(k), bool) and loader[k] >= 0
+               for k in ("epoch", "seed") if k in loader) or "epoch" not in loader:
+        raise RunError(f"checkpoint {path} is damaged ({STATE}: loader {loader!r}); move it away to resume from "
+                       "an older one, or start a new run with --overwrite")
+    return state
 
 
 def load(path: Path, module: torch.nn.Module, opt, rank: int = 0, shared_rank: int | None = None) -> dict:

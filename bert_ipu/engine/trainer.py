@@ -216,29 +216,37 @@ def train(task, cfg, rt: Runtime, resume: bool = False, overwrite: bool = False,
 
 
 class StopSignal:
-    """SIGTERM noted while training (the handler only sets a flag; the loop stops between updates, after a
-    checkpoint). Ranks agree: the flag is summed over all processes once an update, so all stop at one step."""
+    """SIGTERM (a scheduler's) and Ctrl-C (SIGINT) noted while training: the handlers only set a flag, and the
+    loop stops between updates (after a checkpoint for SIGTERM). A KeyboardInterrupt raised wherever the signal
+    lands could be lost (raised inside a __del__ it is only printed, and training went on); a flag is not. A
+    second Ctrl-C interrupts at once (a step that hangs). Ranks agree: the flags are summed over all processes
+    once an update, so all stop at one step."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
     def __init__(self):
-        self.signum, self._previous = 0, None
+        self.noted = {s: False for s in self.SIGNALS}
+        self._previous = {}
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, self._note)
+            for s in self.SIGNALS:
+                self._previous[s] = signal.signal(s, self._note)
 
     def _note(self, signum, frame):
-        self.signum = signum
+        if signum == signal.SIGINT and self.noted[signum]:
+            raise KeyboardInterrupt
+        self.noted[signum] = True
 
-    def requested(self, rt: Runtime) -> bool:
-        flag = float(self.signum != 0)
+    def requested(self, rt: Runtime) -> int:
+        """The signal to stop for (all ranks alike; SIGTERM first, it checkpoints), or 0 to go on."""
+        flags = torch.tensor([float(self.noted[s]) for s in self.SIGNALS])
         if rt.world > 1:
-            flag = rt.all_sum(torch.tensor([flag])).item()
-        if flag > 0:
-            self.signum = self.signum or signal.SIGTERM  # a rank the signal did not reach stops with the others
-        return flag > 0
+            flags = rt.all_sum(flags)
+        return next((int(s) for s, f in zip(self.SIGNALS, flags.tolist()) if f > 0), 0)
 
     def restore(self) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
-            self._previous = None
+        for s, previous in self._previous.items():
+            signal.signal(s, previous)
+        self._previous = {}
 
 
 def fitted_micro_batch(t, level: Level, replicas: int) -> Level:
@@ -289,6 +297,24 @@ def make_loader(task, t, rt: Runtime, levels: list[Level]):
     return loader, (Ps[0] if len(levels) == 1 else Ps), levels
 
 
+def restore(newest: Path, engine, opt, sched, loader, rt: Runtime, t) -> dict:
+    """Load the checkpoint `newest` into the model, optimizer, scheduler and loader; returns its JSON state
+    (checked against what a checkpoint holds: checkpoint.check_state)."""
+    state = checkpoint.load(newest, engine.module, opt, rt.rank, shared_rank=rt.rank - rt.tp_rank)
+    sched.load_state_dict(state["scheduler"])
+    saved_lr = state.get("learning_rate", t.learning_rate)
+    if saved_lr != t.learning_rate:  # the user asks for a new peak learning rate: the schedule keeps its place
+        sched.base_lrs = [t.learning_rate] * len(opt.param_groups)
+        for group, factor in zip(opt.param_groups, [f(sched.last_epoch) for f in sched.lr_lambdas]):
+            group["lr"] = t.learning_rate * factor
+        rt.say(f"train.learning_rate {saved_lr} -> {t.learning_rate} from step {state['step']} on")
+    try:
+        loader.load_state_dict(state["loader"])
+    except ValueError as e:  # the config's update size or seed differs from the run's: the user's choice
+        raise RunError(str(e)) from None
+    return state
+
+
 def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, loader, model, P, total: int,
            warmup: int, levels: list[Level]) -> dict:
     t, p, stages, accumulation = cfg.train, task.packing_factor, rt.stages, loader.accumulation
@@ -303,18 +329,14 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, load
     step, seen, last = 0, 0.0, {}
     if resume:
         newest = checkpoint.checkpoints(out)[-1]
-        state = checkpoint.load(newest, engine.module, opt, rt.rank, shared_rank=rt.rank - rt.tp_rank)
-        sched.load_state_dict(state["scheduler"])
-        saved_lr = state.get("learning_rate", t.learning_rate)
-        if saved_lr != t.learning_rate:  # the user asks for a new peak learning rate: the schedule keeps its place
-            sched.base_lrs = [t.learning_rate] * len(opt.param_groups)
-            for group, factor in zip(opt.param_groups, [f(sched.last_epoch) for f in sched.lr_lambdas]):
-                group["lr"] = t.learning_rate * factor
-            rt.say(f"train.learning_rate {saved_lr} -> {t.learning_rate} from step {state['step']} on")
         try:
-            loader.load_state_dict(state["loader"])
-        except ValueError as e:
-            raise RunError(str(e)) from None
+            state = restore(newest, engine, opt, sched, loader, rt, t)
+        except RunError:
+            raise
+        except Exception as e:  # a damaged file of the checkpoint's: its contents are input, never trusted
+            older = checkpoint.checkpoints(out)[:-1]
+            raise RunError(f"checkpoint {newest} is damaged ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else 'no detail'}); "
+                           + (f"move it away to resume from {older[-1]}" if older else "start a new run with --overwrite")) from None
         step, seen = state["step"], state["sequences_seen"]
         last = state.get("metrics", {})  # what a finished run reported, if it is resumed at its end
         rt.say(f"resumed from {newest} at step {step} (saved on {state['replicas']} replica(s) x {state['stages']} "
@@ -415,11 +437,14 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, load
             if due(t.checkpoint_every, step):
                 save(step)
             logger.advance()
-            if stop.requested(rt):  # SIGTERM (a scheduler's): checkpoint this update, then stop
+            signum = stop.requested(rt)
+            if signum == signal.SIGTERM:  # a scheduler's: checkpoint this update, then stop
                 if not due(t.checkpoint_every, step):
                     save(step)
                 raise Interrupted(f"stopped at step {step} by SIGTERM; checkpoint "
-                                  f"{out / 'checkpoints' / f'step-{step:07d}'}; continue with --resume", stop.signum)
+                                  f"{out / 'checkpoints' / f'step-{step:07d}'}; continue with --resume", signum)
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
     except KeyboardInterrupt:
         found = checkpoint.checkpoints(out)
         raise Interrupted(f"stopped at step {step} by Ctrl-C; last checkpoint {found[-1] if found else 'none'}; "
