@@ -161,7 +161,6 @@ def auto_depth(histogram, algorithm: str = "cghp") -> int:
     if algorithm not in ALGORITHMS:
         raise PackingInputError(f"unknown algorithm {algorithm!r}; choose from {', '.join(ALGORITHMS)}")
     histogram = validate_histogram(histogram)
-    max_len = len(histogram)
     unlimited = pack(histogram, "cghp", None)
     target = unlimited.packs
     # the unlimited packing itself respects a limit of its own deepest pack: no deeper limit is ever needed
