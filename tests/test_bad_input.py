@@ -172,6 +172,10 @@ PACKING_CASES = {
     "huge lengths": ("l.txt", "1e300\n5\n", [], "far above any pack length"),
     "negative seed": ("h.json", "[1, 2, 3]", ["--seed", "-1"], "--seed is -1"),
     "plot is a folder": ("h.json", "[1, 2, 3]", ["--plot", "."], "is a folder"),
+    "0 packs per update": ("h.json", "[1, 2, 3]", ["--ranks", "2", "--packs-per-update", "0"],
+                           "--packs-per-update 0 must be a positive multiple"),
+    "negative packs per update": ("h.json", "[1, 2, 3]", ["--packs-per-update", "-4"],
+                                  "--packs-per-update -4 must be a positive multiple"),
 }
 
 

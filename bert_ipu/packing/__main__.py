@@ -240,10 +240,10 @@ def main(argv=None) -> int:
             raise PackingInputError(f"--time-limit is {args.time_limit}; it must be > 0 seconds")
         if args.ranks is not None and args.ranks < 1:
             raise PackingInputError(f"--ranks is {args.ranks}; it must be >= 1")
-        per_update = args.packs_per_update or 8 * (args.ranks or 1)
-        if args.ranks is not None and (per_update < 1 or per_update % args.ranks):
+        per_update = args.packs_per_update if args.packs_per_update is not None else 8 * (args.ranks or 1)
+        if per_update < 1 or (args.ranks is not None and per_update % args.ranks):  # 0 once meant "default"
             raise PackingInputError(f"--packs-per-update {per_update} must be a positive multiple of "
-                                    f"--ranks {args.ranks}")
+                                    f"--ranks {args.ranks or 1}")
         if args.seed < 0:
             raise PackingInputError(f"--seed is {args.seed}; it must be >= 0")
         if args.multi_size:  # refused before anything runs
