@@ -530,3 +530,29 @@ def test_fewer_pipeline_stages_on_a_config_that_splits_its_layers_names_the_fix(
         load_config("pretrain_large_512_packed", ["parallel.pipeline_stages=2"])
     assert load_config("pretrain_large_512_packed", ["parallel.pipeline_stages=2",
                                                      "parallel.layers_per_stage=null"]).parallel.processes == 2
+
+
+SHARD_LIST_DAMAGE = {
+    "shard without packs": lambda m: m["splits"]["train"]["shards"][0].pop("packs"),
+    "shard without sha256": lambda m: m["splits"]["train"]["shards"][0].pop("sha256"),
+    "shard without name": lambda m: m["splits"]["train"]["shards"][0].pop("name"),
+    "shard a string": lambda m: m["splits"]["train"]["shards"].__setitem__(0, "shard-00000"),
+    "packing factor a string": lambda m: m["packing"]["train"].__setitem__("packing_factor", "high"),
+    "packing factor 0": lambda m: m["packing"]["train"].__setitem__("packing_factor", 0),
+    "packing factor -1": lambda m: m["packing"]["train"].__setitem__("packing_factor", -1),
+    "packing factor 1e300": lambda m: m["packing"]["train"].__setitem__("packing_factor", 1e300),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SHARD_LIST_DAMAGE))
+def test_a_damaged_manifest_is_one_line(dataset, tmp_path, case):
+    """Manifests with a shard entry missing its name, pack count or sha256, a shard that is a string, or a packing
+    factor that is not a number in [1, depth] were KeyError/TypeError tracebacks or silently trained with a
+    learning-rate correction of 1e300: a DatasetError naming the dataset."""
+    copy = tmp_path / "copy"
+    shutil.copytree(dataset, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    SHARD_LIST_DAMAGE[case](manifest)
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(DatasetError, match="damaged manifest"):
+        PackedDataset(copy)

@@ -33,6 +33,7 @@ code that does not know a derived field reads and verifies a dataset that has it
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import zipfile
@@ -255,6 +256,23 @@ class PackedDataset:
             raise DatasetError(f"{self.path}: the manifest lists no split or a split of no shard: an empty or "
                                "damaged dataset; recreate it")
         for split, info in splits.items():
+            for shard in info["shards"]:  # every entry before any is read: a damaged manifest is one line
+                ok = (isinstance(shard, dict) and isinstance(shard.get("name"), str) and shard["name"]
+                      and not Path(shard["name"]).is_absolute() and ".." not in Path(shard["name"]).parts
+                      and isinstance(shard.get("packs"), int)
+                      and not isinstance(shard.get("packs"), bool) and shard["packs"] >= 0
+                      and isinstance(shard.get("sha256"), str) and isinstance(shard.get("derived_sha256", {}), dict))
+                if not ok:
+                    raise DatasetError(f"{self.path}: split {split} lists a shard entry {str(shard)[:80]!r} without "
+                                       "a name, a pack count and a sha256: a damaged manifest; recreate the dataset")
+            packing = self.manifest.get("packing", {})  # instances (unpacked) have none: a factor of 1
+            entry = packing.get(split, {}) if isinstance(packing, dict) else None
+            factor = entry.get("packing_factor", 1.0) if isinstance(entry, dict) else None
+            if (not isinstance(factor, (int, float)) or isinstance(factor, bool) or not math.isfinite(factor)
+                    or not 1 <= factor <= max(1, self.layout.max_sequences_per_pack)):
+                raise DatasetError(f"{self.path}: split {split}'s packing factor {factor!r} is not a number between 1 "
+                                   f"and the packs' depth {self.layout.max_sequences_per_pack}: a damaged manifest; "
+                                   "recreate the dataset")
             if info.get("packs") != sum(shard["packs"] for shard in info["shards"]):
                 raise DatasetError(f"{self.path}: split {split} says {info.get('packs')} packs but its shards hold "
                                    f"{sum(shard['packs'] for shard in info['shards'])}; recreate the dataset")
