@@ -92,6 +92,9 @@ def launch(processes: int, script: str, argv: list[str]) -> int:
         codes = [f.exitcode for f in e.failures.values()]
         print_errors(errors)
         return next((c for c in codes if c), 1)
+    except KeyboardInterrupt:  # Ctrl-C reached the processes too: each stops between updates and says where
+        print_errors(errors)
+        return 130
     finally:
         del os.environ[ERROR_DIR]
         shutil.rmtree(errors, ignore_errors=True)
