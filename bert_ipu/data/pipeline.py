@@ -65,7 +65,9 @@ def up_to_date(output: Path, made_from: dict, say=print) -> dict | None:
     if manifest.get("made_from") == made_from:
         say(f"{output} is up to date (made from the same input and arguments): kept")
         return manifest
-    say(f"{output} was made from {'another input' if (manifest.get('made_from') or {}).get('input') != made_from['input'] else 'other arguments'}: remaking it")
+    before = manifest.get("made_from") or {}
+    what = "another input" if before.get("input") != made_from["input"] else "other arguments"
+    say(f"{output} was made from {what}: remaking it")
     return None
 
 

@@ -335,7 +335,8 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, load
             raise
         except Exception as e:  # a damaged file of the checkpoint's: its contents are input, never trusted
             older = checkpoint.checkpoints(out)[:-1]
-            raise RunError(f"checkpoint {newest} is damaged ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else 'no detail'}); "
+            detail = str(e).splitlines()[0][:200] if str(e) else "no detail"
+            raise RunError(f"checkpoint {newest} is damaged ({type(e).__name__}: {detail}); "
                            + (f"move it away to resume from {older[-1]}" if older else "start a new run with --overwrite")) from None
         step, seen = state["step"], state["sequences_seen"]
         last = state.get("metrics", {})  # what a finished run reported, if it is resumed at its end
