@@ -373,13 +373,21 @@ def test_text_is_cut_into_whole_sequences(tokenizer, tmp_path):
 
 def test_kill_and_resume_is_bitwise_identical(tmp_path, monkeypatch):
     """An SFT run stopped after its step-2 checkpoint and resumed (tokenizer retrained, data re-read and
-    re-packed) ends with exactly the weights of a run never stopped; dropout on, so the RNG state counts too."""
+    re-packed) ends with exactly the weights of a run never stopped; dropout on, so the RNG state counts too.
+    Its metrics.jsonl is the uninterrupted run's too, throughput aside: a row every 3 updates straddles the
+    checkpoint, and the resumed run's first row still averages updates 1-3 (it averaged only update 3, the
+    logging window restarting at the resume)."""
     from bert_ipu.engine import checkpoint
     from bert_ipu.tasks import run as main
 
     def cfg(out):
-        return load_config("sft_tiny_chat_packed", [*TINY, f"output_dir={out}", "model.dropout=0.1"],
-                           kind="causal_lm")
+        return load_config("sft_tiny_chat_packed", [*TINY, f"output_dir={out}", "model.dropout=0.1",
+                                                    "train.log_every=3"], kind="causal_lm")
+
+    def rows(out):
+        timing = ("sequences_per_second", "tokens_per_second")
+        return [{k: v for k, v in json.loads(x).items() if k not in timing}
+                for x in (out / "metrics.jsonl").read_text().splitlines()]
 
     main(cfg(tmp_path / "straight"), progress=False)
     real = checkpoint.save
@@ -392,6 +400,8 @@ def test_kill_and_resume_is_bitwise_identical(tmp_path, monkeypatch):
         main(cfg(tmp_path / "stopped"), progress=False)
     monkeypatch.undo()
     assert main(cfg(tmp_path / "stopped"), resume=True, progress=False)["step"] == 4
+    assert [r["step"] for r in rows(tmp_path / "straight")] == [2, 3, 4]  # validation at 2 and 4, a log row at 3
+    assert rows(tmp_path / "stopped") == rows(tmp_path / "straight")
     a, b = final_weights(tmp_path / "straight"), final_weights(tmp_path / "stopped")
     assert a.keys() == b.keys()
     for name in a:

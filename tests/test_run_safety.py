@@ -213,6 +213,8 @@ DAMAGE = {
     "negative epoch": lambda c: _edit(c, loader={"epoch": -1, "update_in_epoch": 0, "seed": 0,
                                                  "packs_per_update": 8}),
     "scheduler garbage": lambda c: _edit(c, scheduler={"last_epoch": "x"}),
+    "logging window garbage": lambda c: _edit(c, window={"sums": {"loss": "x"}, "balance": {}, "start": 0}),
+    "logging window a list": lambda c: _edit(c, window=[1]),
     "rng not base64": lambda c: _edit(c, rng=["%%%"]),
     "weights truncated": lambda c: _truncate(next(c.glob("*.safetensors"))),
     "weights garbage": lambda c: next(c.glob("*.safetensors")).write_bytes(b"\x00garbage" * 100),

@@ -199,6 +199,14 @@ def read_state(path: Path) -> dict:
                for k in ("epoch", "seed") if k in loader) or "epoch" not in loader:
         raise RunError(f"checkpoint {path} is damaged ({STATE}: loader {loader!r}); move it away to resume from "
                        "an older one, or start a new run with --overwrite")
+    window = state.get("window", {})  # the logging window's sums (absent in checkpoints before it was kept)
+    number = (int, float)
+    if not (isinstance(window, dict) and all(isinstance(window.get(k, {}), dict) and all(
+            isinstance(v, number) and not isinstance(v, bool) for v in window.get(k, {}).values())
+            for k in ("sums", "balance")) and isinstance(window.get("start", 0), int)
+            and 0 <= window.get("start", 0) <= state["step"]):
+        raise RunError(f"checkpoint {path} is damaged ({STATE}: window {window!r}); move it away to resume from "
+                       "an older one, or start a new run with --overwrite")
     return state
 
 

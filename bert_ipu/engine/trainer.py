@@ -327,6 +327,11 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, load
     opt, sched = build_optimizer(engine.module, t, total, warmup, betas, sharded=rt.tensor > 1)
 
     step, seen, last = 0, 0.0, {}
+    # the logging window's sums since its last row: saved with a checkpoint, so that a resumed run's rows hold the
+    # same updates as the uninterrupted run's (its throughput figures count only the updates timed since resuming)
+    window: dict = {}
+    balance: dict = {}  # the window's sums of each update's balance measures (update_balance)
+    window_step = 0
     if resume:
         newest = checkpoint.checkpoints(out)[-1]
         try:
@@ -340,6 +345,9 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, load
                            + (f"move it away to resume from {older[-1]}" if older else "start a new run with --overwrite")) from None
         step, seen = state["step"], state["sequences_seen"]
         last = state.get("metrics", {})  # what a finished run reported, if it is resumed at its end
+        carried = state.get("window", {})
+        window, balance = dict(carried.get("sums", {})), dict(carried.get("balance", {}))
+        window_step = carried.get("start", step)
         rt.say(f"resumed from {newest} at step {step} (saved on {state['replicas']} replica(s) x {state['stages']} "
                f"stage(s) x {state.get('sequence', 1)} sequence-parallel x {state.get('tensor', 1)} tensor-parallel, now "
                f"{rt.dp_world} x {stages} x {rt.sequence} x {rt.tensor})")
@@ -374,7 +382,8 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, load
         state = {"step": at_step, "sequences_seen": seen, "scheduler": sched.state_dict(),
                  "loader": loader.state_dict(), "world": rt.world, "replicas": rt.dp_world, "stages": stages,
                  "tensor": rt.tensor, "sequence": rt.sequence,
-                 "config": cfg.name, "learning_rate": t.learning_rate, "metrics": last}
+                 "config": cfg.name, "learning_rate": t.learning_rate, "metrics": last,
+                 "window": {"sums": window, "balance": balance, "start": window_step}}
         return checkpoint.save(out / "checkpoints" / f"step-{at_step:07d}", engine.module, opt, state,
                                t.keep_checkpoints, rt.main)
 
@@ -383,10 +392,8 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, load
 
     evaluation = Level(0, None, t.micro_batch_size, rt.sequence)  # how evaluation runs between levels
     logger = MetricsLogger(out, rt.main, total, step, progress, desc=task.name)
-    window: dict = {}
-    balance: dict = {}  # the window's sums of each update's balance measures (update_balance)
     per_level: dict = {}  # pack length -> [tokens, seconds] of the window's updates of that level
-    window_start, window_step = time.perf_counter(), step
+    timed = {"sequences": 0.0, "tokens": 0.0, "since": time.perf_counter()}  # this process's share of the window
     stop = StopSignal()
     try:
         while step < total:
@@ -409,20 +416,21 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, load
             step += 1
             seen += sums["sequences"]
             window = {k: window.get(k, 0.0) + v for k, v in sums.items()}
+            timed["sequences"], timed["tokens"] = timed["sequences"] + sums["sequences"], timed["tokens"] + sums["tokens"]
             if len(levels) > 1:  # tokens and seconds of each level's updates, for its tokens/s
                 at = per_level.setdefault(level.pack_length, [0.0, 0.0])
                 at[0], at[1] = at[0] + sums["tokens"], at[1] + time.perf_counter() - started
             row_due = False
             if due(t.log_every, step):
-                seconds = time.perf_counter() - window_start
+                seconds = time.perf_counter() - timed["since"]
                 updates = step - window_step
                 last = task.summarize(window) | {"sequences_seen": seen, "lr": sched.get_last_lr()[0],
-                                                 "sequences_per_second": window["sequences"] / seconds,
-                                                 "tokens_per_second": window["tokens"] / seconds} \
+                                                 "sequences_per_second": timed["sequences"] / seconds,
+                                                 "tokens_per_second": timed["tokens"] / seconds} \
                     | {k: v / updates for k, v in balance.items()} \
                     | {f"tokens_per_second_{n}": tok / sec for n, (tok, sec) in sorted(per_level.items())}
-                window, balance, per_level = {}, {}, {}
-                window_start, window_step, row_due = time.perf_counter(), step, True
+                window, balance, per_level, window_step, row_due = {}, {}, {}, step, True
+                timed = {"sequences": 0.0, "tokens": 0.0, "since": time.perf_counter()}
             if task.has_evaluation and due(t.validate_every, step):
                 model.eval()
                 engine.use_level(evaluation)  # the validation rows: one length, the run's own layout
