@@ -249,6 +249,19 @@ def test_a_non_numeric_stsb_score_names_the_file(tmp_path):
         read_split("stsb", folder, "train")
 
 
+def test_a_repeated_example_id_is_refused_naming_both_rows(tmp_path):
+    """test.tsv rows with a repeated index overwrote each other's predictions (predictions_test.json is keyed by
+    the id): the second row is refused, naming both lines; a datasets split with a repeated idx likewise."""
+    folder = _write(tmp_path / "sst2", "test.tsv", "index\tsentence\n0\tgood .\n1\tbad .\n0\tugly .\n")
+    with pytest.raises(GlueInputError, match=r"test\.tsv line 4: the example id '0' repeats .*test\.tsv line 2"):
+        read_split("sst2", folder, "test")
+    from datasets import Dataset
+
+    Dataset.from_dict({"sentence": ["a .", "b ."], "label": [0, 1], "idx": [7, 7]}).save_to_disk(tmp_path / "hf")
+    with pytest.raises(GlueInputError, match=r"row 1: the example id '7' repeats .*row 0"):
+        read_split("sst2", tmp_path / "hf", "train")
+
+
 def test_white_space_only_sentences_are_left_out_and_counted(tmp_path):
     folder = _write(tmp_path / "rte", "train.tsv", "index\tsentence1\tsentence2\tlabel\n"
                     "0\tA cat sat.\t   \tentailment\n1\t \tA dog.\tnot_entailment\n2\tA cat sat.\tA cat.\tentailment\n")

@@ -219,8 +219,13 @@ class _Collector:
 
     def __init__(self, spec: GlueTaskSpec):
         self.spec, self.examples, self.report = spec, [], InputReport()
+        self.seen: dict[str, str] = {}  # example id -> where it was read (predictions are keyed by the id)
 
-    def add(self, uid: str, a, b, label) -> None:
+    def add(self, uid: str, a, b, label, where: str) -> None:
+        if uid in self.seen:
+            raise GlueInputError(f"{where}: the example id {uid!r} repeats {self.seen[uid]} (predictions are written "
+                                 "per id, so one would overwrite the other); give each row its own id")
+        self.seen[uid] = where
         self.report.rows += 1
         if not isinstance(a, str) or not a.strip() or (self.spec.is_pair and (not isinstance(b, str)
                                                                              or not b.strip())):
@@ -289,7 +294,8 @@ def _read_tsv(spec: GlueTaskSpec, folder: Path, split: str) -> tuple[list[GlueEx
                         raise GlueInputError(f"{path} line {line}: the label {raw!r} is not one of {spec.name}'s "
                                              f"labels ({_labels_text(spec)}); fix or remove the row")
                 uid = row[id_col] if id_col is not None else f"{split}-{n}"
-                collector.add(uid, row[text_cols[0]], row[text_cols[1]] if spec.is_pair else None, label)
+                collector.add(uid, row[text_cols[0]], row[text_cols[1]] if spec.is_pair else None, label,
+                              f"{path} line {line}")
     except UnicodeDecodeError as e:
         raise GlueInputError(f"{path} is not UTF-8 text ({e.reason} after line {line}); save it as UTF-8") from None
     except csv.Error as e:
@@ -341,7 +347,7 @@ def _read_datasets(spec: GlueTaskSpec, folder: Path, split: str) -> tuple[list[G
             raise GlueInputError(f"{where} row {i}: the label {raw!r} is not one of {spec.name}'s labels "
                                  f"(0..{len(spec.labels) - 1}: {', '.join(spec.labels)}; -1 = no label); "
                                  "fix or remove the row")
-        collector.add(ids[i], texts[0][i], texts[1][i] if spec.is_pair else None, label)
+        collector.add(ids[i], texts[0][i], texts[1][i] if spec.is_pair else None, label, f"{where} row {i}")
     return collector.done(where, split)
 
 
