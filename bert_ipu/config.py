@@ -104,7 +104,7 @@ class ModelConfig:
     def parameter_estimate(self, vocab_size: int = 30522) -> int:
         """About how many parameters a model of these sizes has (what a machine must hold per process)."""
         layer = 12 * self.hidden_size ** 2 + 2 * self.hidden_size * self.intermediate_size
-        return self.num_hidden_layers * layer + vocab_size * self.hidden_size
+        return self.num_hidden_layers * layer + (vocab_size + self.max_position_embeddings) * self.hidden_size
 
     def bert_config(self, vocab_size: int, min_positions: int = 0, **overrides):
         """The `transformers.BertConfig` of a model built from scratch with this section's sizes (at least

@@ -416,6 +416,11 @@ TRAINING_CLI_CASES = {
     "an override that is not YAML": ["train.betas=[0.9, 0.99"],
     "inherit a list": ["--config", "{tmp}/inherit_list.yaml"],
     "inherit a number": ["--config", "{tmp}/inherit_number.yaml"],
+    "max positions 1e12": ["model.max_position_embeddings=1000000000000"],
+    "init checkpoint with pickled weights only": ["model.init_checkpoint={tmp}/pickled"],
+    "init checkpoint mapping to custom code": ["model.init_checkpoint={tmp}/custom"],
+    "init checkpoint config not JSON": ["model.init_checkpoint={tmp}/garbled"],
+    "init checkpoint without weights": ["model.init_checkpoint={tmp}/empty"],
 }
 
 
@@ -428,7 +433,17 @@ def test_training_cli_bad_config_is_one_line(dataset, tmp_path, capsys, case):
     (tmp_path / "binary.yaml").write_bytes(bytes(range(256)) * 4)
     (tmp_path / "inherit_list.yaml").write_text("inherit: [test_tiny, glue_tiny]\n")
     (tmp_path / "inherit_number.yaml").write_text("inherit: 3\n")
-    extra = [a.replace("{tmp}", str(tmp_path)) for a in TRAINING_CLI_CASES[case]]
+    bert = '{"model_type": "bert", "architectures": ["BertForPreTraining"]}'
+    models = {"pickled": (bert, "pytorch_model.bin"), "custom": (
+        '{"model_type": "bert", "auto_map": {"AutoModel": "evil.EvilModel"}}', "model.safetensors"),
+        "garbled": ("{not json", "model.safetensors"), "empty": (bert, None)}
+    for name, (config, weights) in models.items():  # refused before anything reads the weights
+        (tmp_path / "models" / name).mkdir(parents=True)
+        (tmp_path / "models" / name / "config.json").write_text(config)
+        if weights:
+            (tmp_path / "models" / name / weights).write_bytes(b"not read")
+    extra = [a.replace("{tmp}", str(tmp_path / "models") if "init_checkpoint" in a else str(tmp_path))
+             for a in TRAINING_CLI_CASES[case]]
     config = extra[1] if extra[0] == "--config" else "test_tiny"
     overrides = [] if extra[0] == "--config" else extra
     rc = entry("pretraining", ["--config", config, f"data.dataset={dataset}", f"output_dir={tmp_path / 'run'}",
@@ -438,7 +453,7 @@ def test_training_cli_bad_config_is_one_line(dataset, tmp_path, capsys, case):
     assert rc == 2 and len(lines) == 1 and lines[0].startswith("error:") and "Traceback" not in err, err
     assert not (tmp_path / "run").exists() and (tmp_path / "file").read_text() == "mine"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["binary.yaml", "file", "inherit_list.yaml",
-                                                          "inherit_number.yaml"]
+                                                          "inherit_number.yaml", "models"]
 
 
 def test_data_output_that_is_a_file_is_one_line(corpus, tmp_path, capsys):

@@ -246,6 +246,26 @@ def write_jsonl(path, rows):
     return path
 
 
+def test_a_chat_template_that_leaves_the_sandbox_is_refused(tokenizer):
+    """A tokenizer's chat template is code from its folder: transformers renders it in Jinja's immutable sandbox,
+    whose SecurityError (and any template error) reached the user as a traceback. Now one DataInputError naming
+    the line, and for the sandbox that the template is refused for safety."""
+    import copy
+
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    assert chat_tokens(tokenizer, chat, "chat.jsonl:1")[0]  # the trained tokenizer's own template renders it
+    escaping = copy.deepcopy(tokenizer)
+    escaping.chat_template = "{{ messages.append({'role': 'system'}) }}{{ cycler.__init__.__globals__ }}"
+    with pytest.raises(DataInputError, match=r"chat\.jsonl:1: the tokenizer's chat template tried what Jinja's "
+                                             r"sandbox forbids .*refused for safety"):
+        chat_tokens(escaping, chat, "chat.jsonl:1")
+    broken = copy.deepcopy(tokenizer)
+    broken.chat_template = "{{ raise_exception('no system turn allowed') }}"
+    with pytest.raises(DataInputError, match=r"chat\.jsonl:1: the tokenizer's chat template failed on this chat "
+                                             r"\(TemplateError: no system turn allowed\)"):
+        chat_tokens(broken, chat, "chat.jsonl:1")
+
+
 def test_bad_sft_input_is_an_error_or_counted(tokenizer, tmp_path):
     good = {"prompt": "Say yes.", "response": "Yes."}
     long = {"prompt": "word " * 300, "response": "Yes."}

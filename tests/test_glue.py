@@ -100,3 +100,15 @@ def test_an_update_holds_the_configured_examples_when_packed(tmp_path, capsys):
     per_update = result["sequences_seen"] / 4
     assert abs(per_update - 8) <= p, (per_update, p)
     assert result["packs_per_update"] == round(8 / p)
+
+
+def test_an_init_checkpoint_says_it_replaces_the_model_sizes(tmp_path, capsys):
+    """model.init_checkpoint replaced the config's model sizes silently (glue_tiny says 2 layers of 128; MiniLM has
+    6 of 384): the start-up line names the checkpoint's architecture and each size it replaces."""
+    code = entry("glue", ["--config", "glue_tiny_packed", "--eval-only", f"model.init_checkpoint={minilm()}",
+                          f"output_dir={tmp_path / 'eval'}"])
+    out = capsys.readouterr().out
+    assert code == 0
+    line = next(x for x in out.splitlines() if "model from model.init_checkpoint" in x)
+    assert "bert (num_hidden_layers 6, hidden_size 384" in line
+    assert "replaces the config's model sizes (num_hidden_layers 2 -> 6, hidden_size 128 -> 384" in line

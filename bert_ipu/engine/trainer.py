@@ -35,7 +35,7 @@ from . import checkpoint
 from .metrics import MetricsLogger
 from .optim import build_optimizer, packing_betas, packs_per_update, schedule_length
 from .parallel import (LocalParallel, PipelineParallel, check_layers, check_sequence_parallel, global_counts,
-                       tensor_plan, update_balance)
+                       layer_stack, split_layers, tensor_plan, update_balance)
 from .runtime import Interrupted, Runtime, RunError
 from .tensor import local, replicas_agree
 
@@ -160,6 +160,30 @@ def check_backend(cfg, rt: Runtime, training: bool) -> None:
         raise RunError(f"model.attention_backend={cfg.model.attention_backend}: {e}") from None
 
 
+SIZES = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "max_position_embeddings")
+"""the model section's sizes that an init checkpoint's config.json replaces"""
+
+
+def architecture(config) -> str:
+    """A model's architecture in a few words (its `transformers` config)."""
+    sizes = ", ".join(f"{k} {getattr(config, k)}" for k in SIZES if getattr(config, k, None) is not None)
+    return f"{config.model_type} ({sizes}, vocab_size {config.vocab_size})"
+
+
+def say_init_architecture(cfg, model, rt: Runtime) -> str | None:
+    """A model read from model.init_checkpoint has the checkpoint's architecture, whatever the config's model sizes
+    say: say so at start-up, naming the sizes that differ; returns the architecture (for errors), None without one."""
+    init = getattr(cfg.model, "init_checkpoint", None)
+    if not init:
+        return None
+    described = architecture(model.config)
+    differ = [f"{k} {getattr(cfg.model, k)} -> {getattr(model.config, k)}" for k in SIZES
+              if hasattr(cfg.model, k) and getattr(model.config, k, None) not in (None, getattr(cfg.model, k))]
+    rt.say(f"model from model.init_checkpoint {init}: {described}"
+           + (f"; it replaces the config's model sizes ({', '.join(differ)})" if differ else ""))
+    return described
+
+
 def evaluate_only(task, cfg, rt: Runtime, overwrite: bool = False) -> dict:
     """Evaluate the task's model (its init checkpoint) once: no training, no checkpoints; the run folder holds
     config.yaml, the task's predictions and results.json."""
@@ -170,6 +194,7 @@ def evaluate_only(task, cfg, rt: Runtime, overwrite: bool = False) -> dict:
     task.prepare(rt)
     torch.manual_seed(cfg.train.seed)
     model = task.build_model().to(rt.device).eval()
+    say_init_architecture(cfg, model, rt)
     lock = prepare_run_dir(Path(cfg.output_dir), False, overwrite, rt, run_config(cfg, task))
     try:
         engine = LocalParallel(model, task, rt, cfg.train.precision, seed=cfg.train.seed)
@@ -201,12 +226,20 @@ def train(task, cfg, rt: Runtime, resume: bool = False, overwrite: bool = False,
                        f"{accumulation}; raise train.global_batch_size or lower train.micro_batch_size")
     torch.manual_seed(t.seed)
     model = task.build_model().to(rt.device).train()
-    if rt.tensor > 1:
-        tensor_plan(task, model, rt.tensor)  # a model that cannot be split is refused before anything is written
-    for level in levels:
-        if level.sequence_parallel > 1:
-            check_sequence_parallel(task, model, rt, level.pack_length, level.sequence_parallel)
-        check_layers(model, level.checkpointed_layers)
+    init = say_init_architecture(cfg, model, rt)
+    try:  # a model that cannot be split is refused before anything is written
+        if stages > 1:
+            split_layers(len(layer_stack(model)), stages, cfg.parallel.layers_per_stage)
+        if rt.tensor > 1:
+            tensor_plan(task, model, rt.tensor)
+        for level in levels:
+            if level.sequence_parallel > 1:
+                check_sequence_parallel(task, model, rt, level.pack_length, level.sequence_parallel)
+            check_layers(model, level.checkpointed_layers)
+    except RunError as e:
+        if init:  # the sizes in the error are the checkpoint's, not the config's
+            raise RunError(f"{e} (the model is model.init_checkpoint's: {init})") from None
+        raise
     lock = prepare_run_dir(out, resume, overwrite, rt, run_config(cfg, task, levels))
     try:
         return _train(task, cfg, rt, out, resume, progress, loader, model, P, total, warmup, levels)
@@ -416,7 +449,8 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, load
             step += 1
             seen += sums["sequences"]
             window = {k: window.get(k, 0.0) + v for k, v in sums.items()}
-            timed["sequences"], timed["tokens"] = timed["sequences"] + sums["sequences"], timed["tokens"] + sums["tokens"]
+            timed["sequences"] += sums["sequences"]
+            timed["tokens"] += sums["tokens"]
             if len(levels) > 1:  # tokens and seconds of each level's updates, for its tokens/s
                 at = per_level.setdefault(level.pack_length, [0.0, 0.0])
                 at[0], at[1] = at[0] + sums["tokens"], at[1] + time.perf_counter() - started

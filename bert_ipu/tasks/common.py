@@ -59,13 +59,41 @@ def packing_line(split: str, algorithm: str, noun: str, packed, pack_len: int) -
             f"{packed.efficiency:.1%}")
 
 
+PICKLED_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json", "tf_model.h5", "flax_model.msgpack",
+                   "model.ckpt.index")
+"""weight files that only a pickle (or another framework) reads: refused, loading a pickle can run code"""
+
+
 def require_checkpoint_folder(init_checkpoint: str) -> None:
-    """A local Hugging Face model folder (checked by the command line before anything starts, and by the tasks)."""
-    if not (Path(init_checkpoint) / "config.json").is_file():
-        made_by = Path(init_checkpoint).parent if Path(init_checkpoint).name == "hf" else None
+    """A local Hugging Face model folder that is safe to load (checked by the command line before anything
+    starts, and by the tasks): its config.json is a JSON object that maps to no custom code (we never pass
+    trust_remote_code), and its weights are safetensors (pickled weights are refused for safety)."""
+    import json
+
+    folder = Path(init_checkpoint)
+    if not (folder / "config.json").is_file():
+        made_by = folder.parent if folder.name == "hf" else None
         hint = f" (the export of the run {made_by}: run that config first)" if made_by else ""
         raise RunError(f"model.init_checkpoint {init_checkpoint} is not a Hugging Face model folder (no "
                        f"config.json){hint}; give the hf/ folder of a run or a transformers model folder")
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise RunError(f"{folder / 'config.json'} is not JSON ({e}); give a transformers model folder") from None
+    if not isinstance(config, dict):
+        raise RunError(f"{folder / 'config.json'} is not a JSON object; give a transformers model folder")
+    if config.get("auto_map"):
+        raise RunError(f"{folder / 'config.json'} maps the model to custom code (auto_map: "
+                       f"{', '.join(map(str, config['auto_map']))}), which is refused for safety (it would run code "
+                       "from the folder); give a model of a transformers architecture")
+    if not any(folder.glob("*.safetensors")) and not (folder / "model.safetensors.index.json").is_file():
+        pickled = [name for name in PICKLED_WEIGHTS if (folder / name).exists()]
+        if pickled:
+            raise RunError(f"{folder / pickled[0]}: the folder holds only pickled weights, which are refused for "
+                           "safety (loading a pickle can run code); convert them to safetensors (transformers: "
+                           "from_pretrained then save_pretrained, in a trusted environment)")
+        raise RunError(f"model.init_checkpoint {init_checkpoint} holds no weights (no *.safetensors); give the "
+                       "hf/ folder of a run or a transformers model folder")
 
 
 def check_model_fits(model, vocab_size: int, max_seq_length: int):

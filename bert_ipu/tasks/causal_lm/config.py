@@ -50,7 +50,8 @@ class CausalModelConfig:
     def parameter_estimate(self, vocab_size: int = 50257) -> int:
         """About how many parameters a model of these sizes has (what a machine must hold per process)."""
         layer = 4 * self.hidden_size ** 2 + 3 * self.hidden_size * self.intermediate_size
-        return self.num_hidden_layers * layer + 2 * vocab_size * self.hidden_size
+        positions = self.max_position_embeddings * self.hidden_size if self.family == "gpt2" else 0  # Llama: rope
+        return self.num_hidden_layers * layer + 2 * vocab_size * self.hidden_size + positions
 
     def hf_config(self, tokenizer, min_positions: int = 0):
         """The `transformers` config of a model built from scratch with this section's sizes."""

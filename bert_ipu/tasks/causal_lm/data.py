@@ -133,21 +133,30 @@ def text_sequences(inputs: list[str], tokenizer, max_len: int, report: CausalRep
 
 # --- supervised fine-tuning ----------------------------------------------------------------------------------
 
-def _render(tokenizer, messages: list[dict], generation_prompt: bool) -> list[int]:
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+def _render(tokenizer, messages: list[dict], generation_prompt: bool, where: str) -> list[int]:
+    from jinja2.exceptions import SecurityError, TemplateError
+
+    try:  # transformers renders the template in Jinja's immutable sandbox
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+    except SecurityError as e:
+        raise DataInputError(f"{where}: the tokenizer's chat template tried what Jinja's sandbox forbids ({e}); it "
+                             "is refused for safety: give a tokenizer with a trusted chat template") from None
+    except TemplateError as e:
+        raise DataInputError(f"{where}: the tokenizer's chat template failed on this chat "
+                             f"({type(e).__name__}: {e}); fix the template or the chat") from None
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 def chat_tokens(tokenizer, messages: list[dict], where: str) -> tuple[list[int], list[bool]]:
     """A chat's tokens and which are the assistant's (its turns' content and end token): each assistant turn
     is what rendering the chat up to and including it adds to rendering it up to it with a generation prompt."""
-    full = _render(tokenizer, messages, False)
+    full = _render(tokenizer, messages, False, where)
     learn = [False] * len(full)
     for i, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
-        before = _render(tokenizer, messages[:i], True)
-        through = _render(tokenizer, messages[: i + 1], False)
+        before = _render(tokenizer, messages[:i], True, where)
+        through = _render(tokenizer, messages[: i + 1], False, where)
         if full[: len(through)] != through or through[: len(before)] != before:
             raise DataInputError(f"{where}: the chat template does not render this chat's turns as a prefix of the "
                                  "whole chat, so the assistant's tokens cannot be found; use a template that renders "
