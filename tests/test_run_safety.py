@@ -205,6 +205,50 @@ def test_a_killed_launcher_leaves_no_stage_processes(dataset, tmp_path):
     assert not left
 
 
+def test_a_killed_stage_ends_the_run_in_one_line(dataset, tmp_path):
+    """kill -9 of one stage process of a 2-stage pipeline: the other stage's next collective fails, which ended
+    the run with a 30-line gloo traceback ("Connection closed by peer"). Now one line: where the run stopped, its
+    last checkpoint, how to continue, and which rank a signal killed; no process is left."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from training_helpers import ROOT
+
+    out = tmp_path / "stage"
+    proc = subprocess.Popen([sys.executable, str(ROOT / "run_pretraining.py"), *COMMON, f"data.dataset={dataset}",
+                             f"output_dir={out}", "parallel.pipeline_stages=2", "train.max_steps=100000",
+                             *UNTIL_STOPPED], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+    def stage(rank: int) -> int | None:
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+                cmdline = open(f"/proc/{pid}/cmdline", "rb").read()
+            except OSError:
+                continue
+            if str(out).encode() in cmdline and f"RANK={rank}".encode() in environ:
+                return int(pid)
+        return None
+
+    deadline = time.time() + 120
+    while not ((out / "metrics.jsonl").is_file() and (out / "metrics.jsonl").read_text().strip()):
+        assert proc.poll() is None and time.time() < deadline
+        time.sleep(0.1)
+    os.kill(stage(1), signal.SIGKILL)
+    try:
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert proc.returncode != 0 and len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    assert "another process of the run failed or was killed" in lines[0] and "rank 1 was killed by SIGKILL" in lines[0]
+    assert stage(0) is None and stage(1) is None
+
+
 DAMAGE = {
     "state a list": lambda c: (c / "state.json").write_text("[1, 2]"),
     "state empty": lambda c: (c / "state.json").write_text("{}"),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import uuid
@@ -90,8 +91,10 @@ def launch(processes: int, script: str, argv: list[str]) -> int:
         elastic_launch(config, entrypoint=sys.executable)(script, *argv)
     except ChildFailedError as e:
         codes = [f.exitcode for f in e.failures.values()]
-        print_errors(errors)
-        return next((c for c in codes if c), 1)
+        killed = {rank: -f.exitcode for rank, f in e.failures.items() if f.exitcode < 0
+                  and not (errors / str(rank)).exists() and -f.exitcode != signal.SIGTERM}  # SIGTERM: the agent's
+        print_errors(errors, killed)
+        return next((c for c in codes if c > 0), 1)
     except KeyboardInterrupt:  # Ctrl-C reached the processes too: each stops between updates and says where
         print_errors(errors)
         return 130
@@ -116,13 +119,20 @@ def die_with_launcher() -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def print_errors(folder: Path) -> None:
+def print_errors(folder: Path, killed: dict[int, int] | None = None) -> None:
     """The ranks' one-line errors, as each would have printed it: rank 0's for the run and other ranks' own.
     When a rank's failure stopped rank 0 before it wrote (the launcher ends the others when one exits), the
-    lowest rank's line stands in, so a failed launch always says why in one line."""
+    lowest rank's line stands in, so a failed launch always says why in one line. `killed` (rank -> signal) names
+    the processes a signal ended without a word (kill -9, the out-of-memory killer): added to the first line."""
     lines = {int(p.name): p.read_text() for p in folder.iterdir() if p.name.isdigit()}
     shown = [line for _, line in sorted(lines.items()) if not line.startswith("quiet ")]
     if not shown and lines:
         shown = [lines[min(lines)].removeprefix("quiet ")]
+    if killed:
+        names = ", ".join(f"rank {r} was killed by {signal.Signals(n).name if n in signal.valid_signals() else n}"
+                          for r, n in sorted(killed.items()))
+        shown = ([f"{shown[0]} ({names}{'; out of memory?' if signal.SIGKILL in killed.values() else ''})"]
+                 + shown[1:] if shown else [f"error: {names}; the run stopped: continue with --resume from its last "
+                                            "checkpoint, or rerun with --overwrite if it has none"])
     for line in shown:
         print(line, file=sys.stderr, flush=True)

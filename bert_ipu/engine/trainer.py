@@ -160,6 +160,19 @@ def check_backend(cfg, rt: Runtime, training: bool) -> None:
         raise RunError(f"model.attention_backend={cfg.model.attention_backend}: {e}") from None
 
 
+PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "remote worker", "Broken pipe",
+             "NCCL communicator was aborted", "ProcessGroupNCCL", "Socket Timeout")
+"""what gloo and NCCL say when the process at the other end of a collective is gone (they raise RuntimeError)"""
+
+
+def peer_failed(e: BaseException, rt: Runtime) -> bool:
+    """A collective of a run of several processes failed because another process died (killed, out of memory, a
+    crash of its own it reports itself), not because of this process."""
+    import torch.distributed as dist
+
+    return rt.world > 1 and (isinstance(e, dist.DistError) or any(s in str(e) for s in PEER_LOST))
+
+
 SIZES = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "max_position_embeddings")
 """the model section's sizes that an init checkpoint's config.json replaces"""
 
@@ -488,6 +501,13 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, load
                                   f"{out / 'checkpoints' / f'step-{step:07d}'}; continue with --resume", signum)
             if signum == signal.SIGINT:
                 raise KeyboardInterrupt
+    except RuntimeError as e:
+        if isinstance(e, RunError) or not peer_failed(e, rt):
+            raise
+        found = checkpoint.checkpoints(out)
+        raise RunError(f"stopped at step {step}: another process of the run failed or was killed (a collective "
+                       f"lost its peer); last checkpoint {found[-1] if found else 'none'}; "
+                       + ("continue with --resume" if found else "rerun with --overwrite"), local=False) from None
     except KeyboardInterrupt:
         found = checkpoint.checkpoints(out)
         raise Interrupted(f"stopped at step {step} by Ctrl-C; last checkpoint {found[-1] if found else 'none'}; "
