@@ -56,3 +56,20 @@ def test_readme_is_a_short_door_whose_links_exist():
     assert "make run" in text and "make test" in text
     links = [link for link in re.findall(r"\]\(([^)#]+)", text) if "://" not in link]
     assert links and all((ROOT / link).exists() for link in links), [x for x in links if not (ROOT / x).exists()]
+
+
+def test_the_refusals_page_lists_every_refusal_in_the_code():
+    """docs/refused.md is generated from the source's raises (tools/refusals.py): a refusal added, removed or
+    reworded without regenerating the page fails here; and the collector does find refusals of each kind the
+    commands print (a collector that found nothing would pass the comparison)."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    import refusals
+
+    found = refusals.collect()
+    kinds = {kind for _, _, kind, _ in found}
+    assert {"ConfigError", "RunError", "DataInputError", "DatasetError", "PackingInputError", "GlueInputError"} <= kinds
+    assert any("refused for safety" in message for *_, message in found)
+    assert (ROOT / "docs" / "refused.md").read_text(encoding="utf-8") == refusals.render(found), \
+        "docs/refused.md is not current: run .venv/bin/python tools/refusals.py"
