@@ -221,3 +221,10 @@ def test_bad_profile_input_is_a_clear_error(tmp_path, capsys):
     assert entry("profile", ["--config", str(path), "--backends", "flex"]) == 2
     assert capsys.readouterr().err.startswith("error: ")
     assert entry("profile", ["--config", str(path), "--scaling-batches", "1"]) == 2
+    # a pack length of 1e5 (a histogram that long): the attention scores need TBs; refused before any allocation
+    long = tmp_path / "long.json"
+    long.write_text(json.dumps([0] * 99_999 + [1]))
+    capsys.readouterr()
+    assert entry("profile", ["--config", str(path), f"profile.histogram={long}"]) == 2
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+    assert len(lines) == 1 and "pack length of 100,000" in lines[0] and "GiB are free" in lines[0], lines

@@ -394,6 +394,25 @@ class ProfilingError(ValueError):
     """A profile that cannot run or measure nothing; the message says why. run_profiling.py prints it and exits 2."""
 
 
+def check_memory(cfg, pack_length: int, device: torch.device) -> None:
+    """Refuse a profile whose attention scores alone cannot fit: micro-batch x heads x S x S float32 values, kept
+    for the backward pass with their probabilities and gradient (about 3 copies), plus the weights and AdamW's
+    state (16 bytes a parameter). Estimated before anything is allocated (a pack length of 1e5 asked for tens of
+    TB and died in the allocator)."""
+    from ...engine.launch import _available_memory
+
+    prof, m = cfg.profile, cfg.model
+    scores = prof.micro_batch_size * m.num_attention_heads * pack_length ** 2 * 4 * 3
+    need = scores + 16 * m.parameter_estimate()
+    have = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else _available_memory()
+    if have is not None and need > have:
+        raise ProfilingError(f"a pack length of {pack_length:,} (the histogram's length) with micro-batch "
+                             f"{prof.micro_batch_size} and {m.num_attention_heads} heads needs about "
+                             f"{need / 2**30:,.1f} GiB for the attention scores and the model, but "
+                             f"{have / 2**30:,.1f} GiB are free; give a shorter histogram or lower "
+                             "profile.micro_batch_size")
+
+
 def run(cfg, say=print) -> dict:
     """The whole profile of `cfg` (a `ProfilingRunConfig`): pack the histogram with every algorithm (NONE
     added first: the baseline), measure each attention backend (and the Hugging Face baseline), print the
@@ -417,6 +436,7 @@ def run(cfg, say=print) -> dict:
         raise ProfilingError(str(e).replace("train.device", "profile.device")) from None
     depth = prof.max_sequences_per_pack
     S = len(histogram)
+    check_memory(cfg, S, device)
     config = cfg.model.bert_config(30522, S, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     torch.manual_seed(prof.seed)
     base = PackedBertForPreTraining(config, depth, cfg.model.attention_backend).to(device).train()
