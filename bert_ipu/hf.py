@@ -1,6 +1,7 @@
 """Our packing inside Hugging Face `datasets` and `transformers.Trainer`, without cross-contamination.
 
     from bert_ipu.hf import pack_dataset, pack_iterable, PackedDataCollator, token_loss, token_metrics, unpack_outputs
+    from bert_ipu.hf import packed_sequence_classifier   # several documents a pack, one label each
     packed = pack_dataset(dataset, 2048, causal=True)        # datasets.Dataset -> a datasets.Dataset of packs
     stream = pack_iterable(iterable, 2048, buffer_size=100_000)   # IterableDataset -> packs, a buffer at a time
     collator = PackedDataCollator(model)                     # reads the attention implementation off the model
@@ -34,6 +35,8 @@ numpy at import; `datasets`, `pyarrow`, `torch` and `transformers` are imported 
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -71,6 +74,7 @@ class _Plan:
     pad_token_id: int
     offsets: np.ndarray         # (packs + 1,): pack p holds rows[offsets[p]:offsets[p + 1]]
     rows: np.ndarray            # (packed sequences,) source row indices in pack order
+    sequence_label_column: str | None = None  # the source's label per row (sequence classification), if any
 
 
 def _arrow_lengths(dataset, column: str, batch_size: int) -> np.ndarray:
@@ -88,7 +92,7 @@ def _arrow_lengths(dataset, column: str, batch_size: int) -> np.ndarray:
 
 def pack_dataset(dataset, pack_length: int, algorithm: str = "cghp", max_sequences_per_pack="max", *,
                  columns=("input_ids",), label_column: str | None = "labels", causal: bool = True,
-                 too_long: str = "error", pad_token_id: int = 0, seed: int = 0, num_proc: int | None = None,
+                 sequence_label_column: str | None = None, too_long: str = "error", pad_token_id: int = 0, seed: int = 0, num_proc: int | None = None,
                  cache_dir: str | os.PathLike | None = None, time_limit: float | None = None,
                  batch_size: int = 10_000, verbose: bool = True):
     """Pack a `datasets.Dataset` of token sequences into a `datasets.Dataset` of `pack_length`-token rows.
@@ -99,6 +103,9 @@ def pack_dataset(dataset, pack_length: int, algorithm: str = "cghp", max_sequenc
         are its input_ids; an encoder's packs then have no labels column.
     causal: True for causal LMs (labels at each document's first token and on padding are IGNORE_INDEX, since the
         model shifts labels inside), False for encoders (the source labels as they are, IGNORE_INDEX on padding).
+    sequence_label_column: a column of one class index per row (sequence classification, e.g. "label"): the packs
+        then get `sequence_labels`, one per document slot (as many slots as the fullest pack has documents;
+        IGNORE_INDEX in the empty ones), and no token labels. Train them with packed_sequence_classifier.
     max_sequences_per_pack: "max" (unlimited: Hugging Face models pay S x S attention per pack however many
         documents it holds, so a depth limit only costs packs), a whole number, or "auto" (the smallest depth at
         which CGHP needs at most 0.1% more packs than unlimited; a CGHP run per depth tried).
@@ -136,11 +143,16 @@ def pack_dataset(dataset, pack_length: int, algorithm: str = "cghp", max_sequenc
         raise ValueError(f"num_proc must be a whole number >= 1 or None, got {num_proc!r}")
     if len(dataset) == 0:
         raise ValueError("the dataset is empty: there is nothing to pack")
+    if sequence_label_column is not None:
+        _check_sequence_labels(dataset, sequence_label_column)
+        label_column = None  # one label per document instead of per token
     plan, report = _plan(dataset, pack_length, algorithm, max_sequences_per_pack, columns, label_column, causal,
                          too_long, pad_token_id, seed, time_limit, batch_size)
+    if sequence_label_column is not None:
+        plan = dataclasses.replace(plan, causal=False, sequence_label_column=sequence_label_column)
     offsets, rows = plan.offsets, plan.rows
     key = hashlib.sha256(json.dumps([dataset._fingerprint, pack_length, columns, label_column, causal, too_long,
-                                     pad_token_id, CHUNK_TOKENS, SHARD_CHUNKS]).encode()
+                                     pad_token_id, sequence_label_column, CHUNK_TOKENS, SHARD_CHUNKS]).encode()
                          + offsets.tobytes() + rows.tobytes()).hexdigest()[:24]
     root = Path(cache_dir) if cache_dir is not None else Path(datasets.config.HF_DATASETS_CACHE) / "bert_ipu_packed"
     packed = _write(plan, root / key, num_proc or 1)
@@ -148,6 +160,18 @@ def pack_dataset(dataset, pack_length: int, algorithm: str = "cghp", max_sequenc
     if verbose:
         print(format_report(report))
     return packed
+
+
+def _check_sequence_labels(dataset, column: str) -> None:
+    import datasets
+
+    if column not in dataset.column_names:
+        raise ValueError(f"the dataset has no column {column!r} (columns: {', '.join(dataset.column_names)})")
+    feature = dataset.features[column]
+    if not (isinstance(feature, datasets.ClassLabel) or (isinstance(feature, datasets.Value)
+                                                         and feature.dtype.startswith(("int", "uint")))):
+        raise ValueError(f"sequence_label_column {column!r} is {feature}; it must hold one class index per row "
+                         "(an integer or ClassLabel column; regression labels are not supported on packs yet)")
 
 
 def pack_iterable(dataset, pack_length: int, algorithm: str = "cghp", max_sequences_per_pack="max", *,
@@ -278,7 +302,10 @@ def _features(plan: _Plan):
 
     ids = datasets.Sequence(datasets.Value("int32"), length=plan.pack_length)
     features = {c: ids for c in plan.columns} | {"position_ids": ids, "sequence_ids": ids}
-    if plan.label_column or plan.causal:
+    if plan.sequence_label_column:
+        slots = int(np.diff(plan.offsets).max())
+        features["sequence_labels"] = datasets.Sequence(datasets.Value("int64"), length=slots)
+    elif plan.label_column or plan.causal:
         features["labels"] = datasets.Sequence(datasets.Value("int32"), length=plan.pack_length)
     features["source_rows"] = datasets.Sequence(datasets.Value("int64"))
     return datasets.Features(features)
@@ -324,6 +351,13 @@ def _build(plan: _Plan, a: int, b: int) -> dict:
     if "labels" in out:
         batch["labels"] = out["labels"].astype(np.int32)
     batch["source_rows"] = [rows[offsets[p]:offsets[p + 1]].tolist() for p in range(b - a)]
+    if plan.sequence_label_column:  # document k of a pack (sequence_ids k + 1) -> slot k
+        labels = np.asarray(plan.source.select_columns([plan.sequence_label_column])[rows][plan.sequence_label_column],
+                            dtype=np.int64)
+        slots = np.full((b - a, int(np.diff(plan.offsets).max())), IGNORE_INDEX, dtype=np.int64)
+        for p in range(b - a):
+            slots[p, :offsets[p + 1] - offsets[p]] = labels[offsets[p]:offsets[p + 1]]
+        batch["sequence_labels"] = slots
     return batch
 
 
@@ -370,8 +404,9 @@ def unpack_outputs(packed, outputs) -> list:
 def _is_causal(model) -> bool:
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    return bool(getattr(model.config, "is_decoder", False)) or \
-        type(model).__name__ in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()
+    name = type(model).__name__
+    return bool(getattr(model.config, "is_decoder", False)) or name in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values() \
+        or (name.endswith("ForSequenceClassification") and hasattr(model, "score"))  # a decoder's classifier
 
 
 def _position_offset(model) -> int:
@@ -432,6 +467,13 @@ class PackedDataCollator:
         stack = {k: torch.as_tensor(np.stack([np.asarray(f[k]) for f in features]), dtype=torch.long)
                  for k in ("input_ids", "position_ids", "sequence_ids", "labels", "token_type_ids")
                  if k in features[0]}
+        if "sequence_labels" in features[0]:  # sequence classification: a label and a pooled token per document
+            if self.attn_implementation.startswith(FLASH_PREFIX) or self.attn_implementation == OWN_MODELS:
+                raise ValueError("packs with sequence_labels train with packed_sequence_classifier on an eager or "
+                                 f"sdpa model; attn_implementation {self.attn_implementation!r} is not supported")
+            stack["labels"] = torch.as_tensor(np.stack([np.asarray(f["sequence_labels"]) for f in features]))
+            stack["pooled_positions"] = document_positions(stack["sequence_ids"], stack["labels"].shape[1],
+                                                           last=self.causal)
         if self.attn_implementation == OWN_MODELS:
             if self.causal and "labels" in stack:  # our causal LMs take next-token labels (bert_ipu.models.causal_lm)
                 stack["labels"] = torch.nn.functional.pad(stack["labels"][:, 1:], (0, 1), value=IGNORE_INDEX)
@@ -467,6 +509,92 @@ class PackedDataCollator:
         cu = torch.cat([starts, torch.tensor([out["input_ids"].shape[1]])]).to(torch.int32)
         longest = int((cu[1:] - cu[:-1]).max())
         return out | {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest}
+
+
+def document_positions(sequence_ids, slots: int, last: bool = False):
+    """(B, slots): the position of each document's first token (`last`: its last token) in its pack, document k
+    of a pack in slot k - 1; -1 in the slots of a pack with fewer documents."""
+    import torch
+
+    B, S = sequence_ids.shape
+    k = torch.arange(1, slots + 1)
+    inside = sequence_ids[:, None, :] == k[None, :, None]                     # (B, slots, S)
+    at = torch.arange(S).expand(B, slots, S)
+    first = torch.where(inside, at, S).min(-1).values
+    final = torch.where(inside, at, -1).max(-1).values
+    pos = final if last else first
+    return torch.where(inside.any(-1), pos, -1)
+
+
+def packed_sequence_classifier(model):
+    """Sequence classification of every document of a pack with a Hugging Face `*ForSequenceClassification`
+    model (whose own forward pools one token per row, so it cannot classify several documents of a pack).
+
+        packed = pack_dataset(ds, 128, causal=False, sequence_label_column="label", columns=(...))
+        model = packed_sequence_classifier(AutoModelForSequenceClassification.from_pretrained(..., num_labels=2))
+        Trainer(model, args, train_dataset=packed, data_collator=PackedDataCollator(model.model), ...)
+        model.model.save_pretrained(...)   # the wrapped model is the Hugging Face model itself, unchanged
+
+    The forward runs the model's base (`model.base_model`) on the packs with the collator's mask, gathers each
+    document's pooled token (the collator's `pooled_positions`: its first token for encoders, its last for
+    decoders) and applies the model's own head to it, as its forward does to a row's: BERT-style
+    (`base_model.pooler`, `dropout`, `classifier`), RoBERTa-style (`classifier` taking the [CLS] hidden state) or
+    decoder-style (`score`). Returns `logits` (B, slots, num_labels), and `loss` when labels are given: the
+    summed cross-entropy over documents divided by `num_items_in_batch` (the Trainer's count of labelled
+    documents over the whole update), so packed and unpacked runs agree however the update is cut.
+    Single-label classification only (num_labels > 1)."""
+    return _classifier_class()(model)
+
+
+@functools.cache
+def _classifier_class():
+    import torch
+
+    class _Classifier(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            config = model.config
+            if config.num_labels < 2 or config.problem_type not in (None, "single_label_classification"):
+                raise ValueError(f"packed_sequence_classifier does single-label classification (num_labels >= 2); "
+                                 f"this model has num_labels {config.num_labels}, problem_type "
+                                 f"{config.problem_type!r}")
+            if hasattr(model, "score"):
+                self.kind = "last"
+            elif hasattr(model, "classifier") and getattr(model.base_model, "pooler", None) is not None:
+                self.kind = "pooler"
+            elif hasattr(model, "classifier"):
+                self.kind = "cls"
+            else:
+                raise ValueError(f"{type(model).__name__} has no classifier or score head that "
+                                 "packed_sequence_classifier knows; give a *ForSequenceClassification model")
+            self.model, self.config = model, config
+
+        def forward(self, input_ids, attention_mask, position_ids, pooled_positions, labels=None,
+                    token_type_ids=None, num_items_in_batch=None, **kwargs):
+            extra = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
+            hidden = self.model.base_model(input_ids=input_ids, attention_mask=attention_mask,
+                                           position_ids=position_ids, **extra).last_hidden_state
+            B, slots = pooled_positions.shape
+            index = pooled_positions.clamp_min(0)
+            pooled = torch.gather(hidden, 1, index[..., None].expand(B, slots, hidden.shape[-1]))
+            flat = pooled.reshape(B * slots, 1, -1)
+            if self.kind == "pooler":
+                logits = self.model.classifier(self.model.dropout(self.model.base_model.pooler(flat)))
+            elif self.kind == "cls":
+                logits = self.model.classifier(flat)
+            else:
+                logits = self.model.score(flat[:, 0])
+            logits = logits.reshape(B, slots, -1)
+            out = {"logits": logits}
+            if labels is not None:
+                labels = labels.to(logits.device)
+                total = torch.nn.functional.cross_entropy(logits.reshape(B * slots, -1).float(), labels.reshape(-1),
+                                                          ignore_index=IGNORE_INDEX, reduction="sum")
+                count = num_items_in_batch if num_items_in_batch is not None else labels.ne(IGNORE_INDEX).sum()
+                out["loss"] = total / count
+            return out
+
+    return _Classifier
 
 
 def token_loss(causal: bool):

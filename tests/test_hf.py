@@ -546,3 +546,104 @@ def test_our_packed_llama_takes_the_collators_sequence_ids_form(tmp_path):
             doc = own["sequence_ids"][p] == j
             assert own["labels"][p][doc].tolist() == src[r]["input_ids"][1:] + [IGNORE_INDEX]
     assert (own["labels"][~real] == IGNORE_INDEX).all()
+
+
+# ---------------------------------------------------------------------------------------------- classification
+
+def classifier(kind):
+    torch.manual_seed(0)
+    common = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_labels=3, attn_implementation="sdpa")
+    if kind == "bert":
+        config = transformers.BertConfig(**common, max_position_embeddings=64, hidden_dropout_prob=0.0,
+                                         attention_probs_dropout_prob=0.0)
+        return transformers.BertForSequenceClassification(config)
+    config = transformers.LlamaConfig(**common, num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0)
+    return transformers.LlamaForSequenceClassification(config)
+
+
+def labelled_source(n=60, seed=2):
+    src = source(n, high=20, seed=seed)
+    rng = np.random.default_rng(seed)
+    return src.add_column("label", rng.integers(0, 3, size=n).tolist())
+
+
+def document_loss():
+    """A compute_loss_func: the summed cross-entropy of the micro-batch's documents over the update's count."""
+    def loss(outputs, labels, num_items_in_batch=None):
+        total = torch.nn.functional.cross_entropy(outputs["logits"].float(), labels, reduction="sum")
+        return total / (num_items_in_batch if num_items_in_batch is not None else len(labels))
+    return loss
+
+
+@pytest.mark.parametrize("kind", ["bert", "llama"])
+def test_each_document_of_a_pack_is_classified_as_alone(tmp_path, kind):
+    """packed_sequence_classifier: every document of every pack gets the logits the Hugging Face model gives it
+    alone (1e-5: float32 attention over 48 keys instead of the document's own); BERT pools the first token,
+    Llama the last; empty slots are ignored by the loss."""
+    src = labelled_source()
+    packed = hf.pack_dataset(src, 48, causal=kind == "llama", sequence_label_column="label",
+                             columns=("input_ids", "token_type_ids") if kind == "bert" else ("input_ids",),
+                             cache_dir=tmp_path, verbose=False)
+    assert "labels" not in packed.column_names and len(packed[0]["sequence_labels"]) == max(
+        len(r) for r in packed["source_rows"])
+    model = classifier(kind).eval()
+    wrapped = hf.packed_sequence_classifier(model)
+    collator = hf.PackedDataCollator(model)
+    assert collator.causal == (kind == "llama")
+    batch = collator([packed[i] for i in range(len(packed))])
+    with torch.no_grad():
+        out = wrapped(**batch)
+        for p, rows in enumerate(packed["source_rows"]):
+            for k, r in enumerate(rows):
+                ids = torch.tensor([src[r]["input_ids"]])
+                extra = {"token_type_ids": torch.tensor([src[r]["token_type_ids"]])} if kind == "bert" else {}
+                alone = model(input_ids=ids, **extra).logits[0]
+                torch.testing.assert_close(out["logits"][p, k], alone, rtol=1e-5, atol=1e-5)
+                assert int(batch["labels"][p, k]) == src[r]["label"]
+    assert int(batch["labels"].ne(IGNORE_INDEX).sum()) == len(src)
+    with pytest.raises(ValueError, match="num_labels"):
+        hf.packed_sequence_classifier(transformers.BertForSequenceClassification(transformers.BertConfig(
+            vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+            num_labels=1)))
+    with pytest.raises(ValueError, match="class index per row"):
+        hf.pack_dataset(src.cast_column("label", datasets.Value("float32")), 48, sequence_label_column="label",
+                        cache_dir=tmp_path, verbose=False)
+
+
+@pytest.mark.parametrize("kind", ["bert", "llama"])
+def test_packed_classification_trainer_run_equals_the_unpacked_run(tmp_path, kind):
+    """Trainer, gradient accumulation 2, 2 SGD updates: packed_sequence_classifier on packs (2 a micro-batch) ends
+    with the weights and losses of the Hugging Face model trained on the same documents one micro-batch of 2 and
+    one of the rest (padded: right for BERT, left for Llama, which pools the last token), the loss a mean over
+    the update's documents in both (num_items_in_batch): 1e-5 relative / 2e-6 absolute, as the token tests."""
+    src = labelled_source()
+    packed = hf.pack_dataset(src, 48, causal=kind == "llama", sequence_label_column="label",
+                             cache_dir=tmp_path / "packs", verbose=False)
+    model = classifier(kind)
+    wrapped = hf.packed_sequence_classifier(model)
+    packed_loss, _ = train(wrapped, packed, hf.PackedDataCollator(model), tmp_path / "a")
+
+    def pad(features):
+        longest = max(len(f["input_ids"]) for f in features)
+        ids = torch.zeros(len(features), longest, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, f in enumerate(features):
+            n = len(f["input_ids"])
+            where = slice(longest - n, longest) if kind == "llama" else slice(0, n)
+            ids[i, where], mask[i, where] = torch.tensor(f["input_ids"]), 1
+        return {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor([f["label"] for f in features])}
+
+    updates = [[r for p in range(4 * u, 4 * u + 4) for r in packed[p]["source_rows"]] for u in range(2)]
+    batches = [b for rows in updates for b in (rows[:2], rows[2:])]
+    reference = classifier(kind)
+    if kind == "llama":
+        reference.config.pad_token_id = 63  # never an input id here: HF finds the last token by the pad id
+    plain_loss, plain_weights = train(reference, src.remove_columns("token_type_ids"), pad, tmp_path / "b",
+                                      loss=document_loss(), batches=batches)
+    np.testing.assert_allclose(packed_loss, plain_loss, rtol=1e-5)
+    start = classifier(kind).state_dict()
+    weights = model.state_dict()
+    assert sum(not torch.equal(w, start[name]) for name, w in weights.items()) > 10
+    for name, weight in weights.items():
+        torch.testing.assert_close(weight, plain_weights[name], rtol=1e-5, atol=2e-6, msg=name)
