@@ -556,3 +556,39 @@ def test_a_damaged_manifest_is_one_line(dataset, tmp_path, case):
     (copy / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(DatasetError, match="damaged manifest"):
         PackedDataset(copy)
+
+
+# --- the data commands: refusals before any work, and nothing left under the final name (issue 30) -------------
+
+def test_more_predictions_than_an_instance_can_mask_is_refused_up_front(corpus, tmp_path, capsys):
+    """--max-predictions-per-seq above the tokens an instance can mask (max_seq_length - 3) is one line naming the
+    limit, before anything is written (it wrote masked_lm_labels narrower than the manifest's MLM slots and left
+    that dataset under the final name, exit code 2)."""
+    import create_pretraining_data as create_cli
+
+    out = tmp_path / "out"
+    rc = create_cli.main(["--input", str(corpus), "--output", str(out), "--max-seq-length", "64",
+                          "--max-predictions-per-seq", "100"])
+    lines, err = _errors(capsys)
+    assert rc == 2 and len(lines) == 1 and "--max-predictions-per-seq 100" in lines[0] and "61" in lines[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["text"]  # no dataset, no partial folder, no lock
+
+
+def test_a_dataset_that_fails_its_own_checks_never_takes_the_final_name(tmp_path):
+    """Whatever a writer gets wrong, the dataset is checked as every reader checks it before the rename: a shard
+    whose arrays disagree with the layout ends in a DatasetError with no dataset and no partial folder left (the
+    check used to run after the rename, on the dataset already in place)."""
+    from bert_ipu.data.layout import PackLayout
+    from bert_ipu.data.shards import DatasetWriter
+
+    S, M, n = 16, 8, 3
+    arrays = {f: np.zeros((n, S), dtype=np.int64) for f in ("input_ids", "position_ids", "token_type_ids")}
+    arrays |= {"sequence_ids": np.ones((n, S), dtype=np.int64), "masked_lm_labels": np.zeros((n, S), dtype=np.int64),
+               "next_sentence_labels": np.zeros((n, 1), dtype=np.int64),
+               "next_sentence_weights": np.ones((n, 1), dtype=np.float32)}  # labels S wide, the layout says M
+    out = tmp_path / "ds"
+    with pytest.raises(DatasetError, match="was not written.*masked_lm_labels"), \
+            DatasetWriter(out, PackLayout(S, M, 1)) as writer:
+        writer.write_shard("train", arrays)
+        writer.finish({"kind": "synthetic"})
+    assert not out.exists() and not (tmp_path / "ds.partial").exists()

@@ -59,6 +59,11 @@ class InstanceConfig:
             raise DataInputError(f"dupe_factor is {self.dupe_factor}; it must be >= 1")
         if self.max_predictions_per_seq is not None and self.max_predictions_per_seq < 1:
             raise DataInputError("max_predictions_per_seq must be >= 1")
+        if self.max_predictions_per_seq is not None and self.max_predictions_per_seq > self.max_seq_length - 3:
+            raise DataInputError(f"--max-predictions-per-seq {self.max_predictions_per_seq} is more than the "
+                                 f"{self.max_seq_length - 3} tokens an instance of --max-seq-length "
+                                 f"{self.max_seq_length} can mask (all but [CLS] and two [SEP]); give at most "
+                                 f"{self.max_seq_length - 3}")
 
     @property
     def max_predictions(self) -> int:

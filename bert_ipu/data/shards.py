@@ -120,8 +120,8 @@ class DatasetWriter:
         return entry
 
     def finish(self, info: dict) -> Path:
-        """Manifest, fsync, then swap DATASET.partial in: DATASET -> DATASET.old, DATASET.partial -> DATASET,
-        DATASET.old removed. A kill at any point leaves the old or the new dataset whole (the next writer puts
+        """Manifest, the checks every reader makes (a DatasetError here leaves nothing), fsync, then swap
+        DATASET.partial in: DATASET -> DATASET.old, DATASET.partial -> DATASET, DATASET.old removed. A kill at any point leaves the old or the new dataset whole (the next writer puts
         DATASET.old back if DATASET is missing)."""
         manifest = {
             "format_version": FORMAT_VERSION,
@@ -133,6 +133,11 @@ class DatasetWriter:
             "derived_fields": list(DERIVED),  # after info: what this writer wrote, whatever a caller copied
         }
         write_json(self.partial / MANIFEST, manifest, default=_json_default)
+        try:  # what every reader checks, before the name is taken: a dataset that cannot be read is never left
+            PackedDataset(self.partial)
+        except DatasetError as e:
+            raise DatasetError(f"{self.out_dir} was not written: what was about to be written fails its own "
+                               f"checks ({e})") from None
         fsync_tree(self.partial)
         if self.out_dir.exists():
             os.replace(self.out_dir, self.old)
