@@ -592,3 +592,27 @@ def test_a_dataset_that_fails_its_own_checks_never_takes_the_final_name(tmp_path
         writer.write_shard("train", arrays)
         writer.finish({"kind": "synthetic"})
     assert not out.exists() and not (tmp_path / "ds.partial").exists()
+
+
+def test_an_output_that_is_a_link_to_a_dataset_is_replaced_where_it_points(corpus, tmp_path, capsys):
+    """--output LINK --overwrite, LINK a symbolic link to a dataset (create and pack alike): the dataset it points
+    to is replaced, the link kept, and nothing else is left (it renamed the link to LINK.old, put a new dataset at
+    LINK, then failed on removing the link: exit code 2 with both left behind)."""
+    import create_pretraining_data as create_cli
+    import pack_pretraining_data as pack_cli
+
+    instances, packed = tmp_path / "instances", tmp_path / "packed"
+    create_pretraining_data([str(corpus)], instances, InstanceConfig(max_seq_length=64), progress=False)
+    pack_pretraining_data(instances, packed, "cghp", 3, progress=False)
+    (tmp_path / "inst_link").symlink_to("instances")
+    (tmp_path / "packed_link").symlink_to(packed)  # relative and absolute targets
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert create_cli.main(["--input", str(corpus), "--output", str(tmp_path / "inst_link"), "--max-seq-length", "64",
+                            "--seed", "3", "--overwrite"]) == 0
+    assert pack_cli.main(["--input", str(tmp_path / "inst_link"), "--output", str(tmp_path / "packed_link"),
+                          "--algorithm", "none", "--overwrite"]) == 0
+    assert "Traceback" not in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no LINK.old, .partial or new lock
+    assert (tmp_path / "inst_link").readlink() == Path("instances") and (tmp_path / "packed_link").is_symlink()
+    assert PackedDataset(instances, verify=True).manifest["instance_config"]["seed"] == 3
+    assert PackedDataset(packed, verify=True).manifest["algorithm"] == "none"

@@ -41,7 +41,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..files import OutputBusy, OutputLock, describe_os_error, fsync_dir, fsync_tree, sha256_of, write_json
+from ..files import (OutputBusy, OutputLock, describe_os_error, followed, fsync_dir, fsync_tree, sha256_of,
+                     write_json)
 from .layout import FIELDS, PackLayout, sequence_lengths_per_id
 
 FORMAT_VERSION = 1
@@ -66,7 +67,7 @@ class DatasetWriter:
     write (a full disk, a vanished folder: any OSError) becomes one DatasetError naming the file."""
 
     def __init__(self, out_dir: str | Path, layout: PackLayout, overwrite: bool = False):
-        self.out_dir = Path(out_dir)
+        self.out_dir = followed(out_dir)  # a link to a dataset: the dataset is replaced where it is, the link kept
         self.layout = layout
         self._check_output(overwrite)  # before the lock: a refusal writes nothing
         try:

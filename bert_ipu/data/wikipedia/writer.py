@@ -30,7 +30,7 @@ import re
 import time
 from pathlib import Path
 
-from ...files import PARTIAL, OutputBusy, OutputLock, describe_os_error, sha256_of, write_json
+from ...files import PARTIAL, OutputBusy, OutputLock, describe_os_error, followed, sha256_of, write_json
 from ..jobs import Progress, library_versions, open_engine
 from .reader import WikipediaError, check_source, hf_pages, hf_rows, iter_pages, page_kind, sniff, source_size
 from .wikitext import convert_batch
@@ -200,7 +200,7 @@ def prepare(dump_or_dataset: str | Path, output: str | Path, workers: int = 1,
     start = time.perf_counter()
     if workers < 1 or docs_per_shard < 1:
         raise WikipediaError("--workers and --docs-per-shard must be >= 1")
-    source, output = Path(dump_or_dataset), Path(output)
+    source, output = Path(dump_or_dataset), followed(output)  # a link: its folder, and the lock beside that
     kind = check_source(source, source_type)
     size = source_size(source)
     # by content, not path and size: a new dump saved over the old one (same path, same size) is another source
