@@ -616,3 +616,23 @@ def test_an_output_that_is_a_link_to_a_dataset_is_replaced_where_it_points(corpu
     assert (tmp_path / "inst_link").readlink() == Path("instances") and (tmp_path / "packed_link").is_symlink()
     assert PackedDataset(instances, verify=True).manifest["instance_config"]["seed"] == 3
     assert PackedDataset(packed, verify=True).manifest["algorithm"] == "none"
+
+
+def test_a_lone_surrogate_in_json_lines_is_read_as_a_replacement_character(tmp_path, capsys):
+    """A JSON line whose text holds a lone surrogate escape ("\\ud800", half a UTF-16 pair: valid JSON, but no
+    character) is read with U+FFFD in its place, as tokenizers treat bytes that are not text, and the rest of the
+    text is kept (it was a TypeError traceback from the tokenizer)."""
+    import create_pretraining_data as create_cli
+
+    from bert_ipu.data.text import read_documents
+
+    lines = ['{"text": "Alpha beta gamma.\\ud800 Delta epsilon zeta. Eta theta iota."}',
+             '{"text": "Kappa lambda mu.\\udc00 Nu xi omicron. Pi rho sigma."}'] * 3
+    path = tmp_path / "in.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    first = next(read_documents([str(path)]))
+    assert first == ["Alpha beta gamma.\ufffd Delta epsilon zeta.", "Eta theta iota."]
+    assert create_cli.main(["--input", str(path), "--output", str(tmp_path / "out"), "--max-seq-length", "32",
+                            "--validation-fraction", "0"]) == 0
+    assert "Traceback" not in capsys.readouterr().err
+    PackedDataset(tmp_path / "out", verify=True)
