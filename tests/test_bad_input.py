@@ -636,3 +636,39 @@ def test_a_lone_surrogate_in_json_lines_is_read_as_a_replacement_character(tmp_p
                             "--validation-fraction", "0"]) == 0
     assert "Traceback" not in capsys.readouterr().err
     PackedDataset(tmp_path / "out", verify=True)
+
+
+def _inspect_cli(dataset: Path, out: Path) -> int:
+    import inspect_packed_data as inspect_cli
+
+    return inspect_cli.main([str(dataset)])
+
+
+VOCAB_DAMAGE = {  # (change the dataset's vocab.txt and manifest, what the line names)
+    "vocab.txt truncated": (lambda d, m: (d / "vocab.txt").write_text("\n".join(
+        (d / "vocab.txt").read_text().splitlines()[:1000]) + "\n"), "vocab.txt holds 1000 tokens"),
+    "both cut to fewer tokens than the ids": (lambda d, m: ((d / "vocab.txt").write_text("\n".join(
+        (d / "vocab.txt").read_text().splitlines()[:1000]) + "\n"), m["vocab"].update(size=1000)),
+        "holds token id"),
+}
+
+
+@pytest.mark.parametrize("reader", ["pack", "inspect", "train"])
+@pytest.mark.parametrize("case", sorted(VOCAB_DAMAGE))
+def test_a_vocab_shorter_than_the_ids_is_one_line(dataset, tmp_path, capsys, reader, case):
+    """A dataset whose vocab.txt is shorter than the ids it holds (truncated; or cut with the manifest's size to
+    match): packing, inspecting and training stop with exit code 2 and one line naming the vocab, and write
+    nothing (inspect was an IndexError traceback; packing carried the short vocab on; training ran, a vocab size
+    below the ids being an embedding IndexError)."""
+    source = dataset.parent / ("instances" if reader == "pack" else "packed")
+    copy = tmp_path / "data"
+    shutil.copytree(source, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    change, named = VOCAB_DAMAGE[case]
+    change(copy, manifest)
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    out = tmp_path / "out"
+    rc = {"pack": _pack_cli, "inspect": _inspect_cli, "train": _train_cli}[reader](copy, out)
+    lines, err = _errors(capsys)
+    assert rc == 2 and len(lines) == 1 and named in lines[0] and "vocab" in lines[0], err
+    assert "Traceback" not in err and not out.exists()
