@@ -202,6 +202,10 @@ def test_packing_cli_bad_input_is_one_line(case, tmp_path, capsys, monkeypatch):
     ("create_pretraining_data", ["--docs-per-shard", "0"], "--docs-per-shard: 0 is below 1"),
     ("create_pretraining_data", ["--seed", "-1"], "--seed: -1 is below 0"),
     ("create_pretraining_data", ["--output", "/proc/no/such/folder"], "cannot create /proc/no/such/folder"),
+    # sizes past what the format or memory holds, refused before any array is made (1e8 allocated 24 GB, then was
+    # killed; 40000 wrapped the 16-bit positions silently; a vocab of 1e10 was an allocation abort of the trainer)
+    ("create_pretraining_data", ["--max-seq-length", "40000"], "at most 32768"),
+    ("create_pretraining_data", ["--train-vocab", "2000000"], "give 6 to 1,048,576"),
     ("pack_pretraining_data", ["--packs-per-shard", "0"], "--packs-per-shard: 0 is below 1"),
     ("pack_pretraining_data", ["--packs-per-shard", "-5"], "--packs-per-shard: -5 is below 1"),
 ])

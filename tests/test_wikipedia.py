@@ -431,3 +431,12 @@ def test_an_output_that_is_a_link_is_written_where_it_points(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "text", "text.lock"]
     assert cli.main(["--dump", str(TINY), "--output", str(tmp_path / "link"), "--quiet", "--overwrite"]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "text", "text.lock"]
+
+
+def test_a_piece_of_work_larger_than_memory_is_refused(tmp_path, capsys):
+    """--batch-mb past what a worker can hold (1e9 MB made the whole dump one piece, read into memory) is one line
+    naming the limit, before anything is written."""
+    assert cli.main(["--dump", str(TINY), "--output", str(tmp_path / "out"), "--batch-mb", "1e9", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--batch-mb" in err and "at most 1024" in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []

@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from .. import packing
-from .instances import InstanceConfig, WordPiece, create_instances, default_vocab, mlm_slots_for, train_vocab
+from .instances import (MAX_TRAINED_VOCAB, SPECIAL, InstanceConfig, WordPiece, create_instances, default_vocab,
+                        mlm_slots_for, train_vocab)
 from ..files import sha256_of
 from .jobs import Progress, library_versions, open_engine
 from .layout import PackLayout, lengths_of, pack_instances, pack_rows, stack_packs
@@ -131,6 +132,9 @@ def create_pretraining_data(inputs: list[str], output: str | Path, config: Insta
     scheduler at `address` or a local Dask cluster). The output does not depend on the engine or its workers."""
     if docs_per_shard < 1 or workers < 1 or not 0 <= validation_fraction < 1:
         raise DataInputError("docs_per_shard and workers must be >= 1 and validation_fraction in [0, 1)")
+    if train_vocab_size is not None and not len(SPECIAL) < train_vocab_size <= MAX_TRAINED_VOCAB:
+        raise DataInputError(f"--train-vocab {train_vocab_size} is not a vocab size this tool trains: give "
+                             f"{len(SPECIAL) + 1} to {MAX_TRAINED_VOCAB:,} (BERT's are 30,522, multilingual 119,547)")
     output = Path(output)
     for source in inputs:  # a dataset inside its own input would be read as input by the next run
         if source != BUILTIN and Path(source).is_dir() and (output.resolve() == Path(source).resolve()

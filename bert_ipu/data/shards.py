@@ -51,6 +51,7 @@ MANIFEST = "manifest.json"
 STORAGE = {"input_ids": np.int32, "position_ids": np.int16, "token_type_ids": np.int8, "sequence_ids": np.int16,
            "masked_lm_labels": np.int32, "next_sentence_labels": np.int8, "next_sentence_weights": np.int8,
            "sequence_lengths": np.int32}
+MAX_PACK_LEN = int(np.iinfo(STORAGE["position_ids"]).max) + 1  # positions 0 .. S - 1 are stored as int16
 # fields every writer derives from FIELDS (not model inputs); name -> (N, ...) arrays of the shard -> array
 DERIVED = {"sequence_lengths": lambda arrays, layout: sequence_lengths_per_id(arrays["sequence_ids"],
                                                                                layout.max_sequences_per_pack)}
