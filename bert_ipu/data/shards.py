@@ -123,8 +123,9 @@ class DatasetWriter:
 
     def finish(self, info: dict) -> Path:
         """Manifest, the checks every reader makes (a DatasetError here leaves nothing), fsync, then swap
-        DATASET.partial in: DATASET -> DATASET.old, DATASET.partial -> DATASET, DATASET.old removed. A kill at any point leaves the old or the new dataset whole (the next writer puts
-        DATASET.old back if DATASET is missing)."""
+        DATASET.partial in: DATASET -> DATASET.old, DATASET.partial -> DATASET, DATASET.old removed. A kill at any
+        point leaves the old or the new dataset whole (the next writer puts DATASET.old back if DATASET is
+        missing)."""
         manifest = {
             "format_version": FORMAT_VERSION,
             "layout": {"pack_len": self.layout.pack_len, "mlm_slots": self.layout.mlm_slots,
