@@ -52,6 +52,15 @@ def fsync_tree(root: Path) -> None:
 PARTIAL = ".partial"  # the suffix of a file or folder being written; renamed when complete
 
 
+def followed(output: Path) -> Path:
+    """The folder an output named through a symbolic link stands for: where the link points (a dangling link: where
+    it would point), so a writer's temporary names, lock and final rename sit beside the real folder and the link
+    is kept (renaming over the link replaced the link, and the old folder's removal refused it). Other paths are
+    returned as they are."""
+    output = Path(output)
+    return Path(os.path.realpath(output)) if output.is_symlink() else output
+
+
 def write_atomic(path: Path, text: str) -> None:
     """Replace a small file whole: PATH.partial, fsync, rename, fsync of the folder. A reader sees the old text or
     the new, never a part (and after a power loss not an empty file under the new name)."""

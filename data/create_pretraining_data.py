@@ -55,7 +55,13 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     c, t = manifest["counts"], manifest["text"]
-    print(f"{args.output}: {c['instances']['train']:,} train + {c['instances']['validation']:,} validation instances "
+    documents = c.get("documents", {})  # per split: not in a dataset made before they were counted
+
+    def split(name: str) -> str:
+        n = documents.get(name)
+        of = f" ({n:,} document{'s' if n != 1 else ''})" if n is not None else ""
+        return f"{c['instances'][name]:,} {name} instances{of}"
+    print(f"{args.output}: {split('train')} + {split('validation')} "
           f"from {t['documents']:,} documents ({t['bytes'] / 1e6:.1f} MB) in {manifest['seconds']:.1f} s; skipped "
           f"{t['skipped_empty_files']} empty files and {t['skipped_empty_documents']} empty documents; "
           f"{c.get('truncated', 0):,} pairs truncated")

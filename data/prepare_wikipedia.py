@@ -53,8 +53,8 @@ def main(argv=None) -> int:
                    "not depend on it; the main process reads the dump and writes)")
     add_engine_arguments(p)
     p.add_argument("--batch-mb", type=positive_mb, default=DEFAULT_BATCH_BYTES / 2**20, metavar="MB",
-                   help="wikitext in a worker's piece of work (default 0.5; on a large cluster larger pieces cost the "
-                        "scheduler less: see docs/data.md; the output does not depend on it)")
+                   help="wikitext in a worker's piece of work (default 0.5, at most 1024; on a large cluster larger "
+                        "pieces cost the scheduler less: see docs/data.md; the output does not depend on it)")
     p.add_argument("--docs-per-shard", type=int, default=DEFAULT_DOCS_PER_SHARD,
                    help=f"articles per shard (default {DEFAULT_DOCS_PER_SHARD})")
     p.add_argument("--overwrite", action="store_true", help="start over instead of resuming what DIR holds")

@@ -202,6 +202,10 @@ def test_packing_cli_bad_input_is_one_line(case, tmp_path, capsys, monkeypatch):
     ("create_pretraining_data", ["--docs-per-shard", "0"], "--docs-per-shard: 0 is below 1"),
     ("create_pretraining_data", ["--seed", "-1"], "--seed: -1 is below 0"),
     ("create_pretraining_data", ["--output", "/proc/no/such/folder"], "cannot create /proc/no/such/folder"),
+    # sizes past what the format or memory holds, refused before any array is made (1e8 allocated 24 GB, then was
+    # killed; 40000 wrapped the 16-bit positions silently; a vocab of 1e10 was an allocation abort of the trainer)
+    ("create_pretraining_data", ["--max-seq-length", "40000"], "at most 32768"),
+    ("create_pretraining_data", ["--train-vocab", "2000000"], "give 6 to 1,048,576"),
     ("pack_pretraining_data", ["--packs-per-shard", "0"], "--packs-per-shard: 0 is below 1"),
     ("pack_pretraining_data", ["--packs-per-shard", "-5"], "--packs-per-shard: -5 is below 1"),
 ])
@@ -571,3 +575,119 @@ def test_a_damaged_manifest_is_one_line(dataset, tmp_path, case):
     (copy / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(DatasetError, match="damaged manifest"):
         PackedDataset(copy)
+
+
+# --- the data commands: refusals before any work, and nothing left under the final name (issue 30) -------------
+
+def test_more_predictions_than_an_instance_can_mask_is_refused_up_front(corpus, tmp_path, capsys):
+    """--max-predictions-per-seq above the tokens an instance can mask (max_seq_length - 3) is one line naming the
+    limit, before anything is written (it wrote masked_lm_labels narrower than the manifest's MLM slots and left
+    that dataset under the final name, exit code 2)."""
+    import create_pretraining_data as create_cli
+
+    out = tmp_path / "out"
+    rc = create_cli.main(["--input", str(corpus), "--output", str(out), "--max-seq-length", "64",
+                          "--max-predictions-per-seq", "100"])
+    lines, err = _errors(capsys)
+    assert rc == 2 and len(lines) == 1 and "--max-predictions-per-seq 100" in lines[0] and "61" in lines[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["text"]  # no dataset, no partial folder, no lock
+
+
+def test_a_dataset_that_fails_its_own_checks_never_takes_the_final_name(tmp_path):
+    """Whatever a writer gets wrong, the dataset is checked as every reader checks it before the rename: a shard
+    whose arrays disagree with the layout ends in a DatasetError with no dataset and no partial folder left (the
+    check used to run after the rename, on the dataset already in place)."""
+    from bert_ipu.data.layout import PackLayout
+    from bert_ipu.data.shards import DatasetWriter
+
+    S, M, n = 16, 8, 3
+    arrays = {f: np.zeros((n, S), dtype=np.int64) for f in ("input_ids", "position_ids", "token_type_ids")}
+    arrays |= {"sequence_ids": np.ones((n, S), dtype=np.int64), "masked_lm_labels": np.zeros((n, S), dtype=np.int64),
+               "next_sentence_labels": np.zeros((n, 1), dtype=np.int64),
+               "next_sentence_weights": np.ones((n, 1), dtype=np.float32)}  # labels S wide, the layout says M
+    out = tmp_path / "ds"
+    with pytest.raises(DatasetError, match="was not written.*masked_lm_labels"), \
+            DatasetWriter(out, PackLayout(S, M, 1)) as writer:
+        writer.write_shard("train", arrays)
+        writer.finish({"kind": "synthetic"})
+    assert not out.exists() and not (tmp_path / "ds.partial").exists()
+
+
+def test_an_output_that_is_a_link_to_a_dataset_is_replaced_where_it_points(corpus, tmp_path, capsys):
+    """--output LINK --overwrite, LINK a symbolic link to a dataset (create and pack alike): the dataset it points
+    to is replaced, the link kept, and nothing else is left (it renamed the link to LINK.old, put a new dataset at
+    LINK, then failed on removing the link: exit code 2 with both left behind)."""
+    import create_pretraining_data as create_cli
+    import pack_pretraining_data as pack_cli
+
+    instances, packed = tmp_path / "instances", tmp_path / "packed"
+    create_pretraining_data([str(corpus)], instances, InstanceConfig(max_seq_length=64), progress=False)
+    pack_pretraining_data(instances, packed, "cghp", 3, progress=False)
+    (tmp_path / "inst_link").symlink_to("instances")
+    (tmp_path / "packed_link").symlink_to(packed)  # relative and absolute targets
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert create_cli.main(["--input", str(corpus), "--output", str(tmp_path / "inst_link"), "--max-seq-length", "64",
+                            "--seed", "3", "--overwrite"]) == 0
+    assert pack_cli.main(["--input", str(tmp_path / "inst_link"), "--output", str(tmp_path / "packed_link"),
+                          "--algorithm", "none", "--overwrite"]) == 0
+    assert "Traceback" not in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no LINK.old, .partial or new lock
+    assert (tmp_path / "inst_link").readlink() == Path("instances") and (tmp_path / "packed_link").is_symlink()
+    assert PackedDataset(instances, verify=True).manifest["instance_config"]["seed"] == 3
+    assert PackedDataset(packed, verify=True).manifest["algorithm"] == "none"
+
+
+def test_a_lone_surrogate_in_json_lines_is_read_as_a_replacement_character(tmp_path, capsys):
+    """A JSON line whose text holds a lone surrogate escape ("\\ud800", half a UTF-16 pair: valid JSON, but no
+    character) is read with U+FFFD in its place, as tokenizers treat bytes that are not text, and the rest of the
+    text is kept (it was a TypeError traceback from the tokenizer)."""
+    import create_pretraining_data as create_cli
+
+    from bert_ipu.data.text import read_documents
+
+    lines = ['{"text": "Alpha beta gamma.\\ud800 Delta epsilon zeta. Eta theta iota."}',
+             '{"text": "Kappa lambda mu.\\udc00 Nu xi omicron. Pi rho sigma."}'] * 3
+    path = tmp_path / "in.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    first = next(read_documents([str(path)]))
+    assert first == ["Alpha beta gamma.\ufffd Delta epsilon zeta.", "Eta theta iota."]
+    assert create_cli.main(["--input", str(path), "--output", str(tmp_path / "out"), "--max-seq-length", "32",
+                            "--validation-fraction", "0"]) == 0
+    assert "Traceback" not in capsys.readouterr().err
+    PackedDataset(tmp_path / "out", verify=True)
+
+
+def _inspect_cli(dataset: Path, out: Path) -> int:
+    import inspect_packed_data as inspect_cli
+
+    return inspect_cli.main([str(dataset)])
+
+
+VOCAB_DAMAGE = {  # (change the dataset's vocab.txt and manifest, what the line names)
+    "vocab.txt truncated": (lambda d, m: (d / "vocab.txt").write_text("\n".join(
+        (d / "vocab.txt").read_text().splitlines()[:1000]) + "\n"), "vocab.txt holds 1000 tokens"),
+    "both cut to fewer tokens than the ids": (lambda d, m: ((d / "vocab.txt").write_text("\n".join(
+        (d / "vocab.txt").read_text().splitlines()[:1000]) + "\n"), m["vocab"].update(size=1000)),
+        "holds token id"),
+}
+
+
+@pytest.mark.parametrize("reader", ["pack", "inspect", "train"])
+@pytest.mark.parametrize("case", sorted(VOCAB_DAMAGE))
+def test_a_vocab_shorter_than_the_ids_is_one_line(dataset, tmp_path, capsys, reader, case):
+    """A dataset whose vocab.txt is shorter than the ids it holds (truncated; or cut with the manifest's size to
+    match): packing, inspecting and training stop with exit code 2 and one line naming the vocab, and write
+    nothing (inspect was an IndexError traceback; packing carried the short vocab on; training ran, a vocab size
+    below the ids being an embedding IndexError)."""
+    source = dataset.parent / ("instances" if reader == "pack" else "packed")
+    copy = tmp_path / "data"
+    shutil.copytree(source, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    change, named = VOCAB_DAMAGE[case]
+    change(copy, manifest)
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    out = tmp_path / "out"
+    rc = {"pack": _pack_cli, "inspect": _inspect_cli, "train": _train_cli}[reader](copy, out)
+    lines, err = _errors(capsys)
+    assert rc == 2 and len(lines) == 1 and named in lines[0] and "vocab" in lines[0], err
+    assert "Traceback" not in err and not out.exists()

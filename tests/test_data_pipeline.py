@@ -177,6 +177,41 @@ def test_skipped_inputs_are_counted(tmp_path):
     assert manifest["counts"]["instances"]["train"] >= 2
 
 
+@pytest.mark.parametrize("docs_per_shard", [1, 2])
+def test_two_documents_give_both_splits_whatever_the_fraction(tmp_path, capsys, docs_per_shard):
+    """With a validation fraction above 0, the first document is held out and the second trained on, so two
+    documents give a validation and a training split at any fraction, in one chunk or two (0.02 of a small corpus
+    gave no validation document, and training failed on it); the command says what each split holds."""
+    import pydoc_data.topics
+
+    docs = ["\n".join(split_sentences(pydoc_data.topics.topics[name])) for name in ("assignment", "class")]
+    (tmp_path / "two.txt").write_text("\n\n".join(docs), encoding="utf-8")
+    out = tmp_path / "out"
+    assert create_cli.main(["--input", str(tmp_path / "two.txt"), "--output", str(out), "--max-seq-length", "64",
+                            "--docs-per-shard", str(docs_per_shard), "--validation-fraction", "0.02"]) == 0
+    manifest = PackedDataset(out, verify=True).manifest
+    assert manifest["counts"]["documents"] == {"train": 1, "validation": 1}
+    assert manifest["counts"]["instances"]["train"] > 0 and manifest["counts"]["instances"]["validation"] > 0
+    summary = capsys.readouterr().out
+    assert "train instances (1 document)" in summary and "validation instances (1 document)" in summary, summary
+
+
+def test_one_document_cannot_be_split(tmp_path, capsys):
+    """One document and a validation fraction above 0: refused at creation naming the numbers and the fix, nothing
+    left (it wrote a dataset of no validation instances, which failed only at training); a fraction of 0 takes it."""
+    import pydoc_data.topics
+
+    (tmp_path / "one.txt").write_text("\n".join(split_sentences(pydoc_data.topics.topics["assignment"])))
+    out = tmp_path / "out"
+    args = ["--input", str(tmp_path / "one.txt"), "--output", str(out), "--max-seq-length", "64"]
+    assert create_cli.main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "1 document" in err[0] and "--validation-fraction 0" in err[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["one.txt", "out.lock"]
+    assert create_cli.main([*args, "--validation-fraction", "0"]) == 0
+    assert PackedDataset(out).manifest["counts"]["documents"] == {"train": 1, "validation": 0}
+
+
 def test_corrupt_datasets_are_refused(instances_dir, tmp_path, capsys):
     """A manifest that does not match its shards, or a changed byte: a clear error naming the fix."""
     import shutil

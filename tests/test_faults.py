@@ -15,6 +15,7 @@ import errno
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -424,6 +425,56 @@ def test_a_kill_at_any_point_then_rerun_gives_the_same_bytes(corpus, instances, 
             pack_pretraining_data(instances, out, "cghp", 3, overwrite=True, progress=False)
         assert content(out) == new, kill_at
         assert not (tmp_path / "out.partial").exists() and not (tmp_path / "out.old").exists()
+
+
+def _process_state(pid: int) -> tuple[int, str] | None:
+    """(parent pid, state letter) of a process from /proc, or None when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+    return int(ppid), state
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        info = _process_state(int(entry))
+        if info is not None and info[0] == pid:
+            found.append(int(entry))
+    return found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a parent's death signal is Linux's (prctl)")
+@pytest.mark.parametrize("job", ["prepare_wikipedia", "create_pretraining_data"])
+def test_a_killed_data_step_leaves_no_worker_processes(tmp_path, job):
+    """kill -9 of a data step running 2 worker processes: the workers (and the pool's resource tracker) end within
+    seconds (they ran on for ever, waiting for work from a parent that was gone)."""
+    import time
+
+    if job == "prepare_wikipedia":  # tiny.xml's pages 300 times over: about a second of work for 2 workers
+        xml = WIKI_DUMP.read_text(encoding="utf-8")
+        first, last = xml.index("<page>"), xml.rindex("</page>") + len("</page>")
+        (tmp_path / "dump.xml").write_text(xml[:first] + xml[first:last] * 300 + xml[last:], encoding="utf-8")
+        args = ["--dump", str(tmp_path / "dump.xml"), "--quiet", "--batch-mb", "0.01"]
+    else:  # the built-in corpus, a chunk of 20 documents a task: seconds of work
+        args = ["--docs-per-shard", "20"]
+    proc = subprocess.Popen([sys.executable, str(ROOT / "data" / f"{job}.py"), *args, "--output", str(tmp_path / "out"),
+                             "--workers", "2"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+    deadline = time.time() + 60
+    while len(children := _children(proc.pid)) < 3:  # 2 workers and the resource tracker
+        assert proc.poll() is None and time.time() < deadline, "the job ended before its workers started"
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    deadline = time.time() + 10
+    while (left := [pid for pid in children if (_process_state(pid) or (0, "Z"))[1] != "Z"]) and time.time() < deadline:
+        time.sleep(0.1)
+    for pid in left:  # not left to the next test either
+        os.kill(pid, signal.SIGKILL)
+    assert not left
 
 
 class Killed(BaseException):

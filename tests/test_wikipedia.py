@@ -419,3 +419,24 @@ def test_a_dump_changed_in_place_is_not_taken_for_the_old_one(tmp_path):
     prepare(dump, out, workers=1, docs_per_shard=2, progress=False, overwrite=True)
     text = "".join(p.read_text() for p in sorted(out.glob("wiki-*.txt")))
     assert "biggest town" in text and "largest city" not in text
+
+
+def test_an_output_that_is_a_link_is_written_where_it_points(tmp_path, capsys):
+    """--output LINK, a symbolic link to a folder that does not exist yet: the text is written there, the link kept
+    and the lock taken beside the real folder (it was 'File exists', exit code 2, and a LINK.lock left)."""
+    (tmp_path / "link").symlink_to("text")
+    assert cli.main(["--dump", str(TINY), "--output", str(tmp_path / "link"), "--quiet"]) == 0
+    assert "error" not in capsys.readouterr().err
+    assert (tmp_path / "link").is_symlink() and (tmp_path / "text" / MANIFEST).is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "text", "text.lock"]
+    assert cli.main(["--dump", str(TINY), "--output", str(tmp_path / "link"), "--quiet", "--overwrite"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "text", "text.lock"]
+
+
+def test_a_piece_of_work_larger_than_memory_is_refused(tmp_path, capsys):
+    """--batch-mb past what a worker can hold (1e9 MB made the whole dump one piece, read into memory) is one line
+    naming the limit, before anything is written."""
+    assert cli.main(["--dump", str(TINY), "--output", str(tmp_path / "out"), "--batch-mb", "1e9", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--batch-mb" in err and "at most 1024" in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []

@@ -27,10 +27,14 @@ from pathlib import Path
 import numpy as np
 
 from .layout import IGNORE_INDEX, Instance
+from .shards import MAX_PACK_LEN
 from .text import DataInputError
 
 SPECIAL = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 DEFAULT_MAX_PREDICTIONS = {128: 20, 384: 56, 512: 76}
+# ten times the largest BERT vocab (119,547, multilingual): the trainer's memory and the model's embedding table
+# (4 GB at BERT-large's width) grow with it; a size like 1e10 was a Rust allocation abort
+MAX_TRAINED_VOCAB = 1 << 20
 
 
 def default_vocab() -> Path:
@@ -53,12 +57,21 @@ class InstanceConfig:
     def __post_init__(self):
         if self.max_seq_length < 8:
             raise DataInputError(f"max_seq_length is {self.max_seq_length}; it must be at least 8")
+        if self.max_seq_length > MAX_PACK_LEN:  # before any array of that length exists (1e8 took 24 GB, then a kill)
+            raise DataInputError(f"max_seq_length is {self.max_seq_length}; the dataset format holds at most "
+                                 f"{MAX_PACK_LEN} tokens a sequence (positions are stored as 16-bit integers): give "
+                                 f"at most {MAX_PACK_LEN}")
         if not 0 <= self.short_seq_prob <= 1 or not 0 < self.masked_lm_prob < 1:
             raise DataInputError("short_seq_prob must be in [0, 1] and masked_lm_prob in (0, 1)")
         if self.dupe_factor < 1:
             raise DataInputError(f"dupe_factor is {self.dupe_factor}; it must be >= 1")
         if self.max_predictions_per_seq is not None and self.max_predictions_per_seq < 1:
             raise DataInputError("max_predictions_per_seq must be >= 1")
+        if self.max_predictions_per_seq is not None and self.max_predictions_per_seq > self.max_seq_length - 3:
+            raise DataInputError(f"--max-predictions-per-seq {self.max_predictions_per_seq} is more than the "
+                                 f"{self.max_seq_length - 3} tokens an instance of --max-seq-length "
+                                 f"{self.max_seq_length} can mask (all but [CLS] and two [SEP]); give at most "
+                                 f"{self.max_seq_length - 3}")
 
     @property
     def max_predictions(self) -> int:

@@ -24,6 +24,7 @@ Dask is imported only when the `dask` engine is used: the library imports withou
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import platform
 import sys
 import threading
@@ -32,6 +33,8 @@ import uuid
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
+
+from ..processes import die_with_parent
 
 ENGINES = ("local", "dask")
 CONNECT_TIMEOUT = 10.0  # seconds to reach a scheduler at --address before giving up
@@ -43,9 +46,16 @@ class EngineError(RuntimeError):
 
 
 def worker_pool(workers: int, initializer=None, initargs=()) -> ProcessPoolExecutor:
-    """`workers` spawned processes (spawn: no inherited locks or threads of the parent)."""
-    return ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=initializer,
-                               initargs=initargs)
+    """`workers` spawned processes (spawn: no inherited locks or threads of the parent) that end with this one (a
+    kill -9 of a data step left them running)."""
+    return ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_start_worker,
+                               initargs=(os.getpid(), initializer, initargs))
+
+
+def _start_worker(parent: int, initializer, initargs) -> None:
+    die_with_parent(parent)
+    if initializer is not None:
+        initializer(*initargs)
 
 
 def ordered_map(pool, fn, items, in_flight: int):

@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from .. import packing
-from .instances import InstanceConfig, WordPiece, create_instances, default_vocab, mlm_slots_for, train_vocab
+from .instances import (MAX_TRAINED_VOCAB, SPECIAL, InstanceConfig, WordPiece, create_instances, default_vocab,
+                        mlm_slots_for, train_vocab)
 from ..files import sha256_of
 from .jobs import Progress, library_versions, open_engine
 from .layout import PackLayout, lengths_of, pack_instances, pack_rows, stack_packs
@@ -78,27 +79,42 @@ def _input_bytes(inputs: list[str]) -> int | None:
     return sum(p.stat().st_size for p in input_files(inputs) if p.is_file()) or None
 
 
-def _init_worker(vocab: str, config: InstanceConfig, validation_fraction: float) -> None:
-    _WORKER.update(wp=WordPiece(vocab), config=config, validation_fraction=validation_fraction)
+def _init_worker(vocab: str, config: InstanceConfig, validation_fraction: float, docs_per_shard: int) -> None:
+    _WORKER.update(wp=WordPiece(vocab), config=config, validation_fraction=validation_fraction,
+                   docs_per_shard=docs_per_shard)
+
+
+def held_out(index: int, count: int, seed: int, fraction: float, docs_per_shard: int) -> list[bool]:
+    """Which documents of chunk `index` (of `count` documents) are validation documents: each with probability
+    `fraction`, drawn from (seed, chunk); with a fraction above 0 the corpus's first document is always held out and
+    its second always trained on, so that two documents give both splits whatever the fraction (0.02 of a small
+    corpus gave no validation document, found only when training)."""
+    import random
+
+    rng = random.Random(f"{seed}-split-{index}")
+    out = [rng.random() < fraction for _ in range(count)]
+    first = index * docs_per_shard  # every chunk but the last holds docs_per_shard documents
+    if fraction > 0:
+        for j in range(max(0, min(count, 2 - first))):
+            out[j] = first + j == 0
+    return out
 
 
 def _process_chunk(job):
     """One chunk of documents -> rows (packs of one) per split, and counts. Runs in a worker."""
     index, documents = job
     wp, config = _WORKER["wp"], _WORKER["config"]
-    import random
-
-    rng = random.Random(f"{config.seed}-split-{index}")
-    held_out = [rng.random() < _WORKER["validation_fraction"] for _ in documents]
+    held = held_out(index, len(documents), config.seed, _WORKER["validation_fraction"], _WORKER["docs_per_shard"])
     layout = PackLayout(config.max_seq_length, config.max_predictions, 1)
     counts: dict = {}
-    out = {}
-    for split, docs in (("train", [d for d, h in zip(documents, held_out) if not h]),
-                        ("validation", [d for d, h in zip(documents, held_out) if h])):
+    out, documents_per_split = {}, {}
+    for split, docs in (("train", [d for d, h in zip(documents, held) if not h]),
+                        ("validation", [d for d, h in zip(documents, held) if h])):
         instances = create_instances(docs, wp, config, chunk_index=2 * index + (split == "validation"), counts=counts)
         out[split] = stack_packs([pack_instances([x], layout) for x in instances]) if instances else None
+        documents_per_split[split] = len(docs)
     text_bytes = sum(len(s.encode("utf-8")) + 1 for d in documents for s in d)
-    return out, counts, text_bytes
+    return out, counts, text_bytes, documents_per_split
 
 
 def no_instances_reason(stats: TextStats, counts: dict) -> str:
@@ -116,6 +132,23 @@ def no_instances_reason(stats: TextStats, counts: dict) -> str:
             "pairs with an empty segment); give more text")
 
 
+def empty_split_reason(counts: dict, validation_fraction: float) -> str | None:
+    """Why a split that --validation-fraction asks for holds no instance, with the numbers and the fix (one line);
+    None when both have instances."""
+    docs, instances = counts["documents"], counts["instances"]
+    empty = [split for split in ("train", "validation") if instances[split] == 0]
+    if not empty:
+        return None
+    holds = "; ".join(f"{split}: {docs[split]} document{'s' if docs[split] != 1 else ''}, {instances[split]} "
+                      "instances" for split in instances)
+    if sum(docs.values()) < 2:
+        return (f"--validation-fraction {validation_fraction} holds whole documents out, and the input has "
+                f"{sum(docs.values())} document: give at least 2 documents (one for each split), or "
+                "--validation-fraction 0 for no validation split")
+    return (f"the {' and '.join(empty)} split gave no instances ({holds}): its documents are too short for a "
+            "pair of segments; give more text, or --validation-fraction 0 for no validation split")
+
+
 def create_pretraining_data(inputs: list[str], output: str | Path, config: InstanceConfig, vocab: str | None = None,
                             train_vocab_size: int | None = None, raw: bool = False, workers: int = 1,
                             docs_per_shard: int = 2000, validation_fraction: float = 0.02, overwrite: bool = False,
@@ -131,6 +164,9 @@ def create_pretraining_data(inputs: list[str], output: str | Path, config: Insta
     scheduler at `address` or a local Dask cluster). The output does not depend on the engine or its workers."""
     if docs_per_shard < 1 or workers < 1 or not 0 <= validation_fraction < 1:
         raise DataInputError("docs_per_shard and workers must be >= 1 and validation_fraction in [0, 1)")
+    if train_vocab_size is not None and not len(SPECIAL) < train_vocab_size <= MAX_TRAINED_VOCAB:
+        raise DataInputError(f"--train-vocab {train_vocab_size} is not a vocab size this tool trains: give "
+                             f"{len(SPECIAL) + 1} to {MAX_TRAINED_VOCAB:,} (BERT's are 30,522, multilingual 119,547)")
     output = Path(output)
     for source in inputs:  # a dataset inside its own input would be read as input by the next run
         if source != BUILTIN and Path(source).is_dir() and (output.resolve() == Path(source).resolve()
@@ -142,7 +178,10 @@ def create_pretraining_data(inputs: list[str], output: str | Path, config: Insta
                  "arguments": {"instance_config": asdict(config), "validation_fraction": validation_fraction,
                                "vocab": sha256_of([vocab]) if vocab and Path(vocab).is_file() else vocab,
                                "train_vocab_size": train_vocab_size,
-                               "raw": raw, "docs_per_shard": docs_per_shard}}
+                               "raw": raw, "docs_per_shard": docs_per_shard,
+                               # the split rule: a dataset split by the earlier one (no document guaranteed on
+                               # either side) is remade by --if-changed
+                               "validation_split": "by document, the first held out and the second trained on"}}
     if if_changed:
         kept = up_to_date(output, made_from, print if progress else (lambda *_: None))
         if kept is not None:
@@ -161,11 +200,12 @@ def create_pretraining_data(inputs: list[str], output: str | Path, config: Insta
             shutil.copyfile(vocab_path, writer.partial / "vocab.txt")  # every dataset carries its vocab
         stats = TextStats()
         documents = read_documents(inputs, raw, stats)
-        counts: dict = {"instances": {"train": 0, "validation": 0}}
-        for rows, chunk_counts, text_bytes in runner.map(_process_chunk, enumerate(_chunks(documents, docs_per_shard)),
-                                                         initializer=_init_worker,
-                                                         initargs=(str(vocab_path), config, validation_fraction)):
+        counts: dict = {"instances": {"train": 0, "validation": 0}, "documents": {"train": 0, "validation": 0}}
+        for rows, chunk_counts, text_bytes, split_documents in runner.map(
+                _process_chunk, enumerate(_chunks(documents, docs_per_shard)), initializer=_init_worker,
+                initargs=(str(vocab_path), config, validation_fraction, docs_per_shard)):
             for split, arrays in rows.items():
+                counts["documents"][split] += split_documents[split]
                 if arrays is not None:
                     writer.write_shard(split, arrays)
                     counts["instances"][split] += len(arrays["input_ids"])
@@ -174,6 +214,8 @@ def create_pretraining_data(inputs: list[str], output: str | Path, config: Insta
             bar.update(pieces=1, add_bytes=text_bytes, extra=f"{sum(counts['instances'].values()):,} instances")
         if sum(counts["instances"].values()) == 0:
             raise DataInputError(no_instances_reason(stats, counts))
+        if validation_fraction > 0 and (why := empty_split_reason(counts, validation_fraction)):
+            raise DataInputError(why)  # a dataset without validation instances failed only at training
         seconds = time.perf_counter() - start
         info = {
             "kind": "instances",

@@ -17,9 +17,9 @@ two is always whole), so an interrupted run, a power loss or a full disk leaves 
 dataset. A writer holds `DATASET.lock` (flock) while it writes: a second writer of the same folder is refused.
 
 Reading refuses, naming the file: a shard file that is truncated, not a .npy of the storage dtype (garbage,
-a pickle, an object array), a manifest whose totals disagree with its shards; with `verify` also a shard
-whose sha256 changed, a row that holds no sequence (all sequence ids 0) and a derived field that disagrees
-with the fields it is derived from.
+a pickle, an object array), a manifest whose totals disagree with its shards, a vocab.txt of another size than
+the manifest's vocab; with `verify` also a shard whose sha256 changed, a token id beyond the vocab, a row that
+holds no sequence (all sequence ids 0) and a derived field that disagrees with the fields it is derived from.
 
 Derived fields are facts about a pack that a reader would otherwise compute from its tokens: the writer
 computes them from the shard's own arrays (no caller can get them wrong), so a reader needs only O(packs)
@@ -41,7 +41,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..files import OutputBusy, OutputLock, describe_os_error, fsync_dir, fsync_tree, sha256_of, write_json
+from ..files import (OutputBusy, OutputLock, describe_os_error, followed, fsync_dir, fsync_tree, sha256_of,
+                     write_json)
 from .layout import FIELDS, PackLayout, sequence_lengths_per_id
 
 FORMAT_VERSION = 1
@@ -50,6 +51,7 @@ MANIFEST = "manifest.json"
 STORAGE = {"input_ids": np.int32, "position_ids": np.int16, "token_type_ids": np.int8, "sequence_ids": np.int16,
            "masked_lm_labels": np.int32, "next_sentence_labels": np.int8, "next_sentence_weights": np.int8,
            "sequence_lengths": np.int32}
+MAX_PACK_LEN = int(np.iinfo(STORAGE["position_ids"]).max) + 1  # positions 0 .. S - 1 are stored as int16
 # fields every writer derives from FIELDS (not model inputs); name -> (N, ...) arrays of the shard -> array
 DERIVED = {"sequence_lengths": lambda arrays, layout: sequence_lengths_per_id(arrays["sequence_ids"],
                                                                                layout.max_sequences_per_pack)}
@@ -66,7 +68,7 @@ class DatasetWriter:
     write (a full disk, a vanished folder: any OSError) becomes one DatasetError naming the file."""
 
     def __init__(self, out_dir: str | Path, layout: PackLayout, overwrite: bool = False):
-        self.out_dir = Path(out_dir)
+        self.out_dir = followed(out_dir)  # a link to a dataset: the dataset is replaced where it is, the link kept
         self.layout = layout
         self._check_output(overwrite)  # before the lock: a refusal writes nothing
         try:
@@ -120,9 +122,10 @@ class DatasetWriter:
         return entry
 
     def finish(self, info: dict) -> Path:
-        """Manifest, fsync, then swap DATASET.partial in: DATASET -> DATASET.old, DATASET.partial -> DATASET,
-        DATASET.old removed. A kill at any point leaves the old or the new dataset whole (the next writer puts
-        DATASET.old back if DATASET is missing)."""
+        """Manifest, the checks every reader makes (a DatasetError here leaves nothing), fsync, then swap
+        DATASET.partial in: DATASET -> DATASET.old, DATASET.partial -> DATASET, DATASET.old removed. A kill at any
+        point leaves the old or the new dataset whole (the next writer puts DATASET.old back if DATASET is
+        missing)."""
         manifest = {
             "format_version": FORMAT_VERSION,
             "layout": {"pack_len": self.layout.pack_len, "mlm_slots": self.layout.mlm_slots,
@@ -133,6 +136,11 @@ class DatasetWriter:
             "derived_fields": list(DERIVED),  # after info: what this writer wrote, whatever a caller copied
         }
         write_json(self.partial / MANIFEST, manifest, default=_json_default)
+        try:  # what every reader checks, before the name is taken: a dataset that cannot be read is never left
+            PackedDataset(self.partial)
+        except DatasetError as e:
+            raise DatasetError(f"{self.out_dir} was not written: what was about to be written fails its own "
+                               f"checks ({e})") from None
         fsync_tree(self.partial)
         if self.out_dir.exists():
             os.replace(self.out_dir, self.old)
@@ -319,6 +327,15 @@ class PackedDataset:
         if not isinstance(vocab, dict) or not isinstance(vocab.get("size"), int) or vocab["size"] < 1:
             raise DatasetError(f"{self.path / MANIFEST} has no vocab size (\"vocab\": {{\"size\": N}}); recreate "
                                "the dataset with data/create_pretraining_data.py")
+        try:  # read as the tokenizer read it (WordPiece: one token a line), so the ids index it
+            tokens = len((self.path / "vocab.txt").read_text(encoding="utf-8").splitlines())
+        except (OSError, UnicodeDecodeError) as e:
+            raise DatasetError(f"{self.path / 'vocab.txt'} cannot be read ({getattr(e, 'strerror', None) or e}); "
+                               "copy back the vocab the dataset was made with, or recreate it") from None
+        if tokens != vocab["size"]:
+            raise DatasetError(f"{self.path / 'vocab.txt'} holds {tokens} tokens but the dataset's ids index a vocab "
+                               f"of {vocab['size']} ({MANIFEST}): a truncated or replaced vocab; copy back the vocab "
+                               "the dataset was made with, or recreate the dataset")
         self.instance_config()
 
     def instance_config(self):
@@ -335,9 +352,9 @@ class PackedDataset:
                                "data/create_pretraining_data.py") from None
 
     def verify_checksums(self) -> None:
-        """Every shard's sha256 against the manifest, every row holds a sequence, and every derived field
-        equals what the writer derives from the shard's fields (reads the whole dataset: sha256 runs at about
-        1.5 GB/s here)."""
+        """Every shard's sha256 against the manifest, every token id inside the vocab, every row holds a
+        sequence, and every derived field equals what the writer derives from the shard's fields (reads the whole
+        dataset: sha256 runs at about 1.5 GB/s here)."""
         derived = [field for field in DERIVED if self.has_derived(field)]
         for split, info in self.manifest["splits"].items():
             for index, shard in enumerate(info["shards"]):
@@ -347,6 +364,7 @@ class PackedDataset:
                         for field in derived):
                     raise DatasetError(f"{self.path}: checksum mismatch in {shard['name']}: the files changed "
                                        "after writing; recreate the dataset")
+                self._verify_token_ids(split, index)
                 ids = self.shard(split, index, ["sequence_ids"])["sequence_ids"]
                 empty = np.flatnonzero(~(np.asarray(ids) != 0).any(axis=1))
                 if len(empty):  # a pack of no sequence: no loss, no count, and a length 0 that packing cannot place
@@ -354,6 +372,20 @@ class PackedDataset:
                                        f"sequence ids 0; {len(empty)} such rows): not written by this project; "
                                        "recreate the dataset")
                 self._verify_derived(split, index, derived, {"sequence_ids": ids})
+
+    def _verify_token_ids(self, split: str, index: int) -> None:
+        """Token ids and MLM labels inside the vocab (a model's embedding would fail on one beyond it, a decoder
+        would print nothing for it). Pretraining datasets only: they carry the vocab their ids index."""
+        if self.manifest.get("kind") not in ("instances", "packed"):
+            return
+        size = self.manifest["vocab"]["size"]
+        shard = self.shard(split, index, ["input_ids", "masked_lm_labels"])
+        top = max(int(np.max(shard[f], initial=0)) for f in ("input_ids", "masked_lm_labels"))
+        if top >= size:
+            name = self.manifest["splits"][split]["shards"][index]["name"]
+            raise DatasetError(f"{self.path}: {name} holds token id {top} but the vocab has {size} tokens "
+                               f"(vocab.txt, {MANIFEST}): not the vocab the dataset was made with; recreate the "
+                               "dataset with data/create_pretraining_data.py")
 
     def _verify_derived(self, split: str, index: int, derived: list[str], arrays: dict) -> None:
         """A derived field that disagrees with its source fields (a writer's bug: the checksums only say the

@@ -3,7 +3,8 @@
 Formats (`read_documents`):
 - BERT's text format (`.txt`): one sentence per line, a blank line between documents;
 - raw documents: a folder of `.txt`/`.md` files (one document per file) or JSON lines (`.jsonl`, one
-  document per line in a `text` field), split into sentences here;
+  document per line in a `text` field; a lone surrogate escape such as `\ud800` is read as U+FFFD), split into
+  sentences here;
 - a Hugging Face `datasets` dataset saved with `save_to_disk` (a folder with `dataset_info.json` or
   `dataset_dict.json`): one document per record, from its `text` column (every split of a DatasetDict);
 - `builtin`: the built-in corpus (below).
@@ -74,6 +75,7 @@ class TextStats:
 # needs segments of roughly sentence size, and a wrong split costs nothing but a slightly odd NSP pair.
 _SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]?\s+(?=[\"'(\[]?[A-Z0-9])")
 _SPACE = re.compile(r"\s+")
+_LONE_SURROGATE = re.compile(r"[\ud800-\udfff]")  # what JSON's "\ud800" escapes decode to; no UTF-8 text holds one
 
 
 def split_sentences(text: str) -> list[str]:
@@ -123,7 +125,8 @@ def _jsonl(path: Path, stats: TextStats) -> Iterator[Document]:
                                  'with a "text" field') from None
         if not isinstance(record, dict) or not isinstance(record.get("text"), str):
             raise DataInputError(f'{path}:{number}: expected an object with a string "text" field')
-        yield split_sentences(record["text"])
+        # a lone surrogate (an escape of half a UTF-16 pair) becomes U+FFFD, as a tokenizer does with bad bytes
+        yield split_sentences(_LONE_SURROGATE.sub("\ufffd", record["text"]))
 
 
 def _raw_file(path: Path, stats: TextStats) -> Iterator[Document]:

@@ -17,6 +17,7 @@ import tempfile
 import uuid
 from pathlib import Path
 
+from ..processes import die_with_parent
 from .runtime import ERROR_DIR, RunError
 
 
@@ -108,15 +109,8 @@ def die_with_launcher() -> None:
     """In a process this module launched: ask Linux to send it SIGTERM when the launcher dies (a kill -9 of
     `python run_pretraining.py` left its stage processes running for ever). SIGTERM stops a training run between
     updates, after a checkpoint (engine/trainer.StopSignal). Elsewhere (torchrun, other systems) nothing."""
-    if not os.environ.get(ERROR_DIR) or not sys.platform.startswith("linux"):
-        return
-    import ctypes
-    import signal
-
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-    if os.getppid() == 1:  # the launcher died before the request took effect
-        os.kill(os.getpid(), signal.SIGTERM)
+    if os.environ.get(ERROR_DIR):
+        die_with_parent()
 
 
 def print_errors(folder: Path, killed: dict[int, int] | None = None) -> None:

@@ -30,7 +30,7 @@ import re
 import time
 from pathlib import Path
 
-from ...files import PARTIAL, OutputBusy, OutputLock, describe_os_error, sha256_of, write_json
+from ...files import PARTIAL, OutputBusy, OutputLock, describe_os_error, followed, sha256_of, write_json
 from ..jobs import Progress, library_versions, open_engine
 from .reader import WikipediaError, check_source, hf_pages, hf_rows, iter_pages, page_kind, sniff, source_size
 from .wikitext import convert_batch
@@ -42,6 +42,7 @@ SHARD = "wiki-{:05d}.txt"
 _SHARD_RE = re.compile(r"^wiki-\d{5,}\.txt(\.partial)?$")
 DEFAULT_DOCS_PER_SHARD = 10000
 DEFAULT_BATCH_BYTES = 1 << 19  # wikitext a piece of work holds (0.5 MB)
+MAX_BATCH_BYTES = 1 << 30  # a piece is held whole by a worker and (3 a worker in flight) by the scheduler
 LICENSE = "the dump's licence (Wikipedia text: CC BY-SA 4.0 and GFDL)"
 
 
@@ -200,7 +201,11 @@ def prepare(dump_or_dataset: str | Path, output: str | Path, workers: int = 1,
     start = time.perf_counter()
     if workers < 1 or docs_per_shard < 1:
         raise WikipediaError("--workers and --docs-per-shard must be >= 1")
-    source, output = Path(dump_or_dataset), Path(output)
+    if batch_bytes > MAX_BATCH_BYTES:  # 1e9 MB made the whole dump one piece of work, held in memory
+        raise WikipediaError(f"--batch-mb {batch_bytes / 2**20:g} is above {MAX_BATCH_BYTES >> 20} MB: a piece of work "
+                             f"is held whole in memory, by a worker and by the scheduler; give at most "
+                             f"{MAX_BATCH_BYTES >> 20} (default {DEFAULT_BATCH_BYTES / 2**20:g})")
+    source, output = Path(dump_or_dataset), followed(output)  # a link: its folder, and the lock beside that
     kind = check_source(source, source_type)
     size = source_size(source)
     # by content, not path and size: a new dump saved over the old one (same path, same size) is another source
