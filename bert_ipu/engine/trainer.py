@@ -38,9 +38,11 @@ from .parallel import (LocalParallel, PipelineParallel, check_layers, check_sequ
                        tensor_plan, update_balance)
 from .runtime import Interrupted, Runtime, RunError
 from .tensor import local, replicas_agree
+from .trackers import RECORD as TRACKER_RECORD
+from .trackers import check_installed
 
 RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "tensorboard", "hf", "results.json",
-             "predictions*.json")
+             "predictions*.json", TRACKER_RECORD, "wandb", "mlflow.db")
 MARKER = ".bert_ipu_run"
 """written into every run folder when the run starts: --overwrite removes a folder's RUN_FILES only where it finds
 this marker (or a checkpoint this project wrote, for runs older than the marker), never a user's files that
@@ -190,6 +192,7 @@ def train(task, cfg, rt: Runtime, resume: bool = False, overwrite: bool = False,
     # everything that can refuse the config comes first (data, update size, schedule, model): a refused run
     # writes nothing, and --overwrite deletes nothing, not even an init checkpoint inside the old run
     check_backend(cfg, rt, training=True)
+    check_installed(t.report_to)
     task.prepare(rt)
     levels = task.train_levels()
     loader, P, levels = make_loader(task, t, rt, levels)
@@ -207,9 +210,10 @@ def train(task, cfg, rt: Runtime, resume: bool = False, overwrite: bool = False,
         if level.sequence_parallel > 1:
             check_sequence_parallel(task, model, rt, level.pack_length, level.sequence_parallel)
         check_layers(model, level.checkpointed_layers)
-    lock = prepare_run_dir(out, resume, overwrite, rt, run_config(cfg, task, levels))
+    config = run_config(cfg, task, levels)
+    lock = prepare_run_dir(out, resume, overwrite, rt, config)
     try:
-        return _train(task, cfg, rt, out, resume, progress, loader, model, P, total, warmup, levels)
+        return _train(task, cfg, rt, out, resume, progress, loader, model, P, total, warmup, levels, config)
     finally:
         if lock:
             lock.release()
@@ -316,7 +320,7 @@ def restore(newest: Path, engine, opt, sched, loader, rt: Runtime, t) -> dict:
 
 
 def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, loader, model, P, total: int,
-           warmup: int, levels: list[Level]) -> dict:
+           warmup: int, levels: list[Level], config: dict) -> dict:
     t, p, stages, accumulation = cfg.train, task.packing_factor, rt.stages, loader.accumulation
     parameters = sum(q.numel() for q in model.parameters())
     engine = (PipelineParallel(model, task, rt, accumulation, cfg.parallel.schedule, cfg.parallel.layers_per_stage,
@@ -382,12 +386,14 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, load
         return at == total or (every is not None and at % every == 0)
 
     evaluation = Level(0, None, t.micro_batch_size, rt.sequence)  # how evaluation runs between levels
-    logger = MetricsLogger(out, rt.main, total, step, progress, desc=task.name)
+    logger = MetricsLogger(out, rt.main, total, step, progress, desc=task.name, report_to=t.report_to, config=config,
+                           name=cfg.name)
     window: dict = {}
     balance: dict = {}  # the window's sums of each update's balance measures (update_balance)
     per_level: dict = {}  # pack length -> [tokens, seconds] of the window's updates of that level
     window_start, window_step = time.perf_counter(), step
     stop = StopSignal()
+    outcome = "failed"  # what the trackers record if the loop ends by an error
     try:
         while step < total:
             started = time.perf_counter()
@@ -446,14 +452,19 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, load
                                   f"{out / 'checkpoints' / f'step-{step:07d}'}; continue with --resume", signum)
             if signum == signal.SIGINT:
                 raise KeyboardInterrupt
+        outcome = "finished"
+    except Interrupted:
+        outcome = "killed"
+        raise
     except KeyboardInterrupt:
+        outcome = "killed"
         found = checkpoint.checkpoints(out)
         raise Interrupted(f"stopped at step {step} by Ctrl-C; last checkpoint {found[-1] if found else 'none'}; "
                           "continue with --resume" if found else f"stopped at step {step} by Ctrl-C before the "
                           "first checkpoint; rerun with --overwrite", signal.SIGINT) from None
     finally:
         stop.restore()
-        logger.close()
+        logger.close(outcome)
     result = {"step": step, "output_dir": str(out), "metrics": last, "packs_per_update": P,
               "accumulation": accumulation, "packing_factor": p, "sequences_seen": seen} | task.result_extra()
     full = engine.full_model()  # a collective in pipeline mode
