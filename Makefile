@@ -9,7 +9,7 @@ HIST    := benchmarks/histograms
 OPS_LIB := bert_ipu/bert_ipu_ops.so
 OPS_SRC := $(wildcard custom_ops/*.cpp custom_ops/*.cu custom_ops/*.h) custom_ops/build.py
 
-.PHONY: all help setup ops run report test coverage bench docs clean wikipedia
+.PHONY: all help setup extras ops run report test coverage bench docs clean wikipedia
 all: ops
 
 help:
@@ -22,6 +22,7 @@ help:
 	@echo "make bench  packing and model benchmarks (print figures)"
 	@echo "make docs   ... the documentation site (docs/, mkdocs.yml) into site/, strictly: a broken link fails"
 	@echo "make setup  only create/update $(VENV) from requirements.txt"
+	@echo "make extras ... and the optional requirements-benchmarks.txt (trackers of train.report_to, benchmark peers)"
 
 setup: $(VENV)/.installed
 
@@ -31,6 +32,14 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
 	$(PY) -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e .
+	touch $@
+
+# the optional packages (requirements-benchmarks.txt): the experiment trackers of train.report_to (W&B, MLflow) and
+# the benchmarks' peers. The library imports none of them unless asked; `make test` installs them so that their
+# tests (tests/test_metrics_report.py) run instead of skipping.
+extras: $(VENV)/.extras
+$(VENV)/.extras: requirements-benchmarks.txt $(VENV)/.installed
+	$(PY) -m pip install -q --disable-pip-version-check -r requirements-benchmarks.txt
 	touch $@
 
 # CPU kernel always; CUDA kernel too when nvcc and a CUDA build of torch are present (build.py says which)
@@ -79,12 +88,12 @@ report: ops
 # two pytest-xdist workers (this machine has 2 cores), a test file each at a time: a file's tests share its module
 # fixtures (a launch of processes, a corpus) on one worker. TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
-test: ops
+test: ops extras
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # line coverage of bert_ipu/ by the whole suite, the processes the tests start included (pyproject.toml
 # [tool.coverage]); slower than `make test`, which it leaves alone
-coverage: ops
+coverage: ops extras
 	rm -f .coverage .coverage.*
 	HF_HUB_OFFLINE=1 $(PY) -m coverage run -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 	$(PY) -m coverage combine -q

@@ -81,13 +81,18 @@ def config(argv: list[str], kind: str | None = None):
 
 
 def check_inputs(cfg, spec) -> None:
-    """What can be checked before any process is launched or file written: the init checkpoint exists, and the
-    kind's own preflight (its data)."""
+    """What can be checked before any process is launched or file written: the init checkpoint exists, the
+    trackers of train.report_to are installed, and the kind's own preflight (its data)."""
     init = getattr(cfg.model, "init_checkpoint", None)  # every kind's model section but the profile's has it
     if init:
         from .tasks.common import require_checkpoint_folder
 
         require_checkpoint_folder(init)
+    report_to = getattr(getattr(cfg, "train", None), "report_to", None)  # the profile has no train section
+    if report_to:
+        from .engine.trackers import check_installed
+
+        check_installed(report_to)
     if spec.preflight is not None:
         spec.preflight(cfg)
 

@@ -178,10 +178,21 @@ class TrainConfig:
     no sequence parallelism, no checkpointing)"""
     level_order: str = "random"
     """the order of the levels' updates in an epoch: random (seeded) or curriculum (short packs first)"""
+    report_to: list | str = dataclasses.field(default_factory=lambda: ["tensorboard"])
+    """trackers that get the run's config and every metrics row besides metrics.jsonl: tensorboard
+    (OUTPUT/tensorboard), wandb, mlflow (installed apart: requirements-benchmarks.txt); [] or [none]: metrics.jsonl
+    only. Their own environment variables (WANDB_MODE, MLFLOW_TRACKING_URI, ...) say where they write
+    (bert_ipu/engine/trackers.py)"""
 
     LEVEL_KEYS: ClassVar[dict] = {"micro_batch_size": 1, "sequence_parallel": 1, "checkpointed_layers": 0}
 
     def __post_init__(self):
+        from .engine.trackers import report_to
+
+        try:
+            self.report_to = report_to(self.report_to)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         if self.balance not in ("none", "attention"):
             raise ConfigError(f"train.balance {self.balance!r}: choose none or attention")
         if self.level_order not in ("random", "curriculum"):

@@ -38,9 +38,11 @@ from .parallel import (LocalParallel, PipelineParallel, check_layers, check_sequ
                        layer_stack, split_layers, tensor_plan, update_balance)
 from .runtime import Interrupted, Runtime, RunError
 from .tensor import local, replicas_agree
+from .trackers import RECORD as TRACKER_RECORD
+from .trackers import check_installed
 
 RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "tensorboard", "hf", "results.json",
-             "predictions*.json")
+             "predictions*.json", TRACKER_RECORD, "wandb", "mlflow.db")
 MARKER = ".bert_ipu_run"
 """written into every run folder when the run starts: --overwrite removes a folder's RUN_FILES only where it finds
 this marker (or a checkpoint this project wrote, for runs older than the marker), never a user's files that
@@ -228,6 +230,7 @@ def train(task, cfg, rt: Runtime, resume: bool = False, overwrite: bool = False,
     # everything that can refuse the config comes first (data, update size, schedule, model): a refused run
     # writes nothing, and --overwrite deletes nothing, not even an init checkpoint inside the old run
     check_backend(cfg, rt, training=True)
+    check_installed(t.report_to)
     task.prepare(rt)
     levels = task.train_levels()
     loader, P, levels = make_loader(task, t, rt, levels)
@@ -253,9 +256,10 @@ def train(task, cfg, rt: Runtime, resume: bool = False, overwrite: bool = False,
         if init:  # the sizes in the error are the checkpoint's, not the config's
             raise RunError(f"{e} (the model is model.init_checkpoint's: {init})") from None
         raise
-    lock = prepare_run_dir(out, resume, overwrite, rt, run_config(cfg, task, levels))
+    config = run_config(cfg, task, levels)
+    lock = prepare_run_dir(out, resume, overwrite, rt, config)
     try:
-        return _train(task, cfg, rt, out, resume, progress, loader, model, P, total, warmup, levels)
+        return _train(task, cfg, rt, out, resume, progress, loader, model, P, total, warmup, levels, config)
     finally:
         if lock:
             lock.release()
@@ -362,7 +366,7 @@ def restore(newest: Path, engine, opt, sched, loader, rt: Runtime, t) -> dict:
 
 
 def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, loader, model, P, total: int,
-           warmup: int, levels: list[Level]) -> dict:
+           warmup: int, levels: list[Level], config: dict) -> dict:
     t, p, stages, accumulation = cfg.train, task.packing_factor, rt.stages, loader.accumulation
     parameters = sum(q.numel() for q in model.parameters())
     engine = (PipelineParallel(model, task, rt, accumulation, cfg.parallel.schedule, cfg.parallel.layers_per_stage,
@@ -437,10 +441,12 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, load
         return at == total or (every is not None and at % every == 0)
 
     evaluation = Level(0, None, t.micro_batch_size, rt.sequence)  # how evaluation runs between levels
-    logger = MetricsLogger(out, rt.main, total, step, progress, desc=task.name)
+    logger = MetricsLogger(out, rt.main, total, step, progress, desc=task.name, report_to=t.report_to, config=config,
+                           name=cfg.name)
     per_level: dict = {}  # pack length -> [tokens, seconds] of the window's updates of that level
     timed = {"sequences": 0.0, "tokens": 0.0, "since": time.perf_counter()}  # this process's share of the window
     stop = StopSignal()
+    outcome = "failed"  # what the trackers record if the loop ends by an error
     try:
         while step < total:
             started = time.perf_counter()
@@ -501,6 +507,10 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, load
                                   f"{out / 'checkpoints' / f'step-{step:07d}'}; continue with --resume", signum)
             if signum == signal.SIGINT:
                 raise KeyboardInterrupt
+        outcome = "finished"
+    except Interrupted:
+        outcome = "killed"
+        raise
     except RuntimeError as e:
         if isinstance(e, RunError) or not peer_failed(e, rt):
             raise
@@ -509,13 +519,14 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, load
                        f"lost its peer); last checkpoint {found[-1] if found else 'none'}; "
                        + ("continue with --resume" if found else "rerun with --overwrite"), local=False) from None
     except KeyboardInterrupt:
+        outcome = "killed"
         found = checkpoint.checkpoints(out)
         raise Interrupted(f"stopped at step {step} by Ctrl-C; last checkpoint {found[-1] if found else 'none'}; "
                           "continue with --resume" if found else f"stopped at step {step} by Ctrl-C before the "
                           "first checkpoint; rerun with --overwrite", signal.SIGINT) from None
     finally:
         stop.restore()
-        logger.close()
+        logger.close(outcome)
     result = {"step": step, "output_dir": str(out), "metrics": last, "packs_per_update": P,
               "accumulation": accumulation, "packing_factor": p, "sequences_seen": seen} | task.result_extra()
     full = engine.full_model()  # a collective in pipeline mode
