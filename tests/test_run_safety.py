@@ -249,6 +249,19 @@ def test_a_killed_stage_ends_the_run_in_one_line(dataset, tmp_path):
     assert stage(0) is None and stage(1) is None
 
 
+def test_loading_an_init_checkpoint_off_a_terminal_draws_no_progress_bar(dataset, tiny_run, tmp_path, capsys):
+    """transformers 5 draws a "Loading weights" bar for from_pretrained: in the log of `make wikipedia`'s phase 2
+    (its init checkpoint is phase 1's export) it was bar glyphs and carriage returns. Off a terminal (stderr is
+    captured here) the run draws none, and its start-up line names the checkpoint's architecture."""
+    from training_helpers import entry as run_entry
+
+    code = run_entry("pretraining", [*COMMON, f"data.dataset={dataset}", f"output_dir={tmp_path / 'run'}",
+                                     f"model.init_checkpoint={tiny_run / 'hf'}", "train.max_steps=1"])
+    captured = capsys.readouterr()
+    assert code == 0 and "Loading weights" not in captured.err, captured.err[-2000:]
+    assert f"model from model.init_checkpoint {tiny_run / 'hf'}: bert" in captured.out
+
+
 DAMAGE = {
     "state a list": lambda c: (c / "state.json").write_text("[1, 2]"),
     "state empty": lambda c: (c / "state.json").write_text("{}"),

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..models import attention
+from ..models.hf_io import quiet_off_terminal
 from ..models.plans import PipelinePlan, TensorPlan
 from . import tensor
 from .runtime import Runtime, RunError
@@ -308,7 +309,8 @@ class LocalParallel:
         state = tensor.full_state_dict(self.model)
         if not self.rt.main:
             return None
-        with torch.random.fork_rng(devices=[self.rt.device] if self.rt.device.type == "cuda" else []):
+        with torch.random.fork_rng(devices=[self.rt.device] if self.rt.device.type == "cuda" else []), \
+                quiet_off_terminal():
             whole = self.task.build_model()
         whole.load_state_dict(state, strict=True)
         return whole.to(self.rt.device).train(self.model.training)
@@ -495,6 +497,7 @@ class PipelineParallel:
         merged = {}
         for part in parts:
             merged |= part
-        model = self.task.build_model()
+        with quiet_off_terminal():
+            model = self.task.build_model()
         model.load_state_dict(merged, strict=True)
         return model

@@ -30,7 +30,7 @@ import yaml
 from ..data.loader import Level, LevelLoader, UpdateLoader, source_pack_costs
 from ..files import OutputBusy, OutputLock, write_atomic, write_json
 from ..models import attention
-from ..models.hf_io import ExportError
+from ..models.hf_io import ExportError, quiet_off_terminal
 from . import checkpoint
 from .metrics import MetricsLogger
 from .optim import build_optimizer, packing_betas, packs_per_update, schedule_length
@@ -208,7 +208,8 @@ def evaluate_only(task, cfg, rt: Runtime, overwrite: bool = False) -> dict:
     check_backend(cfg, rt, training=False)
     task.prepare(rt)
     torch.manual_seed(cfg.train.seed)
-    model = task.build_model().to(rt.device).eval()
+    with quiet_off_terminal():  # an init checkpoint's "Loading weights" bar is noise in a log file
+        model = task.build_model().to(rt.device).eval()
     say_init_architecture(cfg, model, rt)
     lock = prepare_run_dir(Path(cfg.output_dir), False, overwrite, rt, run_config(cfg, task))
     try:
@@ -241,7 +242,8 @@ def train(task, cfg, rt: Runtime, resume: bool = False, overwrite: bool = False,
         raise RunError(f"1F1B over {stages} stages needs at least {stages} micro-batches per update, got "
                        f"{accumulation}; raise train.global_batch_size or lower train.micro_batch_size")
     torch.manual_seed(t.seed)
-    model = task.build_model().to(rt.device).train()
+    with quiet_off_terminal():  # an init checkpoint's "Loading weights" bar is noise in a log file
+        model = task.build_model().to(rt.device).train()
     init = say_init_architecture(cfg, model, rt)
     try:  # a model that cannot be split is refused before anything is written
         if stages > 1:
