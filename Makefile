@@ -56,6 +56,8 @@ run: ops
 # phase 2 at 512 from phase 1's export. make wikipedia DUMP=enwiki-...-pages-articles.xml.bz2 [WORKERS=8]
 # [STAGES=4|1] [ARGS="train.max_steps=..."] [ENGINE=dask [ADDRESS=HOST:PORT]]; every step skips what an earlier run
 # completed. ENGINE=dask runs the three data steps on a Dask cluster: the one at ADDRESS, or a local one of WORKERS.
+# ARGS go to both phases, PHASE1_ARGS / PHASE2_ARGS to one (e.g. output_dir: phase 2 then reads phase 1's export
+# from there, PHASE2_ARGS="output_dir=B model.init_checkpoint=A/hf").
 DUMP    ?=
 WORKERS ?= 2
 ENGINE  ?= local
@@ -74,8 +76,8 @@ wikipedia: ops
 	  $(PY) data/pack_pretraining_data.py --input $(WIKI)_$${S}_instances --output $(WIKI)_$${S}_packed \
 	    --if-changed $(DATA_ENGINE) || exit $$?; \
 	done
-	$(PY) run_pretraining.py --config pretrain_large_128_packed $(STAGE_ARGS) $(ARGS)
-	$(PY) run_pretraining.py --config pretrain_large_512_packed $(STAGE_ARGS) $(ARGS)
+	$(PY) run_pretraining.py --config pretrain_large_128_packed $(STAGE_ARGS) $(ARGS) $(PHASE1_ARGS)
+	$(PY) run_pretraining.py --config pretrain_large_512_packed $(STAGE_ARGS) $(ARGS) $(PHASE2_ARGS)
 
 # the packing report on the paper's histograms, and one decoded pack of the built-in corpus
 report: ops

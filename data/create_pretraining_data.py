@@ -62,7 +62,8 @@ def main(argv=None) -> int:
         of = f" ({n:,} document{'s' if n != 1 else ''})" if n is not None else ""
         return f"{c['instances'][name]:,} {name} instances{of}"
     print(f"{args.output}: {split('train')} + {split('validation')} "
-          f"from {t['documents']:,} documents ({t['bytes'] / 1e6:.1f} MB) in {manifest['seconds']:.1f} s; skipped "
+          f"from {t['documents']:,} documents ({t['bytes'] / 1e6:.1f} MB) "
+          f"{'made earlier, ' if manifest.get('kept') else ''}in {manifest['seconds']:.1f} s; skipped "
           f"{t['skipped_empty_files']} empty files and {t['skipped_empty_documents']} empty documents; "
           f"{c.get('truncated', 0):,} pairs truncated")
     return 0

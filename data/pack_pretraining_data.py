@@ -59,7 +59,8 @@ def main(argv=None) -> int:
     K = manifest["layout"]["max_sequences_per_pack"]
     print(f"depth limit {manifest['max_sequences_per_pack']} (asked: {manifest['depth_requested']}): at most {K} "
           f"sequence{'s' if K > 1 else ''} a pack")
-    print(f"wrote {args.output} (layout {manifest['layout']}) in {manifest['seconds']:.1f} s")
+    made = "kept" if manifest.get("kept") else "wrote"
+    print(f"{made} {args.output} (layout {manifest['layout']}), made in {manifest['seconds']:.1f} s")
     return 0
 
 

@@ -476,8 +476,10 @@ def test_if_changed_keeps_a_current_step_and_remakes_a_stale_one(corpus, tmp_pat
         return {p.name: p.stat().st_mtime_ns for d in (inst, packed) for p in sorted(d.iterdir())}
 
     first = chain()
-    assert chain() == first  # the same input and arguments: nothing rewritten
     capsys.readouterr()
+    assert chain() == first  # the same input and arguments: nothing rewritten
+    said = capsys.readouterr().out
+    assert f"kept {packed} " in said and f"wrote {packed}" not in said and "made earlier" in said  # not "wrote"
     documents = json.loads((inst / "manifest.json").read_text())["text"]["documents"]
     (text / "a.txt").write_text(original + "\n\nA new document.\nIt has two sentences.\n")
     chain()

@@ -55,8 +55,8 @@ def inputs_sha256(inputs: list[str]) -> str:
 
 
 def up_to_date(output: Path, made_from: dict, say=print) -> dict | None:
-    """The manifest of `output` when it was made from `made_from` (the same input fingerprint and arguments),
-    else None; says which (a changed input is remade, over a dataset of this project only)."""
+    """The manifest of `output` (with "kept": True) when it was made from `made_from` (the same input fingerprint
+    and arguments), else None; says which (a changed input is remade, over a dataset of this project only)."""
     if not (output / "manifest.json").is_file():
         return None
     try:
@@ -65,7 +65,7 @@ def up_to_date(output: Path, made_from: dict, say=print) -> dict | None:
         return None  # the writer refuses a folder that is not one of our datasets
     if manifest.get("made_from") == made_from:
         say(f"{output} is up to date (made from the same input and arguments): kept")
-        return manifest
+        return manifest | {"kept": True}  # the commands' summaries say kept, not wrote (not saved in the manifest)
     before = manifest.get("made_from") or {}
     what = "another input" if before.get("input") != made_from["input"] else "other arguments"
     say(f"{output} was made from {what}: remaking it")
