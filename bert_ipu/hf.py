@@ -92,7 +92,8 @@ def _arrow_lengths(dataset, column: str, batch_size: int) -> np.ndarray:
 
 def pack_dataset(dataset, pack_length: int, algorithm: str = "cghp", max_sequences_per_pack="max", *,
                  columns=("input_ids",), label_column: str | None = "labels", causal: bool = True,
-                 sequence_label_column: str | None = None, too_long: str = "error", pad_token_id: int = 0, seed: int = 0, num_proc: int | None = None,
+                 sequence_label_column: str | None = None, too_long: str = "error", pad_token_id: int = 0,
+                 seed: int = 0, num_proc: int | None = None,
                  cache_dir: str | os.PathLike | None = None, time_limit: float | None = None,
                  batch_size: int = 10_000, verbose: bool = True):
     """Pack a `datasets.Dataset` of token sequences into a `datasets.Dataset` of `pack_length`-token rows.

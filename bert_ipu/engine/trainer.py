@@ -394,14 +394,16 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, load
             older = checkpoint.checkpoints(out)[:-1]
             detail = str(e).splitlines()[0][:200] if str(e) else "no detail"
             raise RunError(f"checkpoint {newest} is damaged ({type(e).__name__}: {detail}); "
-                           + (f"move it away to resume from {older[-1]}" if older else "start a new run with --overwrite")) from None
+                           + (f"move it away to resume from {older[-1]}" if older
+                              else "start a new run with --overwrite")) from None
         step, seen = state["step"], state["sequences_seen"]
         last = state.get("metrics", {})  # what a finished run reported, if it is resumed at its end
         carried = state.get("window", {})
         window, balance = dict(carried.get("sums", {})), dict(carried.get("balance", {}))
         window_step = carried.get("start", step)
         rt.say(f"resumed from {newest} at step {step} (saved on {state['replicas']} replica(s) x {state['stages']} "
-               f"stage(s) x {state.get('sequence', 1)} sequence-parallel x {state.get('tensor', 1)} tensor-parallel, now "
+               f"stage(s) x {state.get('sequence', 1)} sequence-parallel x {state.get('tensor', 1)} tensor-parallel, "
+               "now "
                f"{rt.dp_world} x {stages} x {rt.sequence} x {rt.tensor})")
     per_update = (f"{P} packs/update = {levels[0].micro_batch_size} x {rt.dp_world} replica(s) x {accumulation} "
                   f"accumulation (about {P * p:.0f} sequences)"
