@@ -182,3 +182,20 @@ def test_greedy_in_chunks_is_next_fit_over_one_shuffle(monkeypatch):
     chunked = pack(hist, "greedy", 3, seed=7).mixture
     assert np.array_equal(chunked.coverage(len(hist)), hist)
     assert chunked.depth <= 3 and (chunked.pack_lengths() <= len(hist)).all()
+
+
+def test_nnlshp_skips_a_solve_that_would_overrun_the_time_limit(wikipedia_512, tmp_path, capsys):
+    """NNLSHP's NNLS solve cannot be interrupted (14 s at pack length 512, depth 3): with a 1 s limit it is
+    skipped by its estimate, every sequence gets a pack of its own and the row says the limit was reached."""
+    import time
+
+    from bert_ipu.packing.nnlshp import solve_seconds
+
+    assert solve_seconds(512, 3) > 5
+    hist = write(tmp_path, "h.json", json.dumps(wikipedia_512.tolist()))
+    start = time.perf_counter()
+    assert main(["--histogram", hist, "--algorithm", "nnlshp", "--max-sequences-per-pack", "3",
+                 "--time-limit", "1", "--json"]) == 0
+    assert time.perf_counter() - start < 3.0
+    row = json.loads(capsys.readouterr().out)
+    assert row["time_limit_reached"] and row["packs"] == row["sequences"]
