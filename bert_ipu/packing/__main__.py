@@ -44,6 +44,11 @@ def max_len_arg(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number or 'auto'") from None
 
 
+MAX_RANKS = 256           # --ranks: balancing one update costs about ranks^2 steps (256 ranks: ~3 s)
+MAX_PACKS_PER_RANK = 1024  # --packs-per-update: at most this many per rank
+BALANCE_WORK = 2 ** 16     # updates measured: at most BALANCE_WORK / ranks^2 of the first 100 (at least one)
+
+
 AUTO_FACTORS = (1, 1.25, 1.5, 2, 3, 4)  # candidate pack lengths, as multiples of the longest sequence
 
 
@@ -97,9 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ranks", type=int, metavar="N", default=None,
                    help="also report balance over N data-parallel ranks: attention and data balance ratios "
                         "(ABR, DBR) of updates dealt in loader order and by balanced_order, and the padding ratio "
-                        "(docs/packing.md, 'Balance across devices'); sequences are assigned to packs first")
+                        "(docs/packing.md, 'Balance across devices'), packs read in the loader's shuffled order; "
+                        f"at most {MAX_RANKS}")
     p.add_argument("--packs-per-update", type=int, metavar="P", default=None,
-                   help="packs per update for --ranks (default: 8 per rank); the first 100 updates are measured")
+                   help=f"packs per update for --ranks (default: 8 per rank; at most {MAX_PACKS_PER_RANK} per rank); "
+                        "the first 100 updates are measured, fewer above 25 ranks (65,536 / ranks^2, at least one)")
     p.add_argument("--multi-size", nargs="+", type=int, metavar="S", default=None,
                    help="also pack into packs of several lengths S chosen together (multi-size cutting stock, "
                         "cost = computed tokens), one row per depth limit, with a proven bound on the computed "
@@ -153,21 +160,35 @@ def format_table(results) -> str:
     return "\n".join(lines)
 
 
+def balance_updates(ranks: int) -> int:
+    """How many of the first updates --ranks measures: 100 up to 25 ranks, fewer above (at least one)."""
+    return min(100, max(1, BALANCE_WORK // ranks ** 2))
+
+
 def balance_of(result, ranks: int, per_update: int, seed: int) -> dict:
-    """Balance metrics of `result`'s packs: sequences (the histogram's, shuffled) assigned to packs in a
-    shuffled order as the loader reads them, then updates of `per_update` packs dealt to `ranks`."""
+    """Balance metrics of `result`'s packs in the shuffled order the loader reads them, as `assign_ragged`
+    deals them for `seed`, then updates of `per_update` packs dealt to `ranks`. A pack holds sequences of its
+    strategy's lengths whichever sequences they are, so only the packs measured are built (assigning every
+    sequence took most of a minute on 16M sequences)."""
     import numpy as np
 
-    from .assign import assign_ragged
-    from .histogram import expand_histogram
     from .balance import update_balance
 
-    lengths = np.random.default_rng(seed).permutation(expand_histogram(result.histogram))
-    offsets, indices = assign_ragged(lengths, result.mixture, result.max_len, seed=seed)
     if result.packs < per_update:
         raise PackingInputError(f"{result.algorithm} made {result.packs} packs, fewer than one update of "
                                 f"{per_update}")
-    return update_balance(lengths[indices], offsets, ranks, per_update, result.max_len)
+    updates = balance_updates(ranks)
+    mixture = result.mixture
+    try:  # the pack order of assign_ragged(..., seed=seed, shuffle_packs=True): its generator's first draw
+        order = np.random.default_rng(seed).permutation(result.packs)[:updates * per_update]
+    except MemoryError:
+        raise PackingInputError(f"{result.algorithm} made {result.packs:,} packs, too many to shuffle in memory for "
+                                "--ranks; use fewer sequences") from None
+    strategy = np.searchsorted(np.cumsum(mixture.counts), order, side="right")
+    sizes = mixture.sizes[strategy]
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    flat = mixture.flat[np.repeat(mixture.offsets[strategy] - offsets[:-1], sizes) + np.arange(int(offsets[-1]))]
+    return update_balance(flat, offsets, ranks, per_update, result.max_len, updates)
 
 
 def write_plot(path: str, histogram, results, title: str) -> None:
@@ -240,10 +261,17 @@ def main(argv=None) -> int:
             raise PackingInputError(f"--time-limit is {args.time_limit}; it must be > 0 seconds")
         if args.ranks is not None and args.ranks < 1:
             raise PackingInputError(f"--ranks is {args.ranks}; it must be >= 1")
+        if args.ranks is not None and args.ranks > MAX_RANKS:
+            raise PackingInputError(f"--ranks is {args.ranks:,}; the balance report deals updates to at most "
+                                    f"{MAX_RANKS} ranks (its work grows as ranks squared)")
         per_update = args.packs_per_update if args.packs_per_update is not None else 8 * (args.ranks or 1)
         if per_update < 1 or (args.ranks is not None and per_update % args.ranks):  # 0 once meant "default"
             raise PackingInputError(f"--packs-per-update {per_update} must be a positive multiple of "
                                     f"--ranks {args.ranks or 1}")
+        if per_update > MAX_PACKS_PER_RANK * (args.ranks or 1):
+            raise PackingInputError(f"--packs-per-update {per_update:,} is more than {MAX_PACKS_PER_RANK} packs a rank "
+                                    f"for --ranks {args.ranks or 1}; give at most "
+                                    f"{MAX_PACKS_PER_RANK * (args.ranks or 1):,}")
         if args.seed < 0:
             raise PackingInputError(f"--seed is {args.seed}; it must be >= 0")
         if args.multi_size:  # refused before anything runs
