@@ -239,3 +239,43 @@ def test_balance_report_on_millions_of_sequences_builds_only_the_packs_it_measur
     lengths = np.random.default_rng(3).permutation(expand_histogram(small))
     offsets, indices = assign_ragged(lengths, result.mixture, len(small), seed=3)
     assert balance_of(result, 4, 8, 3) == update_balance(lengths[indices], offsets, 4, 8, len(small))
+
+
+@pytest.mark.skipif(not Path("/dev/urandom").exists(), reason="needs /dev/urandom")
+@pytest.mark.parametrize("flag, named", [("--lengths", "not a text file of lengths"),
+                                         ("--histogram", "not a JSON text file")])
+def test_an_endless_binary_input_is_refused_at_once(flag, named):
+    """--lengths /dev/urandom read forever: the first 64 KiB of a file are looked at before the rest is read,
+    and a NUL byte or bad UTF-8 there is a one-line error (exit code 2)."""
+    proc = subprocess.run([sys.executable, "-m", "bert_ipu.packing", flag, "/dev/urandom"], capture_output=True,
+                          text=True, timeout=60, cwd=Path(__file__).resolve().parent.parent)
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(err) == 1 and named in err[0], proc.stderr
+
+
+def test_text_beyond_the_size_cap_is_refused(tmp_path, capsys, monkeypatch):
+    """A text file of lengths is read up to MAX_TEXT_BYTES (an endless pipe of digits stops there) and refused
+    past it, naming the .npy alternative."""
+    from bert_ipu.packing import histogram
+
+    monkeypatch.setattr(histogram, "MAX_TEXT_BYTES", 1000)
+    assert main(["--lengths", write(tmp_path, "l.txt", "5\n" * 501)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "more than" in err[0] and ".npy" in err[0]
+    assert main(["--lengths", write(tmp_path, "l.txt", "5\n" * 499), "--algorithm", "none"]) == 0
+
+
+@pytest.mark.parametrize("lengths, extra", [
+    ("100000000000\n", []),                                         # the longest sequence sets the pack length
+    ("100000000000\n", ["--max-len", "auto"]),
+    ("5\n", ["--max-len", "10000000000"]),
+    ("5\n", ["--multi-size", "8", "10000000000"]),
+])
+def test_a_pack_length_too_long_to_allocate_is_refused_in_one_line(tmp_path, capsys, lengths, extra):
+    """A histogram holds a count per length: a pack length of 1e10 or 1e11 tokens was a MemoryError traceback
+    (75-745 GiB); it is refused before anything is allocated, naming the limit."""
+    from bert_ipu.packing.histogram import MAX_PACK_LENGTH
+
+    assert main(["--lengths", write(tmp_path, "l.txt", lengths), *extra]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and f"{MAX_PACK_LENGTH:,}" in err[0] and "GiB" in err[0]

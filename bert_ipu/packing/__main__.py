@@ -17,7 +17,8 @@ from pathlib import Path
 
 from .api import ALGORITHMS, DEPTH_FREE, applies, pack
 from .depth import depth_label, parse_depth
-from .histogram import PackingInputError, histogram_of, load_histogram, load_lengths
+from .histogram import (MAX_PACK_LENGTH, PackingInputError, check_pack_length, histogram_of, load_histogram,
+                        load_lengths)
 
 COLUMNS = [  # header, width, format
     ("algorithm", 9, "{}"), ("depth", 5, "{}"), ("packs", 11, "{:,}"), ("efficiency", 10, "{:.3%}"),
@@ -60,6 +61,8 @@ def auto_pack_length(lengths, depth, quiet: bool = False) -> int:
     best = None
     for factor in AUTO_FACTORS:
         candidate = max(longest, -(-int(longest * factor) // 8) * 8)
+        if candidate > MAX_PACK_LENGTH:  # longer packs than the report handles (the longest itself is checked)
+            break
         result = pack(histogram_of(lengths, candidate), "lpfhp", depth)
         if not quiet:
             print(f"pack length {candidate:,}: LPFHP efficiency {result.efficiency:.3%} ({result.packs:,} packs)",
@@ -121,11 +124,13 @@ def load_input(args) -> tuple:
         raise PackingInputError("give exactly one of --histogram FILE.json or --lengths FILE")
     if args.histogram is not None:
         return load_histogram(args.histogram), Path(args.histogram).name
+    if args.max_len not in (None, "auto"):
+        if args.max_len < 1:
+            raise PackingInputError(f"--max-len is {args.max_len}; it must be >= 1")
+        check_pack_length(args.max_len, "--max-len")
     if args.max_len == "auto":
         lengths = load_lengths(args.lengths, None)
         args.max_len = auto_pack_length(lengths, args.max_sequences_per_pack[0], quiet=args.json)
-    if args.max_len is not None and args.max_len < 1:
-        raise PackingInputError(f"--max-len is {args.max_len}; it must be >= 1")
     lengths = load_lengths(args.lengths, args.max_len)
     return histogram_of(lengths, args.max_len or int(lengths.max())), Path(args.lengths).name
 
@@ -275,6 +280,7 @@ def main(argv=None) -> int:
         if args.seed < 0:
             raise PackingInputError(f"--seed is {args.seed}; it must be >= 0")
         if args.multi_size:  # refused before anything runs
+            check_pack_length(max(args.multi_size), "--multi-size")
             multi_size_row(histogram, args.multi_size, None, None, False, check_only=True)
         rows = plan(args.algorithm, args.max_sequences_per_pack, len(histogram))
         results, balance = [], {}
