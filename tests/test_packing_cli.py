@@ -279,3 +279,22 @@ def test_a_pack_length_too_long_to_allocate_is_refused_in_one_line(tmp_path, cap
     assert main(["--lengths", write(tmp_path, "l.txt", lengths), *extra]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error:") and f"{MAX_PACK_LENGTH:,}" in err[0] and "GiB" in err[0]
+
+
+def test_plot_never_replaces_a_file_this_project_did_not_write(tmp_path, capsys):
+    """--plot on a dataset's manifest.json replaced it with a PNG: a file that is not a PNG is refused before
+    anything runs and left as it was; a missing folder is named; a PNG (a plot of an earlier run) is replaced,
+    through a temporary name that does not stay behind."""
+    hist = write(tmp_path, "h.json", "[1, 2, 3]")
+    manifest = write(tmp_path, "manifest.json", '{"format": "packed"}\n')
+    for target, named in ((manifest, "not an output of this kind"),
+                          (str(tmp_path / "no" / "p.png"), f"the folder {tmp_path / 'no'} does not exist")):
+        assert main(["--histogram", hist, "--plot", target]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error:") and named in err[0], err
+    assert Path(manifest).read_text() == '{"format": "packed"}\n'
+    png = tmp_path / "p.png"
+    png.write_bytes(b"\x89PNG\r\n\x1a\n old plot")
+    assert main(["--histogram", hist, "--algorithm", "lpfhp", "--plot", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 100
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["h.json", "manifest.json", "p.png"]

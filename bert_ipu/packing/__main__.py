@@ -15,6 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ..files import describe_os_error, is_png, output_file_problem
 from .api import ALGORITHMS, DEPTH_FREE, applies, pack
 from .depth import depth_label, parse_depth
 from .histogram import (MAX_PACK_LENGTH, PackingInputError, check_pack_length, histogram_of, load_histogram,
@@ -258,10 +259,9 @@ def main(argv=None) -> int:
         histogram, title = load_input(args)
         if args.batch_size < 1:
             raise PackingInputError(f"--batch-size is {args.batch_size}; it must be >= 1")
-        if args.plot and not os.path.isdir(os.path.dirname(os.path.abspath(args.plot))):
-            raise PackingInputError(f"--plot: the folder of {args.plot!r} does not exist")
-        if args.plot and os.path.isdir(args.plot):
-            raise PackingInputError(f"--plot {args.plot!r} is a folder; give a file name such as {args.plot}/packing.png")
+        problem = args.plot and output_file_problem(args.plot, "--plot", is_png)  # a PNG of ours may be replaced
+        if problem:
+            raise PackingInputError(problem)
         if args.time_limit is not None and not args.time_limit > 0:
             raise PackingInputError(f"--time-limit is {args.time_limit}; it must be > 0 seconds")
         if args.ranks is not None and args.ranks < 1:
@@ -335,7 +335,11 @@ def main(argv=None) -> int:
             print(f"time limit of {args.time_limit:g} s reached by {', '.join(stopped)}: best packing and bound "
                   "found so far")
     if args.plot:
-        write_plot(args.plot, histogram, results, title)
+        try:
+            write_plot(args.plot, histogram, results, title)
+        except OSError as e:  # checked before the run, but a disk can fill or a folder vanish since
+            print(f"error: cannot write --plot {args.plot}: {describe_os_error(e)}", file=sys.stderr)
+            return 2
         print(f"wrote {args.plot}", file=sys.stderr)
     return 0
 
