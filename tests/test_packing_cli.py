@@ -63,6 +63,7 @@ def test_lengths_text_file(tmp_path, capsys):
     ("[0, 0, 0]", "nothing to pack"),
     ("{\"a\": 1}", "expected a JSON list"),
     ("[1, 2,", "not valid JSON"),
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),  # was a RecursionError traceback
 ])
 def test_bad_histograms(tmp_path, capsys, content, message):
     assert main(["--histogram", write(tmp_path, "h.json", content)]) == 2

@@ -101,6 +101,9 @@ def load_histogram(path: str | Path) -> np.ndarray:
     except json.JSONDecodeError as e:
         raise PackingInputError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}); "
                                 "expected a list of counts such as [0, 3, 5]") from None
+    except RecursionError:  # lists nested thousands deep exhaust the decoder's recursion
+        raise PackingInputError(f"{path}: JSON nested too deeply; expected a flat list of counts such as "
+                                "[0, 3, 5]") from None
     if isinstance(values, list):
         check_pack_length(len(values), f"{path}: the histogram's length")
     return validate_histogram(values, source=str(path))
