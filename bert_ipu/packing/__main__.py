@@ -273,10 +273,9 @@ def main(argv=None) -> int:
         if per_update < 1 or (args.ranks is not None and per_update % args.ranks):  # 0 once meant "default"
             raise PackingInputError(f"--packs-per-update {per_update} must be a positive multiple of "
                                     f"--ranks {args.ranks or 1}")
-        if per_update > MAX_PACKS_PER_RANK * (args.ranks or 1):
+        if args.ranks is not None and per_update > MAX_PACKS_PER_RANK * args.ranks:
             raise PackingInputError(f"--packs-per-update {per_update:,} is more than {MAX_PACKS_PER_RANK} packs a rank "
-                                    f"for --ranks {args.ranks or 1}; give at most "
-                                    f"{MAX_PACKS_PER_RANK * (args.ranks or 1):,}")
+                                    f"for --ranks {args.ranks}; give at most {MAX_PACKS_PER_RANK * args.ranks:,}")
         if args.seed < 0:
             raise PackingInputError(f"--seed is {args.seed}; it must be >= 0")
         if args.multi_size:  # refused before anything runs
