@@ -299,3 +299,45 @@ def test_plot_never_replaces_a_file_this_project_did_not_write(tmp_path, capsys)
     assert main(["--histogram", hist, "--algorithm", "lpfhp", "--plot", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 100
     assert sorted(p.name for p in tmp_path.iterdir()) == ["h.json", "manifest.json", "p.png"]
+
+
+def test_sort_is_counted_per_length_and_matches_sorted_batches():
+    """SORT's computed tokens (each batch of the longest-first order padded to its first sequence) are counted
+    per length, so 4e18 sequences no longer need expanding (a ValueError traceback); the same as batching
+    every sequence, on random histograms and batch sizes."""
+    from bert_ipu.packing import pack
+    from bert_ipu.packing.histogram import expand_histogram
+
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        hist = rng.integers(0, 6, int(rng.integers(1, 40)))
+        hist[int(rng.integers(len(hist)))] += 1
+        batch = int(rng.integers(1, 50))
+        lengths = expand_histogram(hist)[::-1]
+        expected = sum(int(lengths[i]) * len(lengths[i:i + batch]) for i in range(0, len(lengths), batch))
+        assert pack(hist, "sort", batch_size=batch).computed_tokens == expected
+    assert pack(np.array([4 * 10**18]), "sort").computed_tokens == 4 * 10**18
+
+
+def test_huge_counts_are_packed_or_refused_in_one_line(tmp_path, capsys, monkeypatch):
+    """4e18 sequences: the default algorithms run (GREEDY, which shuffles every sequence, is left out unless
+    named); --ranks and --multi-size, which hold every pack or sequence in memory, are one-line errors (they were
+    tracebacks), as is an algorithm that runs out of memory (naming other packers, not itself)."""
+    import bert_ipu.packing.__main__ as cli
+
+    hist = write(tmp_path, "h.json", "[4e18]")
+    assert main(["--histogram", hist, "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert "greedy" not in {r["algorithm"] for r in rows} and {"sort", "lpfhp", "cghp"} <= {r["algorithm"] for r in rows}
+    for extra in (["--ranks", "2"], ["--multi-size", "8", "16"]):
+        assert main(["--histogram", hist, "--algorithm", "lpfhp", *extra]) == 2
+        err = [x for x in capsys.readouterr().err.splitlines() if not x.startswith("running")]
+        assert len(err) == 1 and "memory" in err[0] and err[0].startswith("error:"), err
+
+    def no_memory(*args, **kwargs):
+        raise MemoryError
+
+    monkeypatch.setattr(cli, "pack", no_memory)
+    assert main(["--histogram", hist, "--algorithm", "cghp"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "do not fit in memory" in err and "cghp)" not in err and "lpfhp" in err

@@ -49,6 +49,7 @@ def max_len_arg(text: str) -> int | str:
 MAX_RANKS = 256           # --ranks: balancing one update costs about ranks^2 steps (256 ranks: ~3 s)
 MAX_PACKS_PER_RANK = 1024  # --packs-per-update: at most this many per rank
 BALANCE_WORK = 2 ** 16     # updates measured: at most BALANCE_WORK / ranks^2 of the first 100 (at least one)
+MULTI_SIZE_BYTES = 160  # --multi-size's peak memory a sequence (measured: 2.8 GB for 20M sequences)
 
 
 AUTO_FACTORS = (1, 1.25, 1.5, 2, 3, 4)  # candidate pack lengths, as multiples of the longest sequence
@@ -136,10 +137,11 @@ def load_input(args) -> tuple:
     return histogram_of(lengths, args.max_len or int(lengths.max())), Path(args.lengths).name
 
 
-def plan(algorithms, depths, max_len: int | None = None) -> list[tuple[str, int | None]]:
+def plan(algorithms, depths, max_len: int | None = None, sequences: int | None = None) -> list[tuple[str, int | None]]:
     """The (algorithm, depth) rows to run: depth-free algorithms once, NNLSHP only where it applies and its
-    dense matrix fits in memory at this pack length, unless asked for by name (then a bad depth or a pack
-    length too long for it is an error)."""
+    dense matrix fits in memory at this pack length, GREEDY only below the sequences it handles, unless asked
+    for by name (then a bad depth, a pack length too long or too many sequences is an error)."""
+    from .baselines import GREEDY_MAX_SEQUENCES
     from .nnlshp import fits
 
     named = algorithms is not None
@@ -148,7 +150,8 @@ def plan(algorithms, depths, max_len: int | None = None) -> list[tuple[str, int 
         if name not in ALGORITHMS:
             raise PackingInputError(f"unknown algorithm {name!r}; choose from {' '.join(ALGORITHMS)}")
         for depth in ([depths[0]] if name in DEPTH_FREE else depths):
-            if named or (applies(name, depth) and (name != "nnlshp" or max_len is None or fits(max_len, depth))):
+            if named or (applies(name, depth) and (name != "nnlshp" or max_len is None or fits(max_len, depth))
+                         and (name != "greedy" or sequences is None or sequences < GREEDY_MAX_SEQUENCES)):
                 rows.append((name, depth))
     return rows
 
@@ -164,6 +167,19 @@ def format_table(results) -> str:
                   len(r.mixture.counts), r.seconds]
         lines.append("  ".join(f"{f.format(v):>{w}}" for (_, w, f), v in zip(COLUMNS, values)))
     return "\n".join(lines)
+
+
+def check_memory(needed: int, what: str) -> None:
+    """Refuse, in one line, work estimated to need more than the memory available now (MemAvailable on
+    Linux): past it the kernel kills the process rather than raise a MemoryError. Unknown memory: no check."""
+    try:
+        with open("/proc/meminfo") as f:
+            available = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return
+    if needed > available:
+        raise PackingInputError(f"{what}: about {needed / 2**30:,.1f} GiB, more than the {available / 2**30:,.1f} "
+                                "GiB of memory available; use fewer sequences")
 
 
 def balance_updates(ranks: int) -> int:
@@ -185,9 +201,10 @@ def balance_of(result, ranks: int, per_update: int, seed: int) -> dict:
                                 f"{per_update}")
     updates = balance_updates(ranks)
     mixture = result.mixture
+    check_memory(16 * result.packs, f"--ranks shuffles the {result.packs:,} packs of {result.algorithm}")
     try:  # the pack order of assign_ragged(..., seed=seed, shuffle_packs=True): its generator's first draw
         order = np.random.default_rng(seed).permutation(result.packs)[:updates * per_update]
-    except MemoryError:
+    except (MemoryError, ValueError):  # ValueError: "array is too big" (beyond what any memory holds)
         raise PackingInputError(f"{result.algorithm} made {result.packs:,} packs, too many to shuffle in memory for "
                                 "--ranks; use fewer sequences") from None
     strategy = np.searchsorted(np.cumsum(mixture.counts), order, side="right")
@@ -237,11 +254,18 @@ def multi_size_row(histogram, pack_lengths, depth, time_limit, as_json: bool, ch
 
     if pack_lengths and max(pack_lengths) > len(histogram):  # longer packs than the histogram: no such sequences
         histogram = np.concatenate([histogram, np.zeros(max(pack_lengths) - len(histogram), dtype=np.int64)])
+    sequences = int(histogram.sum())
     if check_only:
         check_input(histogram, pack_lengths, None, depth)
+        check_memory(sequences * MULTI_SIZE_BYTES, f"--multi-size realises its packs with each of the {sequences:,} "
+                                                   "sequences in memory")
         return {}
     start = time.perf_counter()
-    r = pack_multi_size(histogram, pack_lengths, depth, time_limit=time_limit)
+    try:
+        r = pack_multi_size(histogram, pack_lengths, depth, time_limit=time_limit)
+    except MemoryError:
+        raise PackingInputError(f"--multi-size realises its packs with every sequence in memory, and the "
+                                f"{sequences:,} sequences do not fit; use fewer") from None
     tokens = int((np.arange(1, len(histogram) + 1) * histogram).sum())
     row = {"algorithm": "multi-size", "pack_lengths": sorted(pack_lengths), "max_sequences_per_pack": depth,
            "packs": {int(s): int(n) for s, n in sorted(r.packs.items())}, "computed_tokens": r.computed_tokens,
@@ -281,7 +305,7 @@ def main(argv=None) -> int:
         if args.multi_size:  # refused before anything runs
             check_pack_length(max(args.multi_size), "--multi-size")
             multi_size_row(histogram, args.multi_size, None, None, False, check_only=True)
-        rows = plan(args.algorithm, args.max_sequences_per_pack, len(histogram))
+        rows = plan(args.algorithm, args.max_sequences_per_pack, len(histogram), int(histogram.sum()))
         results, balance = [], {}
         for name, depth in rows:
             if not args.json:
@@ -290,9 +314,10 @@ def main(argv=None) -> int:
                 result = pack(histogram, name, depth, seed=args.seed, batch_size=args.batch_size,
                               time_limit=args.time_limit)
             except MemoryError:
+                others = ", ".join(a for a in ("spfhp", "lpfhp", "nnlshp", "cghp") if a != name)
                 raise PackingInputError(f"{name} handles every one of the {int(histogram.sum()):,} sequences and "
-                                        "they do not fit in memory; use a histogram packer (spfhp, lpfhp, nnlshp, "
-                                        "cghp) or fewer sequences") from None
+                                        f"they do not fit in memory; use another packer ({others}) or fewer "
+                                        "sequences") from None
             results.append(result)
             row = result.to_json()
             if args.ranks is not None and name not in DEPTH_FREE:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .bounds import past
-from .histogram import PackingInputError, expand_histogram
+from .histogram import PackingInputError
 from .mixture import Mixture
 
 
@@ -29,11 +29,20 @@ def sort_batches(histogram: np.ndarray, batch_size: int) -> tuple[Mixture, int]:
     Sequences are sorted by length and cut into batches of `batch_size`; a batch is padded to its longest
     sequence, so the computed tokens are sum over batches of rows x longest. The last batch may be short.
     """
-    lengths = expand_histogram(histogram)[::-1]  # longest first, as sorted batching usually runs
-    longest = lengths[::batch_size]               # the first sequence of every batch is its longest
-    rows = np.full(len(longest), batch_size, dtype=np.int64)
-    rows[-1] = len(lengths) - batch_size * (len(longest) - 1)
-    return none(histogram), int((longest * rows).sum())
+    # Counted per length, not per sequence (a histogram of 4e18 sequences cannot be expanded): longest first,
+    # as sorted batching usually runs, the sequences of length l sit at positions [start_l, end_l), and a batch
+    # starts at every multiple of batch_size; its first sequence is its longest.
+    present = np.nonzero(histogram)[0][::-1]
+    ends = np.cumsum(histogram[present])
+    n = int(ends[-1])
+    size = min(batch_size, n)  # a larger batch is one batch of them all
+    starts_in = -(-ends // size) - (-(-(ends - histogram[present]) // size))  # batches whose longest is l
+    batches = -(-n // size)
+    last_longest = int(present[np.searchsorted(ends, size * (batches - 1), side="right")]) + 1
+    short = size * batches - n  # rows the last batch lacks
+    # Python integers: padded tokens can pass 2^63 where the tokens themselves do not
+    computed = size * int(((present + 1).astype(object) * starts_in.astype(object)).sum()) - short * last_longest
+    return none(histogram), computed
 
 
 GREEDY_CHUNK = 1 << 18        # sequences drawn, shuffled and packed at a time; the time limit is checked between
