@@ -362,3 +362,19 @@ def test_heuristics_past_the_deadline_pack_the_rest_at_once(monkeypatch):
             by_hand = [[int(l)] * min(10 // l, 3, hist[l - 1]) for l in present[reached:]]
             fresh = heuristics._fresh_packs(hist, present[reached:], 3)
             assert fresh.n_packs == sum(-(-hist[l - 1] // len(p)) for l, p in zip(present[reached:], by_hand))
+
+
+def test_an_integer_histogram_array_is_validated_without_a_python_step_per_length():
+    """Every packer validates the histogram it is handed: an int array of 4M counts took 1.3-3 s a row, checked
+    length by length; a valid one is now checked with array operations, and a bad one still names its count."""
+    import time
+
+    from bert_ipu.packing.histogram import PackingInputError, validate_histogram
+
+    start = time.perf_counter()
+    assert validate_histogram(np.ones(4_000_000, dtype=np.int64)).dtype == np.int64
+    assert time.perf_counter() - start < 0.3  # about 0.02 s; length by length 1.3-3 s
+    for bad, named in ((np.array([1, -1]), "length 2 is -1"), (np.array([0, 0]), "nothing to pack"),
+                       (np.array([0, 0, 0, 2**61]), "64-bit"), (np.array([2**62], dtype=np.uint64), "below")):
+        with pytest.raises(PackingInputError, match=named):
+            validate_histogram(bad)
