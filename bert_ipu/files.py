@@ -74,6 +74,56 @@ def write_atomic(path: Path, text: str) -> None:
     fsync_dir(path.parent)
 
 
+def write_atomic_with(path: Path, write) -> None:
+    """`write(f)` into PATH.partial (a binary file), then fsync and rename as `write_atomic` (for a figure:
+    `lambda f: fig.savefig(f, format="png")`); the partial file is removed if `write` fails."""
+    path = Path(path)
+    tmp = path.with_name(path.name + PARTIAL)
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    fsync_dir(path.parent)
+
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def is_png(head: bytes) -> bool:
+    return head.startswith(PNG_SIGNATURE)
+
+
+def output_file_problem(path, flag: str, ours) -> str | None:
+    """Why a command cannot write its output file `path` (`flag` names it in the message), to be asked before
+    the work starts: its folder does not exist or cannot be written, it is a folder, or it is a non-empty file
+    whose first 64 KiB `ours(bytes)` does not recognise as this project's output of that kind (a dataset's
+    manifest.json given as --json, say): a file the project did not write is never replaced. None if it can be
+    written."""
+    path = Path(path)
+    folder = path.absolute().parent
+    if path.is_dir():
+        return f"{flag} {path} is a folder; give a file name in it"
+    if not folder.is_dir():
+        return f"{flag} {path}: the folder {folder} does not exist; create it first"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"{flag} {path}: the folder {folder} is not writable"
+    if path.exists():
+        try:
+            with open(path, "rb") as f:
+                head = f.read(65536)
+        except OSError as e:
+            return f"{flag} {path}: cannot read the file there ({describe_os_error(e)})"
+        if head and not ours(head):
+            return (f"{flag} {path} exists and is not an output of this kind that this project wrote; move it away "
+                    "or choose another name")
+    return None
+
+
 def write_json(path: Path, value, default=str) -> None:
     """`value` as indented JSON (UTF-8, one trailing newline), written atomically (`write_atomic`); `default`
     turns what JSON has no type for into something it has (str by default: paths, numpy scalars' repr)."""

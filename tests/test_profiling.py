@@ -228,3 +228,32 @@ def test_bad_profile_input_is_a_clear_error(tmp_path, capsys):
     assert entry("profile", ["--config", str(path), f"profile.histogram={long}"]) == 2
     lines = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
     assert len(lines) == 1 and "pack length of 100,000" in lines[0] and "GiB are free" in lines[0], lines
+
+
+@pytest.mark.parametrize("flag, name, content, named", [
+    ("--json", "no/such/rows.jsonl", None, "does not exist"),
+    ("--plot", "no/such/plot.png", None, "does not exist"),
+    ("--scaling", "no/such/e.png", None, "does not exist"),
+    ("--json", "manifest.json", '{"format": "packed", "shards": []}\n', "not an output of this kind"),
+    ("--plot", "notes.txt", "my notes\n", "not an output of this kind"),
+    ("--scaling", ".", None, "is a folder"),
+])
+def test_profile_outputs_are_checked_before_anything_is_measured(tmp_path, capsys, flag, name, content, named):
+    """An output in a folder that does not exist was a FileNotFoundError traceback after the whole profile, and
+    --json on a dataset's manifest.json replaced it: now each is one line (exit code 2) naming the path, before
+    the model is built, and the file that was there is left as it was."""
+    hist = tiny_histogram(tmp_path)
+    path = tmp_path / "p.yaml"
+    path.write_text(f"name: tiny\n{TINY_MODEL}profile: {{histogram: {hist}, steps: 1, rounds: 2, "
+                    f"micro_batch_size: 2, device: cpu}}\n")
+    target = tmp_path / name
+    if content is not None:
+        target.write_text(content)
+    assert entry("profile", ["--config", str(path), flag, str(target)]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and named in err[0] and "Traceback" not in captured.err
+    assert "[profile]" not in captured.out  # nothing was measured
+    if content is not None:
+        assert target.read_text() == content
+    assert not list(tmp_path.rglob("*.partial"))

@@ -15,9 +15,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ..files import describe_os_error, is_png, output_file_problem
 from .api import ALGORITHMS, DEPTH_FREE, applies, pack
 from .depth import depth_label, parse_depth
-from .histogram import PackingInputError, histogram_of, load_histogram, load_lengths
+from .histogram import (MAX_PACK_LENGTH, PackingInputError, check_pack_length, histogram_of, load_histogram,
+                        load_lengths)
 
 COLUMNS = [  # header, width, format
     ("algorithm", 9, "{}"), ("depth", 5, "{}"), ("packs", 11, "{:,}"), ("efficiency", 10, "{:.3%}"),
@@ -44,6 +46,12 @@ def max_len_arg(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number or 'auto'") from None
 
 
+MAX_RANKS = 256           # --ranks: balancing one update costs about ranks^2 steps (256 ranks: ~3 s)
+MAX_PACKS_PER_RANK = 1024  # --packs-per-update: at most this many per rank
+BALANCE_WORK = 2 ** 16     # updates measured: at most BALANCE_WORK / ranks^2 of the first 100 (at least one)
+MULTI_SIZE_BYTES = 160  # --multi-size's peak memory a sequence (measured: 2.8 GB for 20M sequences)
+
+
 AUTO_FACTORS = (1, 1.25, 1.5, 2, 3, 4)  # candidate pack lengths, as multiples of the longest sequence
 
 
@@ -55,6 +63,8 @@ def auto_pack_length(lengths, depth, quiet: bool = False) -> int:
     best = None
     for factor in AUTO_FACTORS:
         candidate = max(longest, -(-int(longest * factor) // 8) * 8)
+        if candidate > MAX_PACK_LENGTH:  # longer packs than the report handles (the longest itself is checked)
+            break
         result = pack(histogram_of(lengths, candidate), "lpfhp", depth)
         if not quiet:
             print(f"pack length {candidate:,}: LPFHP efficiency {result.efficiency:.3%} ({result.packs:,} packs)",
@@ -97,9 +107,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ranks", type=int, metavar="N", default=None,
                    help="also report balance over N data-parallel ranks: attention and data balance ratios "
                         "(ABR, DBR) of updates dealt in loader order and by balanced_order, and the padding ratio "
-                        "(docs/packing.md, 'Balance across devices'); sequences are assigned to packs first")
+                        "(docs/packing.md, 'Balance across devices'), packs read in the loader's shuffled order; "
+                        f"at most {MAX_RANKS}")
     p.add_argument("--packs-per-update", type=int, metavar="P", default=None,
-                   help="packs per update for --ranks (default: 8 per rank); the first 100 updates are measured")
+                   help=f"packs per update for --ranks (default: 8 per rank; at most {MAX_PACKS_PER_RANK} per rank); "
+                        "the first 100 updates are measured, fewer above 25 ranks (65,536 / ranks^2, at least one)")
     p.add_argument("--multi-size", nargs="+", type=int, metavar="S", default=None,
                    help="also pack into packs of several lengths S chosen together (multi-size cutting stock, "
                         "cost = computed tokens), one row per depth limit, with a proven bound on the computed "
@@ -114,19 +126,22 @@ def load_input(args) -> tuple:
         raise PackingInputError("give exactly one of --histogram FILE.json or --lengths FILE")
     if args.histogram is not None:
         return load_histogram(args.histogram), Path(args.histogram).name
+    if args.max_len not in (None, "auto"):
+        if args.max_len < 1:
+            raise PackingInputError(f"--max-len is {args.max_len}; it must be >= 1")
+        check_pack_length(args.max_len, "--max-len")
     if args.max_len == "auto":
         lengths = load_lengths(args.lengths, None)
         args.max_len = auto_pack_length(lengths, args.max_sequences_per_pack[0], quiet=args.json)
-    if args.max_len is not None and args.max_len < 1:
-        raise PackingInputError(f"--max-len is {args.max_len}; it must be >= 1")
     lengths = load_lengths(args.lengths, args.max_len)
     return histogram_of(lengths, args.max_len or int(lengths.max())), Path(args.lengths).name
 
 
-def plan(algorithms, depths, max_len: int | None = None) -> list[tuple[str, int | None]]:
+def plan(algorithms, depths, max_len: int | None = None, sequences: int | None = None) -> list[tuple[str, int | None]]:
     """The (algorithm, depth) rows to run: depth-free algorithms once, NNLSHP only where it applies and its
-    dense matrix fits in memory at this pack length, unless asked for by name (then a bad depth or a pack
-    length too long for it is an error)."""
+    dense matrix fits in memory at this pack length, GREEDY only below the sequences it handles, unless asked
+    for by name (then a bad depth, a pack length too long or too many sequences is an error)."""
+    from .baselines import GREEDY_MAX_SEQUENCES
     from .nnlshp import fits
 
     named = algorithms is not None
@@ -135,7 +150,8 @@ def plan(algorithms, depths, max_len: int | None = None) -> list[tuple[str, int 
         if name not in ALGORITHMS:
             raise PackingInputError(f"unknown algorithm {name!r}; choose from {' '.join(ALGORITHMS)}")
         for depth in ([depths[0]] if name in DEPTH_FREE else depths):
-            if named or (applies(name, depth) and (name != "nnlshp" or max_len is None or fits(max_len, depth))):
+            if named or (applies(name, depth) and (name != "nnlshp" or max_len is None or fits(max_len, depth))
+                         and (name != "greedy" or sequences is None or sequences < GREEDY_MAX_SEQUENCES)):
                 rows.append((name, depth))
     return rows
 
@@ -153,21 +169,49 @@ def format_table(results) -> str:
     return "\n".join(lines)
 
 
+def check_memory(needed: int, what: str) -> None:
+    """Refuse, in one line, work estimated to need more than the memory available now (MemAvailable on
+    Linux): past it the kernel kills the process rather than raise a MemoryError. Unknown memory: no check."""
+    try:
+        with open("/proc/meminfo") as f:
+            available = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return
+    if needed > available:
+        raise PackingInputError(f"{what}: about {needed / 2**30:,.1f} GiB, more than the {available / 2**30:,.1f} "
+                                "GiB of memory available; use fewer sequences")
+
+
+def balance_updates(ranks: int) -> int:
+    """How many of the first updates --ranks measures: 100 up to 25 ranks, fewer above (at least one)."""
+    return min(100, max(1, BALANCE_WORK // ranks ** 2))
+
+
 def balance_of(result, ranks: int, per_update: int, seed: int) -> dict:
-    """Balance metrics of `result`'s packs: sequences (the histogram's, shuffled) assigned to packs in a
-    shuffled order as the loader reads them, then updates of `per_update` packs dealt to `ranks`."""
+    """Balance metrics of `result`'s packs in the shuffled order the loader reads them, as `assign_ragged`
+    deals them for `seed`, then updates of `per_update` packs dealt to `ranks`. A pack holds sequences of its
+    strategy's lengths whichever sequences they are, so only the packs measured are built (assigning every
+    sequence took most of a minute on 16M sequences)."""
     import numpy as np
 
-    from .assign import assign_ragged
-    from .histogram import expand_histogram
     from .balance import update_balance
 
-    lengths = np.random.default_rng(seed).permutation(expand_histogram(result.histogram))
-    offsets, indices = assign_ragged(lengths, result.mixture, result.max_len, seed=seed)
     if result.packs < per_update:
         raise PackingInputError(f"{result.algorithm} made {result.packs} packs, fewer than one update of "
                                 f"{per_update}")
-    return update_balance(lengths[indices], offsets, ranks, per_update, result.max_len)
+    updates = balance_updates(ranks)
+    mixture = result.mixture
+    check_memory(16 * result.packs, f"--ranks shuffles the {result.packs:,} packs of {result.algorithm}")
+    try:  # the pack order of assign_ragged(..., seed=seed, shuffle_packs=True): its generator's first draw
+        order = np.random.default_rng(seed).permutation(result.packs)[:updates * per_update]
+    except (MemoryError, ValueError):  # ValueError: "array is too big" (beyond what any memory holds)
+        raise PackingInputError(f"{result.algorithm} made {result.packs:,} packs, too many to shuffle in memory for "
+                                "--ranks; use fewer sequences") from None
+    strategy = np.searchsorted(np.cumsum(mixture.counts), order, side="right")
+    sizes = mixture.sizes[strategy]
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    flat = mixture.flat[np.repeat(mixture.offsets[strategy] - offsets[:-1], sizes) + np.arange(int(offsets[-1]))]
+    return update_balance(flat, offsets, ranks, per_update, result.max_len, updates)
 
 
 def write_plot(path: str, histogram, results, title: str) -> None:
@@ -210,11 +254,18 @@ def multi_size_row(histogram, pack_lengths, depth, time_limit, as_json: bool, ch
 
     if pack_lengths and max(pack_lengths) > len(histogram):  # longer packs than the histogram: no such sequences
         histogram = np.concatenate([histogram, np.zeros(max(pack_lengths) - len(histogram), dtype=np.int64)])
+    sequences = int(histogram.sum())
     if check_only:
         check_input(histogram, pack_lengths, None, depth)
+        check_memory(sequences * MULTI_SIZE_BYTES, f"--multi-size realises its packs with each of the {sequences:,} "
+                                                   "sequences in memory")
         return {}
     start = time.perf_counter()
-    r = pack_multi_size(histogram, pack_lengths, depth, time_limit=time_limit)
+    try:
+        r = pack_multi_size(histogram, pack_lengths, depth, time_limit=time_limit)
+    except MemoryError:
+        raise PackingInputError(f"--multi-size realises its packs with every sequence in memory, and the "
+                                f"{sequences:,} sequences do not fit; use fewer") from None
     tokens = int((np.arange(1, len(histogram) + 1) * histogram).sum())
     row = {"algorithm": "multi-size", "pack_lengths": sorted(pack_lengths), "max_sequences_per_pack": depth,
            "packs": {int(s): int(n) for s, n in sorted(r.packs.items())}, "computed_tokens": r.computed_tokens,
@@ -232,23 +283,29 @@ def main(argv=None) -> int:
         histogram, title = load_input(args)
         if args.batch_size < 1:
             raise PackingInputError(f"--batch-size is {args.batch_size}; it must be >= 1")
-        if args.plot and not os.path.isdir(os.path.dirname(os.path.abspath(args.plot))):
-            raise PackingInputError(f"--plot: the folder of {args.plot!r} does not exist")
-        if args.plot and os.path.isdir(args.plot):
-            raise PackingInputError(f"--plot {args.plot!r} is a folder; give a file name such as {args.plot}/packing.png")
+        problem = args.plot and output_file_problem(args.plot, "--plot", is_png)  # a PNG of ours may be replaced
+        if problem:
+            raise PackingInputError(problem)
         if args.time_limit is not None and not args.time_limit > 0:
             raise PackingInputError(f"--time-limit is {args.time_limit}; it must be > 0 seconds")
         if args.ranks is not None and args.ranks < 1:
             raise PackingInputError(f"--ranks is {args.ranks}; it must be >= 1")
+        if args.ranks is not None and args.ranks > MAX_RANKS:
+            raise PackingInputError(f"--ranks is {args.ranks:,}; the balance report deals updates to at most "
+                                    f"{MAX_RANKS} ranks (its work grows as ranks squared)")
         per_update = args.packs_per_update if args.packs_per_update is not None else 8 * (args.ranks or 1)
         if per_update < 1 or (args.ranks is not None and per_update % args.ranks):  # 0 once meant "default"
             raise PackingInputError(f"--packs-per-update {per_update} must be a positive multiple of "
                                     f"--ranks {args.ranks or 1}")
+        if args.ranks is not None and per_update > MAX_PACKS_PER_RANK * args.ranks:
+            raise PackingInputError(f"--packs-per-update {per_update:,} is more than {MAX_PACKS_PER_RANK} packs a rank "
+                                    f"for --ranks {args.ranks}; give at most {MAX_PACKS_PER_RANK * args.ranks:,}")
         if args.seed < 0:
             raise PackingInputError(f"--seed is {args.seed}; it must be >= 0")
         if args.multi_size:  # refused before anything runs
+            check_pack_length(max(args.multi_size), "--multi-size")
             multi_size_row(histogram, args.multi_size, None, None, False, check_only=True)
-        rows = plan(args.algorithm, args.max_sequences_per_pack, len(histogram))
+        rows = plan(args.algorithm, args.max_sequences_per_pack, len(histogram), int(histogram.sum()))
         results, balance = [], {}
         for name, depth in rows:
             if not args.json:
@@ -257,9 +314,10 @@ def main(argv=None) -> int:
                 result = pack(histogram, name, depth, seed=args.seed, batch_size=args.batch_size,
                               time_limit=args.time_limit)
             except MemoryError:
+                others = ", ".join(a for a in ("spfhp", "lpfhp", "nnlshp", "cghp") if a != name)
                 raise PackingInputError(f"{name} handles every one of the {int(histogram.sum()):,} sequences and "
-                                        "they do not fit in memory; use a histogram packer (spfhp, lpfhp, nnlshp, "
-                                        "cghp) or fewer sequences") from None
+                                        f"they do not fit in memory; use another packer ({others}) or fewer "
+                                        "sequences") from None
             results.append(result)
             row = result.to_json()
             if args.ranks is not None and name not in DEPTH_FREE:
@@ -301,7 +359,11 @@ def main(argv=None) -> int:
             print(f"time limit of {args.time_limit:g} s reached by {', '.join(stopped)}: best packing and bound "
                   "found so far")
     if args.plot:
-        write_plot(args.plot, histogram, results, title)
+        try:
+            write_plot(args.plot, histogram, results, title)
+        except OSError as e:  # checked before the run, but a disk can fill or a folder vanish since
+            print(f"error: cannot write --plot {args.plot}: {describe_os_error(e)}", file=sys.stderr)
+            return 2
         print(f"wrote {args.plot}", file=sys.stderr)
     return 0
 

@@ -26,6 +26,7 @@ one of another rank while that lowers the maximum; the same again across each ra
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 
 import numpy as np
@@ -78,11 +79,15 @@ def _deal(costs: np.ndarray, items: np.ndarray, n_bins: int, swap_rounds: int) -
     order = items[np.lexsort((items, -costs[items]))]     # most expensive first; ties by index (determinism)
     bins = [[] for _ in range(n_bins)]
     load = np.zeros(n_bins)
+    # the cheapest bin with room, ties to the lowest index: a heap of (load, bin) over the bins with room
+    # (scanning every bin for every pack was packs x bins steps: minutes at a few hundred ranks)
+    heap = [(0.0, b) for b in range(n_bins)]
     for i in order.tolist():
-        open_ = [b for b in range(n_bins) if len(bins[b]) < share]
-        b = min(open_, key=lambda b: (load[b], b))
+        _, b = heapq.heappop(heap)
         bins[b].append(i)
         load[b] += costs[i]
+        if len(bins[b]) < share:
+            heapq.heappush(heap, (float(load[b]), b))
     bins = [np.array(b, dtype=np.int64) for b in bins]
     for _ in range(swap_rounds):
         hi = int(np.argmax(load))

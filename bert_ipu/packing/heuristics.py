@@ -94,14 +94,26 @@ def _late(deadline: float | None) -> bool:
     return deadline is not None and time.perf_counter() > deadline
 
 
-def _fresh_packs(packs: _Packs, length: int, todo: int, max_len: int, depth: int) -> None:
-    """Put `todo` sequences of `length` into new packs, as many a pack as fit (what both heuristics do
-    for the rest of the histogram once the time limit has passed: O(1) a length, still a valid packing)."""
-    repeat = max(1, min(max_len // length, depth, todo))
-    if todo // repeat:
-        packs.add(packs.extend(0, length, repeat), todo // repeat, max_len - length * repeat)
-    if todo % repeat:
-        packs.add(packs.extend(0, length, todo % repeat), 1, max_len - length * (todo % repeat))
+def _fresh_packs(histogram: np.ndarray, lengths: np.ndarray, depth: int) -> Mixture:
+    """The sequences of `lengths` in new packs, as many of one length a pack as fit (what both heuristics do
+    with the rest of the histogram once the time limit has passed: still a valid packing). Vectorised: a
+    Python step per length took 3 s past the limit on a histogram of a million lengths."""
+    max_len = len(histogram)
+    todo = histogram[lengths - 1]
+    repeat = np.maximum(1, np.minimum(np.minimum(max_len // lengths, depth), todo))
+    sizes = np.concatenate([repeat, todo % repeat])                  # full packs, then one short pack a length
+    counts = np.concatenate([todo // repeat, (todo % repeat > 0).astype(np.int64)])
+    keep = (sizes > 0) & (counts > 0)
+    sizes, counts = sizes[keep], counts[keep]
+    flat = np.repeat(np.concatenate([lengths, lengths])[keep], sizes)
+    return Mixture.from_ragged(flat, np.concatenate([[0], np.cumsum(sizes)]), counts)
+
+
+def _with_rest(packs: _Packs, histogram: np.ndarray, rest: np.ndarray | None, depth: int) -> Mixture:
+    """The packs made, plus `_fresh_packs` of the lengths `rest` not reached before the deadline (None: all)."""
+    if rest is None:
+        return packs.mixture()
+    return Mixture.concat([packs.mixture(), _fresh_packs(histogram, rest, depth)])
 
 
 def spfhp(histogram: np.ndarray, depth: int, deadline: float | None = None) -> Mixture:
@@ -114,14 +126,12 @@ def run_spfhp(histogram: np.ndarray, depth: int, deadline: float | None = None) 
     went into packs of their own (`_fresh_packs`), so the result is valid but worse."""
     max_len = len(histogram)
     packs = _Packs(depth)
-    late = False
-    for length in np.nonzero(histogram)[0][::-1] + 1:
-        length = int(length)
+    lengths, rest = np.nonzero(histogram)[0][::-1] + 1, None
+    for k, length in enumerate(lengths.tolist()):
+        if _late(deadline):
+            rest = lengths[k:]
+            break
         todo = int(histogram[length - 1])
-        late = late or _late(deadline)
-        if late:
-            _fresh_packs(packs, length, todo, max_len, depth)
-            continue
         while todo > 0:
             if packs.spaces and packs.spaces[-1] >= length:  # worst fit: the most space left
                 space, count, node = packs.take(len(packs.spaces) - 1)
@@ -133,7 +143,7 @@ def run_spfhp(histogram: np.ndarray, depth: int, deadline: float | None = None) 
             else:  # fits in no open pack: start new packs
                 packs.add(packs.extend(0, length, 1), todo, max_len - length)
                 todo = 0
-    return packs.mixture(), late
+    return _with_rest(packs, histogram, rest, depth), rest is not None
 
 
 def lpfhp(histogram: np.ndarray, depth: int, distribute: bool = True, deadline: float | None = None) -> Mixture:
@@ -146,14 +156,12 @@ def run_lpfhp(histogram: np.ndarray, depth: int, distribute: bool = True,
     """LPFHP, and whether `deadline` passed (as `run_spfhp`)."""
     max_len = len(histogram)
     packs = _Packs(depth)
-    late = False
-    for length in np.nonzero(histogram)[0][::-1] + 1:
-        length = int(length)
+    lengths, rest = np.nonzero(histogram)[0][::-1] + 1, None
+    for k, length in enumerate(lengths.tolist()):
+        if _late(deadline):
+            rest = lengths[k:]
+            break
         todo = int(histogram[length - 1])
-        late = late or _late(deadline)
-        if late:
-            _fresh_packs(packs, length, todo, max_len, depth)
-            continue
         while todo > 0:
             index = bisect_left(packs.spaces, length)  # best fit: the least space left that fits
             if index < len(packs.spaces):
@@ -177,4 +185,4 @@ def run_lpfhp(histogram: np.ndarray, depth: int, distribute: bool = True,
                 if todo:  # the reference scan does not look back: the rest starts one more pack
                     packs.add(packs.extend(0, length, todo), 1, max_len - length * todo)
                     todo = 0
-    return packs.mixture(), late
+    return _with_rest(packs, histogram, rest, depth), rest is not None

@@ -19,6 +19,40 @@ class PackingInputError(ValueError):
 
 
 MAX_COUNT = 2 ** 62
+MAX_PACK_LENGTH = 2 ** 22          # the longest histogram (pack length) read from a file: 4,194,304 tokens
+MAX_TEXT_BYTES = 256 * 2 ** 20     # a histogram or lengths text file is read up to this size (.npy: no limit)
+_SNIFF_BYTES = 65536               # read first: a NUL byte or bad UTF-8 there is a binary file, refused at once
+
+
+def check_pack_length(max_len: int, what: str) -> None:
+    """Refuse a pack length above MAX_PACK_LENGTH before a histogram of that many counts is allocated."""
+    if max_len > MAX_PACK_LENGTH:
+        raise PackingInputError(f"{what} is {max_len:,} tokens, above the longest pack length supported, "
+                                f"{MAX_PACK_LENGTH:,} (the histogram holds a count per length: "
+                                f"{8 * max_len / 2**30:,.1f} GiB here)")
+
+
+def read_text(path: Path, binary: str) -> str:
+    """A text file's contents, read with a cap: `binary` (the message) if its first 64 KiB hold a NUL byte or
+    are not UTF-8, an error past MAX_TEXT_BYTES; so /dev/urandom or an endless pipe stops at once or at the cap."""
+    import codecs
+
+    with open(path, "rb") as f:
+        head = f.read(_SNIFF_BYTES)
+        try:
+            codecs.getincrementaldecoder("utf-8")().decode(head, final=False)
+        except UnicodeDecodeError:
+            raise PackingInputError(binary) from None
+        if b"\0" in head:
+            raise PackingInputError(binary)
+        data = head + f.read(MAX_TEXT_BYTES + 1 - len(head))
+    if len(data) > MAX_TEXT_BYTES:
+        raise PackingInputError(f"{path}: more than {MAX_TEXT_BYTES // 2**20} MiB of text; for more sequences give "
+                                "a .npy array of lengths (or a histogram)")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise PackingInputError(binary) from None
 
 
 def validate_histogram(values, source: str = "histogram") -> np.ndarray:
@@ -28,7 +62,13 @@ def validate_histogram(values, source: str = "histogram") -> np.ndarray:
     least one must be positive.
     """
     if isinstance(values, np.ndarray):
-        values = values.tolist()
+        if values.ndim == 1 and np.issubdtype(values.dtype, np.integer) and len(values) and values.min() >= 0:
+            # already counts (every packer is handed the array again): checked without a Python step per length
+            # (0.8 s a call at a million lengths), below 2^61 tokens in floating point, where int64 is safe
+            tokens = float(np.dot(np.arange(1, len(values) + 1, dtype=np.float64), values.astype(np.float64)))
+            if values.max() < MAX_COUNT and tokens < 2.0 ** 61 and values.any():
+                return values.astype(np.int64)
+        values = values.tolist()  # anything else: the checks below, which name the bad count
     if not isinstance(values, (list, tuple)):
         raise PackingInputError(f"{source}: expected a JSON list of counts, got {type(values).__name__}")
     if len(values) == 0:
@@ -59,17 +99,19 @@ def load_histogram(path: str | Path) -> np.ndarray:
     """Read a histogram JSON file (a list of counts, as in shared/benchmarks/histograms/)."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_text(path, f"{path}: not a JSON text file (not UTF-8); expected a list of counts such as [0, 3, 5]")
     except OSError as e:
         raise PackingInputError(f"cannot read histogram file {str(path)!r}: {e.strerror or e}") from None
-    except UnicodeDecodeError:
-        raise PackingInputError(f"{path}: not a JSON text file (not UTF-8); expected a list of counts such as "
-                                "[0, 3, 5]") from None
     try:
         values = json.loads(text)
     except json.JSONDecodeError as e:
         raise PackingInputError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}); "
                                 "expected a list of counts such as [0, 3, 5]") from None
+    except RecursionError:  # lists nested thousands deep exhaust the decoder's recursion
+        raise PackingInputError(f"{path}: JSON nested too deeply; expected a flat list of counts such as "
+                                "[0, 3, 5]") from None
+    if isinstance(values, list):
+        check_pack_length(len(values), f"{path}: the histogram's length")
     return validate_histogram(values, source=str(path))
 
 
@@ -84,11 +126,8 @@ def load_lengths(path: str | Path, max_len: int | None = None) -> np.ndarray:
                                         f"got shape {raw.shape} dtype {raw.dtype}")
             lengths = raw
         else:
-            try:
-                lines = [ln.strip() for ln in path.read_text(encoding="utf-8").splitlines()]
-            except UnicodeDecodeError:
-                raise PackingInputError(f"{path}: not a text file of lengths (not UTF-8); give one whole number "
-                                        "per line, or a .npy array") from None
+            lines = [ln.strip() for ln in read_text(path, f"{path}: not a text file of lengths (not UTF-8); give "
+                                                             "one whole number per line, or a .npy array").splitlines()]
             lines = [ln for ln in lines if ln]
             try:
                 lengths = np.array([float(ln) for ln in lines], dtype=np.float64)
@@ -102,7 +141,12 @@ def load_lengths(path: str | Path, max_len: int | None = None) -> np.ndarray:
         if isinstance(e, PackingInputError):
             raise
         raise PackingInputError(f"{path}: not a readable .npy array ({e})") from None
-    return validate_lengths(lengths, max_len, source=str(path))
+    except MemoryError:
+        raise PackingInputError(f"{path}: the .npy array does not fit in memory") from None
+    lengths = validate_lengths(lengths, max_len, source=str(path))
+    if max_len is None:
+        check_pack_length(int(lengths.max()), f"{path}: the longest sequence")
+    return lengths
 
 
 def validate_lengths(lengths, max_len: int | None = None, source: str = "lengths") -> np.ndarray:

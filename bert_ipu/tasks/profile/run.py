@@ -40,6 +40,7 @@ from ... import packing
 from ...data.instances import InstanceConfig, mlm_slots_for
 from ...data.layout import IGNORE_INDEX, Instance, PackLayout, pack_instances, stack_packs
 from ...config import to_yaml
+from ...files import describe_os_error, is_png, output_file_problem, write_atomic, write_atomic_with
 from ...engine.runtime import RunError, autocast, pick_device
 from ...models.attention import check_device
 
@@ -422,6 +423,7 @@ def run(cfg, say=print) -> dict:
     from ...models.bert import PackedBertForPreTraining
 
     prof = cfg.profile
+    check_outputs(prof)
     histogram = packing.load_histogram(prof.histogram)
     algorithms = list(dict.fromkeys(prof.algorithms))
     unknown = [a for a in algorithms if a not in packing.ALGORITHMS]
@@ -494,27 +496,57 @@ def run(cfg, say=print) -> dict:
         if "hf" in mine:
             say(f"[profile] {backend}: our NONE step vs transformers BertForPreTraining at the same shape: "
                 f"{mine['none']['step_ms_median'] / mine['hf']['step_ms_median'] - 1:+.1%} (OH over HF)")
-    if prof.json:
-        Path(prof.json).write_text("".join(json.dumps(r) + "\n" for r in rows))
-        write_config(cfg, Path(f"{prof.json}.config.yaml"))
-    if prof.trace_dir:
-        write_config(cfg, Path(prof.trace_dir) / "config.yaml")
-    if prof.plot:
-        plot(prof.plot, histogram, rows)
-    study = None
-    if prof.scaling:
-        say(f"[profile] Section E: timing {prof.scaling_batches} un-padded and packed (cghp) batches ...")
-        study = scaling_study(base, histogram, "cghp", depth, prof.micro_batch_size, prof.scaling_batches,
-                              config.vocab_size, device, prof.seed)
-        say(format_scaling(study))
-        plot_scaling(prof.scaling, study)
+    try:  # the outputs were checked before the run; a disk can still fill
+        if prof.json:
+            write_atomic(Path(prof.json), "".join(json.dumps(r) + "\n" for r in rows))
+            write_config(cfg, Path(f"{prof.json}.config.yaml"))
+        if prof.trace_dir:
+            write_config(cfg, Path(prof.trace_dir) / "config.yaml")
+        if prof.plot:
+            plot(prof.plot, histogram, rows)
+        study = None
+        if prof.scaling:
+            say(f"[profile] Section E: timing {prof.scaling_batches} un-padded and packed (cghp) batches ...")
+            study = scaling_study(base, histogram, "cghp", depth, prof.micro_batch_size, prof.scaling_batches,
+                                  config.vocab_size, device, prof.seed)
+            say(format_scaling(study))
+            plot_scaling(prof.scaling, study)
+    except OSError as e:
+        raise ProfilingError(f"cannot write the profile's outputs: {describe_os_error(e)}") from None
     return {"rows": rows, "scaling": study}
+
+
+def _our_rows(head: bytes) -> bool:
+    """The first line of a JSON-lines file of profile rows (each has an algorithm and a backend)."""
+    try:
+        row = json.loads(head.split(b"\n", 1)[0])
+    except ValueError:
+        return False
+    return isinstance(row, dict) and "algorithm" in row and "backend" in row
+
+
+def _our_config(head: bytes) -> bool:
+    """A profile's config as `write_config` writes it (`kind: profile` at the start of a line)."""
+    return head.startswith(b"kind: profile") or b"\nkind: profile" in head
+
+
+def check_outputs(prof) -> None:
+    """Refuse, before anything is measured, output files that cannot be written (`output_file_problem`: a missing
+    or read-only folder, a folder given for a file, a file this project did not write, which is never replaced)."""
+    outputs = [("profile.json", prof.json, _our_rows), ("profile.plot", prof.plot, is_png),
+               ("profile.scaling", prof.scaling, is_png)]
+    if prof.json:
+        outputs.append(("profile.json", f"{prof.json}.config.yaml", _our_config))
+    for flag, path, ours in outputs:
+        problem = path and output_file_problem(path, flag, ours)
+        if problem:
+            raise ProfilingError(problem)
 
 
 def write_config(cfg, path: Path) -> None:
     """The effective config as YAML: `load_config(path)` runs the same profile again."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(to_yaml(cfg))
+    write_atomic(path, to_yaml(cfg))
 
 
 def format_scaling(study) -> str:
@@ -543,8 +575,10 @@ def plot(path, histogram, rows) -> None:
     b.set(title="speed-up over NONE", ylabel="x")
     b.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        write_atomic_with(Path(path), lambda f: fig.savefig(f, format="png", dpi=110))
+    finally:
+        plt.close(fig)
 
 
 def plot_scaling(path, study) -> None:
@@ -560,5 +594,7 @@ def plot_scaling(path, study) -> None:
     ax.set(xlabel="data-parallel devices", ylabel="speed-up of packing over un-padding",
            title="every step waits for the slowest device")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        write_atomic_with(Path(path), lambda f: fig.savefig(f, format="png", dpi=110))
+    finally:
+        plt.close(fig)
