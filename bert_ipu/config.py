@@ -119,6 +119,26 @@ class ModelConfig:
         return BertConfig(**(fields | overrides))
 
 
+TRACKERS = ("tensorboard", "wandb", "mlflow")
+"""the names train.report_to takes (besides none)"""
+
+
+def report_to(value) -> list[str]:
+    """train.report_to as a list of tracker names, each once, in order: a single name is a list of one, and
+    [] or [none] is no tracker. Raises ValueError (one line) for anything else."""
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"train.report_to {value!r}: give a list of tracker names, e.g. [tensorboard, wandb]")
+    names = [n.strip().lower() for n in names]
+    unknown = [n for n in names if n not in (*TRACKERS, "none")]
+    if unknown:
+        raise ValueError(f"train.report_to: unknown tracker {unknown[0]!r}; choose from {', '.join(TRACKERS)} "
+                         "(or none)")
+    if "none" in names and len(set(names)) > 1:
+        raise ValueError(f"train.report_to {names}: none means no tracker; give it alone or leave it out")
+    return [n for i, n in enumerate(names) if n != "none" and n not in names[:i]]
+
+
 @dataclass
 class TrainConfig:
     """The engine's section, the same for every task: batches, optimizer, schedule, precision, cadence."""
@@ -187,8 +207,6 @@ class TrainConfig:
     LEVEL_KEYS: ClassVar[dict] = {"micro_batch_size": 1, "sequence_parallel": 1, "checkpointed_layers": 0}
 
     def __post_init__(self):
-        from .engine.trackers import report_to
-
         try:
             self.report_to = report_to(self.report_to)
         except ValueError as e:

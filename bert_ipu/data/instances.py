@@ -26,8 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .layout import IGNORE_INDEX, Instance
-from .shards import MAX_PACK_LEN
+from .layout import IGNORE_INDEX, MAX_PACK_LEN, Instance
 from .text import DataInputError
 
 SPECIAL = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")

@@ -46,6 +46,11 @@ class PackLayout:
 
 FIELDS = ("input_ids", "position_ids", "token_type_ids", "sequence_ids", "masked_lm_labels",
           "next_sentence_labels", "next_sentence_weights")
+STORAGE = {"input_ids": np.int32, "position_ids": np.int16, "token_type_ids": np.int8, "sequence_ids": np.int16,
+           "masked_lm_labels": np.int32, "next_sentence_labels": np.int8, "next_sentence_weights": np.int8,
+           "sequence_lengths": np.int32}
+"""the dtype each field is stored in (data.shards writes and reads them)"""
+MAX_PACK_LEN = int(np.iinfo(STORAGE["position_ids"]).max) + 1  # positions 0 .. S - 1 are stored as int16
 
 
 def pack_instances(instances: list[Instance], layout: PackLayout) -> dict[str, np.ndarray]:

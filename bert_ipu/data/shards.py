@@ -43,15 +43,11 @@ import numpy as np
 
 from ..files import (OutputBusy, OutputLock, describe_os_error, followed, fsync_dir, fsync_tree, sha256_of,
                      write_json)
-from .layout import FIELDS, PackLayout, sequence_lengths_per_id
+from .layout import FIELDS, STORAGE, PackLayout, sequence_lengths_per_id
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 # storage dtypes; the loader widens them to int64 / float32 tensors
-STORAGE = {"input_ids": np.int32, "position_ids": np.int16, "token_type_ids": np.int8, "sequence_ids": np.int16,
-           "masked_lm_labels": np.int32, "next_sentence_labels": np.int8, "next_sentence_weights": np.int8,
-           "sequence_lengths": np.int32}
-MAX_PACK_LEN = int(np.iinfo(STORAGE["position_ids"]).max) + 1  # positions 0 .. S - 1 are stored as int16
 # fields every writer derives from FIELDS (not model inputs); name -> (N, ...) arrays of the shard -> array
 DERIVED = {"sequence_lengths": lambda arrays, layout: sequence_lengths_per_id(arrays["sequence_ids"],
                                                                                layout.max_sequences_per_pack)}
@@ -76,7 +72,8 @@ class DatasetWriter:
         except OutputBusy as e:
             raise DatasetError(str(e)) from None
         except OSError as e:
-            raise DatasetError(f"cannot create {self.out_dir} ({e.strerror}); choose a folder that can be written") from None
+            raise DatasetError(f"cannot create {self.out_dir} ({e.strerror}); choose a folder that can be "
+                               "written") from None
         try:  # again under the lock: a writer that finished meanwhile made a dataset there
             self._check_output(overwrite)
         except DatasetError:
@@ -97,7 +94,8 @@ class DatasetWriter:
             self.partial.mkdir(parents=True)
         except OSError as e:
             self.lock.release()
-            raise DatasetError(f"cannot create {self.out_dir} ({e.strerror}); choose a folder that can be written") from None
+            raise DatasetError(f"cannot create {self.out_dir} ({e.strerror}); choose a folder that can be "
+                               "written") from None
         self.splits: dict[str, list[dict]] = {}
 
     def _check_output(self, overwrite: bool) -> None:

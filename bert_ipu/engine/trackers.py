@@ -29,8 +29,6 @@ from pathlib import Path
 from ..files import write_json
 from .runtime import RunError
 
-TRACKERS = ("tensorboard", "wandb", "mlflow")
-"""the names train.report_to takes (besides none)"""
 RECORD = "trackers.json"
 """OUTPUT/trackers.json: the trackers' run ids, for --resume"""
 INSTALL = {"tensorboard": ("tensorboard", ("tensorboard",)), "wandb": ("wandb", ("wandb",)),
@@ -39,22 +37,6 @@ INSTALL = {"tensorboard": ("tensorboard", ("tensorboard",)), "wandb": ("wandb", 
 MLFLOW_SQL = ("sqlalchemy", "alembic")
 """what MLflow's SQLite store (the default here, without MLFLOW_TRACKING_URI) needs besides mlflow-skinny"""
 STATUS = {"finished": "FINISHED", "failed": "FAILED", "killed": "KILLED"}
-
-
-def report_to(value) -> list[str]:
-    """train.report_to as a list of tracker names, each once, in order: a single name is a list of one, and
-    [] or [none] is no tracker. Raises ValueError (one line) for anything else."""
-    names = [value] if isinstance(value, str) else value
-    if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
-        raise ValueError(f"train.report_to {value!r}: give a list of tracker names, e.g. [tensorboard, wandb]")
-    names = [n.strip().lower() for n in names]
-    unknown = [n for n in names if n not in (*TRACKERS, "none")]
-    if unknown:
-        raise ValueError(f"train.report_to: unknown tracker {unknown[0]!r}; choose from {', '.join(TRACKERS)} "
-                         "(or none)")
-    if "none" in names and len(set(names)) > 1:
-        raise ValueError(f"train.report_to {names}: none means no tracker; give it alone or leave it out")
-    return [n for i, n in enumerate(names) if n != "none" and n not in names[:i]]
 
 
 def _missing(modules) -> list[str]:
