@@ -233,7 +233,7 @@ def test_balance_report_on_millions_of_sequences_builds_only_the_packs_it_measur
     start = time.perf_counter()
     assert main(["--histogram", hist, "--algorithm", "lpfhp", "--max-sequences-per-pack", "max", "--ranks", "8",
                  "--json"]) == 0
-    assert time.perf_counter() - start < 4.0
+    assert time.perf_counter() - start < 5.0  # about 1 s, 2 s on a loaded machine
     assert json.loads(capsys.readouterr().out)["updates"] == 100
     small = np.array([0, 3, 5, 0, 2, 7, 1, 4] * 30)
     result = pack(small, "cghp", 3)
