@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -101,8 +102,7 @@ def collect(root: Path = ROOT) -> list[tuple[str, str, str, str]]:
                 kind = _error_name(node.exc)
                 if kind and node.exc.args:
                     message = " ".join(_text(node.exc.args[0], assigned[-1]).split())
-                    if any(c.isalpha() for c in message.replace("‹", "<").split("<")[0] + "".join(
-                            part.split("›", 1)[-1] for part in message.split("‹")[1:])):
+                    if any(c.isalpha() for c in re.sub("‹[^›]*›", "", message)):  # words of its own
                         found.append((rel, ".".join(scopes) or "(module)", kind, message))
             for child in ast.iter_child_nodes(node):
                 visit(child)
