@@ -24,6 +24,7 @@ import math
 import multiprocessing
 import os
 import resource
+import signal
 import sys
 import tempfile
 import time
@@ -108,7 +109,7 @@ def packing_part(args) -> None:
     lengths = sft_lengths(args.sequences, args.seed, args.median, args.sigma, 2 * args.pack_length)
     kept = np.minimum(lengths, args.pack_length)
     tokens = int(kept.sum())
-    work = Path(tempfile.mkdtemp(prefix="hf_packing_", dir=args.work_dir))
+    work = Path(tempfile.mkdtemp(prefix="packing_", dir=args.work_dir))
     path = str(work / "source.arrow")
     start = time.perf_counter()
     write_source(Path(path), lengths, 32000, args.seed)
@@ -222,14 +223,19 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch threads in the training part")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--work-dir", default=None, help="where the Arrow files go (default: the temp dir)")
+    parser.add_argument("--work-dir", default=None, help="where the Arrow files go, in a folder removed at the end (default: the temp dir)")
     parser.add_argument("--skip-packing", action="store_true")
     parser.add_argument("--skip-training", action="store_true")
     args = parser.parse_args()
-    if not args.skip_packing:
-        packing_part(args)
-    if not args.skip_training:
-        training_part(args)
+    # everything written (gigabytes at the default size) goes into one folder that is removed at the end, also
+    # after an error, Ctrl-C or a SIGTERM (turned into SystemExit so that the removal runs)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    with tempfile.TemporaryDirectory(prefix="hf_packing_", dir=args.work_dir) as work:
+        args.work_dir = work
+        if not args.skip_packing:
+            packing_part(args)
+        if not args.skip_training:
+            training_part(args)
 
 
 if __name__ == "__main__":
