@@ -108,6 +108,38 @@ def test_backends_hf_baseline_and_bf16(tmp_path, capsys):
     assert all(r["mfu"] is None for r in rows)  # no known peak on a CPU
 
 
+def test_step_modes_time_the_compiled_step_as_rows_of_their_own(tmp_path, capsys):
+    """--step-modes eager compile: every backend's steps also run under torch.compile (static shapes), as rows of
+    backend `mask+compile` with their own speed-ups over NONE; SORT (a shape per batch) is timed eager only, the
+    HF baseline compiled too; cudagraphs is skipped with its reason off CUDA. The compiled step trains: its
+    FLOPs are those of the eager step (counted on the eager model)."""
+    hist = tmp_path / "h.json"
+    counts = [0] * 32
+    counts[9], counts[19] = 50, 30
+    hist.write_text(json.dumps(counts))
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text(f"name: tiny\nmodel: {{hidden_size: 32, num_hidden_layers: 1, num_attention_heads: 2, "
+                   f"intermediate_size: 64, max_position_embeddings: 64}}\nprofile: {{histogram: {hist}, steps: 1, "
+                   f"rounds: 2, micro_batch_size: 2}}\n")
+    out = tmp_path / "rows.jsonl"
+    assert entry("profile", ["--config", str(cfg), "--algorithms", "sort", "cghp", "--hf-baseline",
+                             "--step-modes", "eager", "compile", "cudagraphs", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    rows = {(r["backend"], r["algorithm"]): r for r in map(json.loads, out.read_text().splitlines())}
+    assert set(rows) == {("mask", "none"), ("mask", "sort"), ("mask", "cghp"), ("mask", "hf"),
+                         ("mask+compile", "none"), ("mask+compile", "cghp"), ("mask+compile", "hf")}
+    for algorithm in ("none", "cghp", "hf"):
+        eager, compiled = rows["mask", algorithm], rows["mask+compile", algorithm]
+        assert compiled["flops_per_step"] == eager["flops_per_step"] and compiled["sequences_per_second"] > 0
+    assert rows["mask+compile", "none"]["realized_speedup"] == 1.0
+    assert "cudagraphs: skipped" in text
+
+
+def test_bad_step_modes_are_refused():
+    with pytest.raises(ConfigError, match="profile.step_modes"):
+        load_config("profile_quick", ["profile.step_modes=[eager, jit]"])
+
+
 def test_balance_of_a_hand_worked_mixture():
     """Packs [64] (attention 4096) and [32, 32] (2048), equally likely, pack length 64, 2 ranks x 2 packs:
     every pack is full (DBR 0, padding 0). Balanced, an update of 2 + 2 splits evenly (ABR 0); 3 costly + 1

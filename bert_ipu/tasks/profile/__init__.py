@@ -42,6 +42,9 @@ ARGUMENTS = (
     ("--scaling-batches", dict(type=int, help="batches timed for --scaling (default 40)"), "profile.scaling_batches"),
     ("--compile", dict(action="store_true", help="also time torch.compile per algorithm: one compilation per "
                        "distinct batch shape (SORT recompiles for every new shape)"), "profile.compile"),
+    ("--step-modes", dict(nargs="+", metavar="MODE", help="how the steps run, each mode timed as its own rows: "
+                          "eager (default), compile (torch.compile, static shapes), cudagraphs (compiled and "
+                          "replayed as CUDA graphs; CUDA only)"), "profile.step_modes"),
     ("--backends", dict(nargs="+", metavar="NAME", help="attention backends to measure, each with every algorithm "
                         "(default: model.attention_backend); speed-ups are over NONE on the same backend"),
      "profile.backends"),

@@ -9,6 +9,9 @@ from typing import ClassVar
 from ...config import ConfigError, ModelConfig, check_backend
 
 
+STEP_MODES = ("eager", "compile", "cudagraphs")
+
+
 @dataclass
 class ProfileConfig:
     histogram: str = "benchmarks/histograms/wikipedia_512.json"
@@ -32,6 +35,11 @@ class ProfileConfig:
     """also time transformers' BertForPreTraining on NONE's rows (row 'hf'); OH of the others stays over our NONE"""
     compile: bool = False
     """also time torch.compile per algorithm: one compilation per distinct batch shape"""
+    step_modes: list = field(default_factory=lambda: ["eager"])
+    """how each backend's steps run, each timed as its own rows (backend `mask+compile`, ...): eager;
+    compile (torch.compile of forward and backward with static shapes; the AdamW step stays eager); cudagraphs
+    (the same, replayed as CUDA graphs: mode reduce-overhead, CUDA only). SORT's changing shapes are timed eager
+    only"""
     trace_dir: str | None = None
     """folder for torch.profiler traces and op tables per algorithm (and config.yaml); None = no traces"""
     json: str | None = None
@@ -71,6 +79,10 @@ class ProfileConfig:
                                   "null for model.attention_backend)")
             for name in self.backends:
                 check_backend(name, "profile.backends:")
+        if not isinstance(self.step_modes, list) or not self.step_modes or \
+                any(m not in STEP_MODES for m in self.step_modes):
+            raise ConfigError(f"profile.step_modes {self.step_modes!r}: a non-empty list of "
+                              f"{', '.join(STEP_MODES)}")
         if self.scaling_batches < 2:
             raise ConfigError(f"profile.scaling_batches {self.scaling_batches}: must be >= 2")
 

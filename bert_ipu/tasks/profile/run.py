@@ -141,6 +141,22 @@ class WithPrecision(torch.nn.Module):
             return self.model(**batch)
 
 
+class CompiledStep(torch.nn.Module):
+    """`model` (a WithPrecision) under torch.compile with static shapes: mode "compile"; or also replayed as CUDA
+    graphs, mode "cudagraphs" (torch.compile's reduce-overhead). Forward and backward are compiled; the optimizer
+    step stays eager. Each step is marked as a new iteration, so the graphs' output buffers can be reused."""
+
+    def __init__(self, model, mode: str):
+        super().__init__()
+        self.model, self.cudagraphs = model, mode == "cudagraphs"
+        self.compiled = torch.compile(model, dynamic=False, mode="reduce-overhead" if self.cudagraphs else None)
+
+    def forward(self, **batch):
+        if self.cudagraphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        return self.compiled(**batch)
+
+
 class HFPreTrainingBaseline(torch.nn.Module):
     """transformers' own `BertForPreTraining` on the unpacked (NONE) rows: what a user would otherwise run.
     Same shapes: (B, S) tokens with an attention mask, the MLM labels of the row's masked tokens, NSP on the
@@ -289,12 +305,19 @@ def compile_cost(model, batches: list[dict]) -> float:
 
 
 def profile(model, batches: dict, results: dict, rounds: int, device, trace_dir=None, say=print,
-            compile_step: bool = False, models: dict | None = None) -> dict:
+            compile_step: bool = False, models: dict | None = None, step_mode: str = "eager") -> dict:
     """Interleaved measurement of every algorithm's batches on `model` (or on `models[name]` where given: the
-    Hugging Face baseline). Returns {algorithm: Measurement}."""
+    Hugging Face baseline), its steps run as `step_mode` says (eager, or a `CompiledStep`: FLOPs are counted on
+    the eager model). Returns {algorithm: Measurement}."""
     models = {name: (models or {}).get(name, model) for name in batches}
     opts = {id(m): torch.optim.AdamW(m.parameters(), lr=1e-5) for m in models.values()}
     opt = opts[id(model)]
+    if step_mode == "eager":
+        timed = models
+    else:
+        torch.compiler.reset()  # no graphs of an earlier mode or backend count against the recompilation limit
+        wrapped = {id(m): CompiledStep(m, step_mode) for m in models.values()}
+        timed = {name: wrapped[id(m)] for name, m in models.items()}
     out = {}
     for name, bs in batches.items():
         bs[:] = [{k: v.to(device) for k, v in b.items()} for b in bs]
@@ -314,7 +337,7 @@ def profile(model, batches: dict, results: dict, rounds: int, device, trace_dir=
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats()
             for b in bs:
-                seconds = timed_step(models[name], opts[id(models[name])], b, device)
+                seconds = timed_step(timed[name], opts[id(models[name])], b, device)
                 if r:  # round 0 is warm-up
                     out[name].step_seconds.append(seconds)
             if device.type == "cuda" and r:
@@ -464,14 +487,21 @@ def run(cfg, say=print) -> dict:
             continue
         model = PackedBertForPreTraining(config, depth, backend).to(device).train()
         model.load_state_dict(base.state_dict())
-        runs = {k: [dict(b) for b in v] for k, v in batches.items()}
-        if prof.hf_baseline:
-            runs["hf"] = runs["none"]
-        say(f"[profile] backend {backend} ...")
-        measurements = profile(WithPrecision(model, device, prof.precision), runs, results, prof.rounds, device,
-                               prof.trace_dir, say=lambda m: say(f"[profile] {m}"), compile_step=prof.compile,
-                               models=extra)
-        rows += [r | {"backend": backend} for r in summarize(measurements, peak)]
+        for mode in prof.step_modes:
+            if mode == "cudagraphs" and device.type != "cuda":
+                say(f"[profile] backend {backend}, cudagraphs: skipped: CUDA graphs need a CUDA device")
+                continue
+            eager = mode == "eager"
+            # SORT's batch shape changes with its content: a static-shape compiler would recompile for each
+            runs = {k: [dict(b) for b in v] for k, v in batches.items() if eager or k != "sort"}
+            if prof.hf_baseline:
+                runs["hf"] = runs["none"]
+            label = backend if eager else f"{backend}+{mode}"
+            say(f"[profile] backend {label} ...")
+            measurements = profile(WithPrecision(model, device, prof.precision), runs, results, prof.rounds, device,
+                                   prof.trace_dir if eager else None, say=lambda m: say(f"[profile] {m}"),
+                                   compile_step=prof.compile and eager, models=extra, step_mode=mode)
+            rows += [r | {"backend": label} for r in summarize(measurements, peak)]
     if not rows:
         raise ProfilingError(f"no backend could be measured on {device}: "
                              f"profile.backends={prof.backends or [cfg.model.attention_backend]}; "
