@@ -1,20 +1,103 @@
 #!/usr/bin/env bash
-# The GPU measurements of issue 8 in one command, for a machine with an NVIDIA GPU and a CUDA build of torch
-# (run from the repository root; the Python that has torch, transformers, scipy, ... is $PY, default python3).
-# Not yet run: no GPU was available when it was written. Writes everything under ${OUT:-runs/gpu}.
+# The GPU measurements of issue 29, in stages that each fit one 10-minute command on a lent H100/H200:
+#
+#   bash benchmarks/gpu_measure.sh STAGE [STAGE ...]        (from the repository root)
+#
+#   setup    the machine and software (nvidia-smi, torch, transformers), the carried wheels, the op's CUDA build
+#   tests    every CUDA test: the op against its reference and opcheck on cuda, packed == unpacked per backend
+#            in float32 and bf16 (BERT pretraining, SQuAD, GLUE heads, GPT-2, Llama), the GPU benchmarks' checks
+#   bert     the profiling table: BERT-large at 512 on Wikipedia-512, bf16, NONE SORT GREEDY SPFHP NNLSHP CGHP,
+#            backends mask flex varlen, transformers' BertForPreTraining (sdpa) as the baseline, MFU
+#   compile  the same model, NONE and CGHP, eager against torch.compile and CUDA graphs, per backend
+#   llama    packed Llama-1.1B SFT on long-context lengths at 8K and 32K: varlen and flex against transformers'
+#            padding-free path (DataCollatorWithFlattening) with sdpa and flex
+#   squad    the SQuAD fine-tuning speed-up at BERT-large size
+#   smoke    every stage's Python at toy sizes on the CPU (what tests/test_gpu_benchmarks.py runs in CI)
+#
+# Each stage writes under ${OUT:-runs/gpu}/STAGE* and prints a short table last. PY is the Python with torch
+# (default python3). On the device machine: `setup` first in every fresh machine (it installs the wheels that
+# benchmarks/gpu_wheels.sh put in .whl/, which the device call must carry); its PYTHONPATH is exported by
+# every stage. Sizes: MICRO (BERT micro-batch, default 16), ROUNDS (default 5).
 set -euo pipefail
 PY=${PY:-python3}
 OUT=${OUT:-runs/gpu}
+MICRO=${MICRO:-16}
+ROUNDS=${ROUNDS:-5}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
-# 1. the custom op with its CUDA kernel (build.py builds it when nvcc and a CUDA torch are present)
-$PY custom_ops/build.py 2>&1 | tee "$OUT/build.log"
-# 2. correctness on the GPU: the op (opcheck on cuda) and packed == unpacked per backend, fp32 and bf16
-$PY -m pytest -q tests/test_ops.py tests/test_modeling.py -k "cuda" 2>&1 | tee "$OUT/tests.log"
-# 3. the table: BERT-large at 512 on Wikipedia-512, bf16, every backend, HF baseline, MFU
-$PY run_profiling.py --config profile_large_512 --algorithms none sort greedy spfhp nnlshp cghp \
-    --backends mask flex varlen --hf-baseline profile.precision=bf16 --json "$OUT/large_512_bf16.jsonl" \
-    --plot "$OUT/large_512_bf16.png" 2>&1 | tee "$OUT/large_512_bf16.txt"
-# 4. SQuAD fine-tuning speed-up at BERT-large size
-$PY benchmarks/squad_speedup.py --size large --micro-batch 8 --precision bf16 --json "$OUT/squad_large.json" 2>&1 | tee "$OUT/squad_large.txt"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+[ -d /tmp/site ] && export PYTHONPATH="/tmp/site:${PYTHONPATH:-}"
+export PYTHONPATH="$PWD:${PYTHONPATH:-}"  # the project itself, uninstalled
+
+stage_setup() {
+    if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
+        $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+        export PYTHONPATH="/tmp/site:$PYTHONPATH"
+    fi
+    { nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv || true
+      $PY - <<'EOF'
+import importlib, torch
+print("torch", torch.__version__, "cuda", torch.version.cuda, "device",
+      torch.cuda.get_device_name() if torch.cuda.is_available() else "none")
+for name in ("transformers", "tokenizers", "numpy", "scipy", "datasets", "pytorch_optimizer", "triton", "flash_attn"):
+    try:
+        print(name, importlib.import_module(name).__version__)
+    except Exception as e:
+        print(name, "missing:", type(e).__name__)
+EOF
+    } 2>&1 | tee "$OUT/setup.txt"
+    # the custom op with its CUDA kernel (build.py builds it when nvcc and a CUDA torch are present)
+    PATH="$(dirname "$(command -v $PY)"):$PATH" $PY custom_ops/build.py 2>&1 | tee "$OUT/build.log"
+}
+
+stage_tests() {
+    # the files with CUDA cases; everything else is device-independent and runs in CI. -rs lists the skips.
+    $PY -m pytest -q -rs -p no:cacheprovider --timeout 300 tests/test_ops.py tests/test_modeling.py \
+        tests/test_causal_lm.py tests/test_glue_model.py tests/test_squad.py tests/test_profiling.py \
+        tests/test_gpu_benchmarks.py 2>&1 | tee "$OUT/tests.log"
+}
+
+stage_bert() {
+    $PY run_profiling.py --config profile_large_512 --algorithms none sort greedy spfhp nnlshp cghp \
+        --backends mask flex varlen --hf-baseline profile.precision=bf16 profile.micro_batch_size="$MICRO" \
+        profile.rounds="$ROUNDS" --json "$OUT/bert_large_512.jsonl" --plot "$OUT/bert_large_512.png" \
+        2>&1 | tee "$OUT/bert_large_512.txt"
+}
+
+stage_compile() {
+    $PY run_profiling.py --config profile_large_512 --algorithms none cghp --backends mask flex varlen \
+        --hf-baseline --step-modes eager compile cudagraphs profile.precision=bf16 \
+        profile.micro_batch_size="$MICRO" profile.rounds="$ROUNDS" --json "$OUT/bert_compile.jsonl" \
+        2>&1 | tee "$OUT/bert_compile.txt"
+}
+
+stage_llama() {
+    $PY benchmarks/llama_long_context.py --model 1b --pack-length 8192 32768 \
+        --variants varlen flex hf-sdpa hf-flex hf-flash --steps 4 --rounds 3 --json "$OUT/llama.jsonl" \
+        2>&1 | tee "$OUT/llama.txt"
+}
+
+stage_squad() {
+    $PY benchmarks/squad_speedup.py --size large --micro-batch "$MICRO" --precision bf16 \
+        --json "$OUT/squad_large.json" 2>&1 | tee "$OUT/squad_large.txt"
+}
+
+stage_smoke() {
+    # toy sizes on whatever device is there (the CPU in CI): the scripts' argument handling and code paths
+    local hist="$OUT/smoke_hist.json"
+    $PY -c "import json; c=[0]*64; c[9]=50; c[29]=30; c[59]=10; print(json.dumps(c))" > "$hist"
+    printf 'name: smoke\nmodel: {hidden_size: 32, num_hidden_layers: 1, num_attention_heads: 2, intermediate_size: 64, max_position_embeddings: 64}\nprofile: {histogram: %s, steps: 1, rounds: 2, micro_batch_size: 2}\n' \
+        "$hist" > "$OUT/smoke.yaml"
+    $PY run_profiling.py --config "$OUT/smoke.yaml" --algorithms none sort cghp --backends mask varlen \
+        --hf-baseline --json "$OUT/smoke_profile.jsonl" 2>&1 | tee "$OUT/smoke.txt"
+    $PY benchmarks/llama_long_context.py --model tiny --pack-length 256 --micro-batch 2 --steps 1 --rounds 2 \
+        --sequences 300 --variants varlen mask hf-sdpa --json "$OUT/smoke_llama.jsonl" 2>&1 | tee -a "$OUT/smoke.txt"
+}
+
+[ $# -ge 1 ] || { sed -n '2,22p' "$0"; exit 2; }
+for stage in "$@"; do
+    case "$stage" in
+        setup|tests|bert|compile|llama|squad|smoke) echo "== $stage"; "stage_$stage" ;;
+        *) echo "gpu_measure.sh: unknown stage '$stage'; choose from setup tests bert compile llama squad smoke" >&2
+           exit 2 ;;
+    esac
+done

@@ -210,6 +210,23 @@ def test_pipeline_config_launches_its_processes(dataset, tmp_path, capsys):
         assert code == 2 and stderr.strip().count("\n") == 0 and "GPU" in stderr
 
 
+def test_pipeline_on_an_older_torch_is_refused_before_launching(dataset, tmp_path, capsys, monkeypatch):
+    """Under torch 2.11 (the CUDA image's) the pipeline schedule hangs: a 2-stage run there is one line and exit 2
+    before any process starts or anything is written; one stage runs as before."""
+    from bert_ipu.engine import runtime
+
+    monkeypatch.setattr(runtime.torch, "__version__", "2.11.0+cu130")
+    out = tmp_path / "old"
+    code = entry("pretraining", ["--config", "test_tiny", f"data.dataset={dataset}", "parallel.pipeline_stages=2",
+                                 f"output_dir={out}"])
+    stderr = capsys.readouterr().err
+    assert code == 2 and stderr.strip().count("\n") == 0 and "torch 2.13 or newer" in stderr
+    assert "2.11.0+cu130" in stderr and not out.exists()
+    runtime.check_pipeline_torch(1)  # one stage: no refusal
+    with pytest.raises(RunError, match="pipeline_stages=2"):
+        runtime.check_pipeline_torch(2)
+
+
 # --- 8: checkpoints resume on another topology -------------------------------------------------------------------
 
 @pytest.mark.parametrize("saved_on, resumed_on", [(2, 1), (1, 2)])

@@ -70,3 +70,20 @@ def test_bad_arguments_are_one_line(argv):
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "llama_long_context.py"), *SMALL, *argv],
                           capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
+
+
+def test_gpu_measure_smoke_stage_runs_every_script(tmp_path):
+    """`gpu_measure.sh smoke`: the profile (with the HF baseline, varlen skipped with its reason off CUDA) and the
+    Llama benchmark at toy sizes, through the same shell script a GPU session runs; an unknown stage is one line
+    and exit 2."""
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "PY": sys.executable, "OUT": str(tmp_path)}
+    proc = subprocess.run(["bash", "benchmarks/gpu_measure.sh", "smoke"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    rows = [json.loads(line) for line in (tmp_path / "smoke_profile.jsonl").read_text().splitlines()]
+    assert {r["algorithm"] for r in rows} == {"none", "sort", "cghp", "hf"}
+    llama = [json.loads(line) for line in (tmp_path / "smoke_llama.jsonl").read_text().splitlines()]
+    assert [r["variant"] for r in llama] == ["mask", "hf-sdpa"] and not any(r["loss_off"] for r in llama)
+    bad = subprocess.run(["bash", "benchmarks/gpu_measure.sh", "nope"], cwd=ROOT, env=env, capture_output=True,
+                         text=True)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "unknown stage" in bad.stderr

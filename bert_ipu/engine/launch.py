@@ -18,7 +18,7 @@ import uuid
 from pathlib import Path
 
 from ..processes import die_with_parent
-from .runtime import ERROR_DIR, RunError
+from .runtime import ERROR_DIR, RunError, check_pipeline_torch
 
 
 def _available_memory() -> int | None:
@@ -63,6 +63,7 @@ def launch_if_needed(cfg, script: str, argv: list[str] | None, parameters: int |
     processes = cfg.parallel.processes
     if launched():
         return None
+    check_pipeline_torch(cfg.parallel.pipeline_stages)  # before any process starts
     check_capacity(processes, cfg.train.device, parameters)  # one process too: a model that cannot fit is one line
     if processes == 1:
         return None

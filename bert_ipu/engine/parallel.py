@@ -23,7 +23,7 @@ from ..models import attention
 from ..models.hf_io import quiet_off_terminal
 from ..models.plans import PipelinePlan, TensorPlan
 from . import tensor
-from .runtime import Runtime, RunError
+from .runtime import Runtime, RunError, check_pipeline_torch
 
 StepSums = dict  # name -> float: the sums a task reports for a step (loss sums, counts, tokens, ...)
 
@@ -364,6 +364,7 @@ class PipelineParallel:
         plan = task.pipeline_plan
         if plan is None:
             raise RunError(f"the {task.name} task has no pipeline plan; set parallel.pipeline_stages=1")
+        check_pipeline_torch(rt.stages)  # under torchrun, where launch_if_needed does not run
         self.task, self.rt, self.plan = task, rt, plan
         stages, replicas, self.tensor = rt.stages, rt.dp_world, rt.tensor
         self.replica, self.stage = rt.dp_rank, rt.stage

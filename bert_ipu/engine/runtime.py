@@ -32,6 +32,19 @@ class RunError(RuntimeError):
         self.local = local
 
 
+PIPELINE_TORCH = "2.13"  # torch.distributed.pipelining as tested here; under 2.11 a 1F1B stage waited forever
+
+
+def check_pipeline_torch(stages: int) -> None:
+    """Refuse pipeline stages on a torch older than the one they were proven on: under torch 2.11 (a CUDA image's
+    torch) the 1F1B schedule left the first stage waiting for a message the last never sent, a silent hang
+    (measured on the CPU with gloo: every pipeline test of the suite)."""
+    if stages > 1 and torch.torch_version.TorchVersion(torch.__version__) < PIPELINE_TORCH:
+        raise RunError(f"parallel.pipeline_stages={stages} needs torch {PIPELINE_TORCH} or newer (under torch 2.11 "
+                       f"its schedule hangs), but this is torch {torch.__version__}; install torch==2.13.0 or set "
+                       "parallel.pipeline_stages=1")
+
+
 class Interrupted(RunError):
     """The run was stopped by a signal (Ctrl-C: SIGINT, a scheduler's SIGTERM); the message says where it stopped
     and how to continue. Exit code 128 + the signal's number, as a shell reports a process it stopped."""
