@@ -16,7 +16,7 @@ from bert_ipu.data.instances import InstanceConfig
 from bert_ipu.data.jobs import EngineError, add_engine_arguments
 from bert_ipu.data.pipeline import create_pretraining_data
 from bert_ipu.data.shards import DatasetError
-from bert_ipu.data.text import BUILTIN, DataInputError, at_least
+from bert_ipu.data.text import BUILTIN, DataInputError, at_least, workers_arg
 
 
 def main(argv=None) -> int:
@@ -35,7 +35,7 @@ def main(argv=None) -> int:
     p.add_argument("--whole-word-masking", action="store_true")
     p.add_argument("--dupe-factor", type=at_least(1), default=1, help="passes over the input with different masks")
     p.add_argument("--seed", type=at_least(0), default=12345)
-    p.add_argument("--workers", type=at_least(1), default=1, help="worker processes (output does not depend on it)")
+    p.add_argument("--workers", type=workers_arg(), default=1, help="worker processes (output does not depend on it)")
     add_engine_arguments(p)
     p.add_argument("--docs-per-shard", type=at_least(1), default=2000, help="documents per chunk (= per shard)")
     p.add_argument("--validation-fraction", type=float, default=0.02, help="documents held out for validation")

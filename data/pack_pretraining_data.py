@@ -15,7 +15,7 @@ import sys
 from bert_ipu.data.jobs import EngineError, add_engine_arguments
 from bert_ipu.data.pipeline import pack_pretraining_data
 from bert_ipu.data.shards import DatasetError
-from bert_ipu.data.text import DataInputError, at_least
+from bert_ipu.data.text import DataInputError, at_least, workers_arg
 from bert_ipu.packing import ALGORITHMS, PackingInputError, parse_depth
 
 
@@ -38,7 +38,7 @@ def main(argv=None) -> int:
                         "which CGHP needs no more packs than unlimited (on the train split) (default: 3)")
     p.add_argument("--seed", type=at_least(0), default=0, help="assignment shuffle (and GREEDY's)")
     p.add_argument("--packs-per-shard", type=at_least(1), default=4096)
-    p.add_argument("--workers", type=at_least(1), default=1, help="processes that read the lengths and write the "
+    p.add_argument("--workers", type=workers_arg(), default=1, help="processes that read the lengths and write the "
                    "shards (the output does not depend on it); the packing is solved in the main process")
     add_engine_arguments(p)
     p.add_argument("--overwrite", action="store_true", help="replace an existing output folder")

@@ -29,6 +29,7 @@ import sys
 
 from bert_ipu.data.jobs import EngineError, add_engine_arguments
 from bert_ipu.data.wikipedia import DEFAULT_DOCS_PER_SHARD, WikipediaError, prepare
+from bert_ipu.data.text import workers_arg
 from bert_ipu.data.wikipedia.writer import DEFAULT_BATCH_BYTES
 
 
@@ -49,7 +50,7 @@ def main(argv=None) -> int:
     source.add_argument("--dump", metavar="FILE", help="MediaWiki XML dump (.xml, .xml.bz2, .xml.gz, .xml.xz)")
     source.add_argument("--hf-dataset", metavar="FOLDER", help="a wikipedia dataset saved with save_to_disk")
     p.add_argument("--output", required=True, metavar="DIR", help="folder for the shards (created)")
-    p.add_argument("--workers", type=int, default=1, help="processes that clean and split (the output does "
+    p.add_argument("--workers", type=workers_arg(), default=1, help="processes that clean and split (the output does "
                    "not depend on it; the main process reads the dump and writes)")
     add_engine_arguments(p)
     p.add_argument("--batch-mb", type=positive_mb, default=DEFAULT_BATCH_BYTES / 2**20, metavar="MB",

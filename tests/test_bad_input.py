@@ -209,6 +209,9 @@ def test_packing_cli_bad_input_is_one_line(case, tmp_path, capsys, monkeypatch):
     ("create_pretraining_data", ["--dupe-factor", "100000000"], "give at most 100"),  # was a MemoryError
     ("pack_pretraining_data", ["--packs-per-shard", "0"], "--packs-per-shard: 0 is below 1"),
     ("pack_pretraining_data", ["--packs-per-shard", "-5"], "--packs-per-shard: -5 is below 1"),
+    # each worker is a process of this machine: 100,000 of them would exhaust it before any work
+    ("create_pretraining_data", ["--workers", "100000"], "--workers: 100000 is above 512"),
+    ("pack_pretraining_data", ["--workers", "100000"], "--workers: 100000 is above 512"),
 ])
 def test_data_cli_bad_arguments_are_one_line(corpus, tmp_path, capsys, script, args, named):
     """Bad numbers and unwritable outputs of the data commands: exit code 2 and one line (they were tracebacks,
@@ -220,7 +223,7 @@ def test_data_cli_bad_arguments_are_one_line(corpus, tmp_path, capsys, script, a
             else ["--input", str(tmp_path / "in"), "--output", str(tmp_path / "out")])
     if script.startswith("pack"):
         create_pretraining_data([str(corpus)], tmp_path / "in", InstanceConfig(max_seq_length=64), progress=False)
-    with pytest.raises(SystemExit) if "below" in named else _no_exit():
+    with pytest.raises(SystemExit) if "below" in named or "above" in named else _no_exit():
         rc = cli.main([*base, *args])
         assert rc == 2
     err = capsys.readouterr().err

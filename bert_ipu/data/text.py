@@ -35,8 +35,9 @@ BUILTIN_LICENSE = "Python Software Foundation License Version 2 (pydoc_data topi
 Document = list  # of sentences (str)
 
 
-def at_least(minimum: int):
-    """An argparse type: an int >= minimum (a bad value is argparse's one-line usage error, exit 2)."""
+def at_least(minimum: int, maximum: int | None = None, why: str = ""):
+    """An argparse type: an int >= minimum (and <= maximum, when given; `why` says why in the message). A bad value
+    is argparse's one-line usage error, exit 2."""
     import argparse
 
     def parse(text: str) -> int:
@@ -46,8 +47,21 @@ def at_least(minimum: int):
             raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"{value} is below {minimum}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"{value} is above {maximum:,}{why}")
         return value
     return parse
+
+
+MAX_WORKERS = 512
+"""--workers of the data commands: processes on this machine (a Dask cluster's own workers are not counted)"""
+
+
+def workers_arg():
+    """The argparse type of the data commands' --workers: 1..MAX_WORKERS (each is a process of this machine;
+    100,000 of them would exhaust it before any work)."""
+    return at_least(1, MAX_WORKERS, " (each worker is a process on this machine; use a Dask cluster, "
+                                    "--engine dask --address, for more)")
 
 
 class DataInputError(ValueError):
