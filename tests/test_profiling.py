@@ -81,10 +81,8 @@ def test_end_to_end_tiny(tmp_path, capsys):
     assert entry("profile", ["--config", str(tmp_path / "missing.yaml")]) == 2
 
 
-def test_backends_hf_baseline_and_bf16(tmp_path, capsys):
-    """--backends measures every algorithm per attention backend and names the fastest (a backend that cannot
-    train here is skipped with its reason, not a crash); --hf-baseline adds transformers' BertForPreTraining on NONE's rows, which
-    counts more FLOPs (its MLM head runs on every position); profile.precision=bf16 runs under autocast."""
+def _tiny_profile(tmp_path):
+    """A profile config of a 1-layer BERT on a two-length histogram at 32: seconds on the CPU."""
     hist = tmp_path / "h.json"
     counts = [0] * 32
     counts[9], counts[19] = 50, 30
@@ -93,6 +91,14 @@ def test_backends_hf_baseline_and_bf16(tmp_path, capsys):
     cfg.write_text(f"name: tiny\nmodel: {{hidden_size: 32, num_hidden_layers: 1, num_attention_heads: 2, "
                    f"intermediate_size: 64, max_position_embeddings: 64}}\nprofile: {{histogram: {hist}, steps: 1, "
                    f"rounds: 2, micro_batch_size: 2}}\n")
+    return cfg
+
+
+def test_backends_hf_baseline_and_bf16(tmp_path, capsys):
+    """--backends measures every algorithm per attention backend and names the fastest (a backend that cannot
+    train here is skipped with its reason, not a crash); --hf-baseline adds transformers' BertForPreTraining on NONE's rows, which
+    counts more FLOPs (its MLM head runs on every position); profile.precision=bf16 runs under autocast."""
+    cfg = _tiny_profile(tmp_path)
     out = tmp_path / "rows.jsonl"
     assert entry("profile", ["--config", str(cfg), "--algorithms", "cghp", "--backends", "mask", "reference", "flex",
                                "varlen", "--hf-baseline", "profile.precision=bf16", "--json", str(out)]) == 0
@@ -113,14 +119,7 @@ def test_step_modes_time_the_compiled_step_as_rows_of_their_own(tmp_path, capsys
     backend `mask+compile` with their own speed-ups over NONE; SORT (a shape per batch) is timed eager only, the
     HF baseline compiled too; cudagraphs is skipped with its reason off CUDA. The compiled step trains: its
     FLOPs are those of the eager step (counted on the eager model)."""
-    hist = tmp_path / "h.json"
-    counts = [0] * 32
-    counts[9], counts[19] = 50, 30
-    hist.write_text(json.dumps(counts))
-    cfg = tmp_path / "p.yaml"
-    cfg.write_text(f"name: tiny\nmodel: {{hidden_size: 32, num_hidden_layers: 1, num_attention_heads: 2, "
-                   f"intermediate_size: 64, max_position_embeddings: 64}}\nprofile: {{histogram: {hist}, steps: 1, "
-                   f"rounds: 2, micro_batch_size: 2}}\n")
+    cfg = _tiny_profile(tmp_path)
     out = tmp_path / "rows.jsonl"
     assert entry("profile", ["--config", str(cfg), "--algorithms", "sort", "cghp", "--hf-baseline",
                              "--step-modes", "eager", "compile", "cudagraphs", "--json", str(out)]) == 0
