@@ -47,6 +47,7 @@ import torch
 import torch.nn.functional as F
 
 from bert_ipu import packing
+from bert_ipu.data.contiguous import rows_from_packs
 from bert_ipu.engine.runtime import autocast
 from bert_ipu.models import attention as attn
 from bert_ipu.models.llama import PackedLlamaForCausalLM
@@ -87,21 +88,15 @@ def draw_packs(pack_length: int, sequences: int, packs: int, seed: int):
 
 
 def packed_rows(docs_per_row: list[list[np.ndarray]], S: int) -> dict:
-    """Our layout: (B, S) rows of documents back to back then padding; labels = the next token of the same
-    document (-100 at each document's last token and on padding)."""
-    B = len(docs_per_row)
-    out = {k: torch.zeros(B, S, dtype=torch.long) for k in ("input_ids", "position_ids", "sequence_ids")}
-    out["labels"] = torch.full((B, S), -100, dtype=torch.long)
-    for b, docs in enumerate(docs_per_row):
-        at = 0
-        for i, doc in enumerate(docs):
-            n = len(doc)
-            out["input_ids"][b, at:at + n] = torch.from_numpy(doc)
-            out["position_ids"][b, at:at + n] = torch.arange(n)
-            out["sequence_ids"][b, at:at + n] = i + 1
-            out["labels"][b, at:at + n - 1] = torch.from_numpy(doc[1:])
-            at += n
-    return out
+    """Our layout (`bert_ipu.data.contiguous.rows_from_packs`, the one row packer): (B, S) rows of documents back
+    to back then padding; labels = the next token of the same document (-100 at each document's last token and
+    on padding)."""
+    docs = [doc for row in docs_per_row for doc in row]
+    fields = {"input_ids": np.concatenate(docs), "labels": np.concatenate([np.append(d[1:], -100) for d in docs])}
+    offsets = np.cumsum([0] + [len(row) for row in docs_per_row])
+    rows, *_ = rows_from_packs(np.array([len(d) for d in docs]), fields, S, offsets, np.arange(len(docs)),
+                               {"labels": -100})
+    return {k: torch.from_numpy(v) for k, v in rows.items()}
 
 
 def flattened_rows(docs_per_row: list[list[np.ndarray]]) -> dict:

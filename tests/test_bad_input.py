@@ -354,18 +354,23 @@ MANIFEST_DAMAGE = {
 }
 
 
+def _damaged_copy(dataset: Path, tmp_path: Path, reader: str, change) -> Path:
+    """A copy of the instances (reader "pack") or packed dataset whose manifest `change(copy, manifest)` damaged."""
+    copy = tmp_path / "data"
+    shutil.copytree(dataset.parent / ("instances" if reader == "pack" else "packed"), copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    change(copy, manifest)
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    return copy
+
+
 @pytest.mark.parametrize("reader", ["pack", "train"])
 @pytest.mark.parametrize("case", sorted(MANIFEST_DAMAGE))
 def test_a_manifest_without_vocab_or_instance_config_is_one_line(dataset, tmp_path, capsys, reader, case):
     """An input whose manifest lacks vocab.txt, the vocab size or a usable instance_config: exit code 2, one line
     saying what is missing and to recreate the dataset (were KeyError / FileNotFoundError tracebacks)."""
-    source = dataset.parent / ("instances" if reader == "pack" else "packed")
-    copy = tmp_path / "data"
-    shutil.copytree(source, copy)
-    manifest = json.loads((copy / "manifest.json").read_text())
     change, named = MANIFEST_DAMAGE[case]
-    change(copy, manifest)
-    (copy / "manifest.json").write_text(json.dumps(manifest))
+    copy = _damaged_copy(dataset, tmp_path, reader, change)
     out = tmp_path / "out"
     rc = _pack_cli(copy, out) if reader == "pack" else _train_cli(copy, out)
     lines, err = _errors(capsys)
@@ -683,13 +688,8 @@ def test_a_vocab_shorter_than_the_ids_is_one_line(dataset, tmp_path, capsys, rea
     match): packing, inspecting and training stop with exit code 2 and one line naming the vocab, and write
     nothing (inspect was an IndexError traceback; packing carried the short vocab on; training ran, a vocab size
     below the ids being an embedding IndexError)."""
-    source = dataset.parent / ("instances" if reader == "pack" else "packed")
-    copy = tmp_path / "data"
-    shutil.copytree(source, copy)
-    manifest = json.loads((copy / "manifest.json").read_text())
     change, named = VOCAB_DAMAGE[case]
-    change(copy, manifest)
-    (copy / "manifest.json").write_text(json.dumps(manifest))
+    copy = _damaged_copy(dataset, tmp_path, reader, change)
     out = tmp_path / "out"
     rc = {"pack": _pack_cli, "inspect": _inspect_cli, "train": _train_cli}[reader](copy, out)
     lines, err = _errors(capsys)
