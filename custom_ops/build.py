@@ -19,6 +19,16 @@ TARGET = HERE.parent / "bert_ipu" / "bert_ipu_ops.so"
 DEFAULT_ARCHS = "8.0;9.0"  # A100, H100/H200: the CUDA kernel's targets when no GPU is visible to read them off
 
 
+def choose_cuda_targets() -> None:
+    """With no GPU visible (a build machine) and no TORCH_CUDA_ARCH_LIST, name the targets: torch reads them off the
+    visible GPUs and, with none, fails inside cpp_extension with an IndexError. Ampere and Hopper by default; the
+    variable chooses others."""
+    if not torch.cuda.is_available() and not os.environ.get("TORCH_CUDA_ARCH_LIST"):
+        os.environ["TORCH_CUDA_ARCH_LIST"] = DEFAULT_ARCHS
+        print(f"no GPU visible: building the CUDA kernel for TORCH_CUDA_ARCH_LIST={DEFAULT_ARCHS} "
+              "(set the variable to choose others)")
+
+
 def main() -> None:
     sources = [HERE / "packed_attention_mask.cpp"]
     nvcc = shutil.which("nvcc") or (Path(cpp_extension.CUDA_HOME or "") / "bin" / "nvcc").is_file()
@@ -26,12 +36,7 @@ def main() -> None:
     if with_cuda:
         print(f"nvcc found and torch {torch.__version__} is a CUDA build: building CPU and CUDA kernels")
         sources.append(HERE / "packed_attention_mask_cuda.cu")
-        if not torch.cuda.is_available() and not os.environ.get("TORCH_CUDA_ARCH_LIST"):
-            # torch reads the targets off the visible GPUs; with none (a build machine) it would fail inside
-            # cpp_extension with an IndexError. Ampere and Hopper by default; the variable chooses others.
-            os.environ["TORCH_CUDA_ARCH_LIST"] = DEFAULT_ARCHS
-            print(f"no GPU visible: building the CUDA kernel for TORCH_CUDA_ARCH_LIST={DEFAULT_ARCHS} "
-                  "(set the variable to choose others)")
+        choose_cuda_targets()
     elif nvcc:
         print(f"nvcc found but torch {torch.__version__} is a CPU-only build: CPU kernel only")
     else:

@@ -647,3 +647,28 @@ def test_packed_classification_trainer_run_equals_the_unpacked_run(tmp_path, kin
     assert sum(not torch.equal(w, start[name]) for name, w in weights.items()) > 10
     for name, weight in weights.items():
         torch.testing.assert_close(weight, plain_weights[name], rtol=1e-5, atol=2e-6, msg=name)
+
+
+def test_the_packing_benchmark_removes_what_it_writes(tmp_path):
+    """benchmarks/hf_packing.py writes gigabytes of Arrow files at its default size (a killed run left 2.6 GB in
+    the temp dir): after a run, and after a SIGTERM in the middle of one, its --work-dir holds nothing."""
+    import signal
+    import time
+
+    script = [sys.executable, str(ROOT / "benchmarks" / "hf_packing.py"), "--skip-training", "--work-dir",
+              str(tmp_path)]
+    done = subprocess.run([*script, "--sequences", "5000"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert list(tmp_path.iterdir()) == []
+    proc = subprocess.Popen([*script, "--sequences", "1000000"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(tmp_path.glob("*/packing_*")) and time.monotonic() < deadline:  # writing its source
+            time.sleep(0.1)
+        assert list(tmp_path.glob("*/packing_*")), "the benchmark wrote nothing within 120 s"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 143
+    finally:
+        proc.kill()
+    assert list(tmp_path.iterdir()) == []

@@ -107,3 +107,28 @@ def test_unbuilt_library_says_run_make(monkeypatch):
     monkeypatch.setattr(ops, "LOADED", False)
     with pytest.raises(ops.CustomOpNotBuilt, match="run `make`"):
         packed_attention_mask(torch.ones(1, 4, dtype=torch.long))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the case of a machine with no GPU visible")
+def test_the_cuda_build_names_its_targets_when_no_gpu_is_visible(monkeypatch):
+    """With no GPU visible and no TORCH_CUDA_ARCH_LIST, torch's cpp_extension cannot choose the CUDA targets (an
+    IndexError inside torch: how `custom_ops/build.py` died with a CUDA torch on a build machine); build.py names
+    Ampere and Hopper first, and the flags then hold sm_80 and sm_90. A target the user set is kept."""
+    import importlib.util
+    from pathlib import Path
+
+    from torch.utils import cpp_extension
+
+    spec = importlib.util.spec_from_file_location(
+        "build_ops", Path(__file__).resolve().parent.parent / "custom_ops" / "build.py")
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
+    with pytest.raises(IndexError):
+        cpp_extension._get_cuda_arch_flags()
+    build.choose_cuda_targets()
+    flags = " ".join(cpp_extension._get_cuda_arch_flags())
+    assert "sm_80" in flags and "sm_90" in flags
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.6")
+    build.choose_cuda_targets()
+    assert cpp_extension._get_cuda_arch_flags() == ["-gencode=arch=compute_86,code=sm_86"]
