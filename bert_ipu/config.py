@@ -175,6 +175,11 @@ class TrainConfig:
     """auto (cuda if available), cpu or cuda"""
     precision: str = "fp32"
     """fp32, or bf16: bfloat16 autocast of the forward pass; weights, gradients and optimizer state stay float32"""
+    compile: str = "none"
+    """none; compile: the model's forward, the task's loss and their backward under torch.compile with static
+    shapes (the first update compiles, about a minute for BERT-large; the loss, metrics and checkpoints are
+    eager's); cudagraphs: the same, replayed as CUDA graphs (torch.compile's reduce-overhead; CUDA only). One
+    process or data-parallel replicas"""
     log_every: int = 10
     """a metrics row (and, off a terminal, a log line) every this many updates"""
     validate_every: int | None = 50
@@ -233,6 +238,8 @@ class TrainConfig:
             raise ConfigError(f"train.betas {self.betas!r}: give two numbers in [0, 1), e.g. [0.9, 0.999]")
         if self.precision not in ("fp32", "bf16"):
             raise ConfigError(f"train.precision {self.precision!r}: choose fp32 or bf16")
+        if self.compile not in ("none", "compile", "cudagraphs"):
+            raise ConfigError(f"train.compile {self.compile!r}: choose none, compile or cudagraphs")
         if self.optimizer not in ("lamb", "adamw"):
             raise ConfigError(f"train.optimizer {self.optimizer!r}: choose lamb or adamw")
         if self.batch_unit not in ("packs", "sequences"):

@@ -28,64 +28,96 @@ def param_groups(module: torch.nn.Module, weight_decay: float) -> list[dict]:
 
 
 class ShardedLamb(torch.optim.Optimizer):
-    """pytorch_optimizer's LAMB for parameters split over tensor-parallel ranks (DTensors): the same update with
-    its defaults (decoupled weight decay, gradient averaging, first moment bias-corrected, weight norm clamped
-    at 10, trust ratio 1 when a norm is 0), but every norm taken over the whole parameter, not this rank's
-    shard. pytorch_optimizer's LAMB cannot run on DTensors (it clamps a partial norm in place); on plain
-    tensors this class computes what it computes (tests/test_tensor_parallel.py)."""
+    """pytorch_optimizer's LAMB for parameters split over tensor-parallel ranks (DTensors), on the multi-tensor
+    (foreach) path: the same update with its defaults (decoupled weight decay, gradient averaging, first moment
+    bias-corrected, weight norm clamped at 10, trust ratio 1 when a norm is 0), but every norm taken over the
+    whole parameter, not this rank's shard: the squared norms of the split parameters are summed over their ranks
+    in one all-reduce a step. pytorch_optimizer's LAMB cannot run on DTensors (it clamps a partial norm in place);
+    on plain tensors this class computes what it computes (tests/test_tensor_parallel.py). No host
+    synchronisation: the trust ratios stay on the device."""
 
     clamp = 10.0
 
     def __init__(self, params, lr: float, betas: tuple, eps: float, weight_decay: float):
         super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay})
+        self._split: dict[int, torch.Tensor] = {}  # per group: which parameters are split (a device mask, made once)
+
+    def _whole_norms(self, index: int, params: list, values: list) -> torch.Tensor:
+        """(2, n): the L2 norms of the parameters and of `values` (laid out as the parameters), each over the whole
+        parameter."""
+        from .tensor import is_distributed, local
+
+        norms = torch.stack([torch.stack(torch._foreach_norm([local(p) for p in params])),
+                             torch.stack(torch._foreach_norm(values))])
+        split = [is_distributed(p) and any(pl.is_shard() for pl in p.placements) for p in params]
+        if not any(split):
+            return norms
+        if index not in self._split:
+            self._split[index] = torch.tensor(split, device=norms.device)
+        mask = self._split[index]
+        import torch.distributed as dist
+
+        squares = norms.square() * mask
+        dist.all_reduce(squares, group=next(p for p, s in zip(params, split) if s).device_mesh.get_group())
+        return torch.where(mask, squares.sqrt(), norms)
 
     @torch.no_grad()
     def step(self, closure=None):
-        from .tensor import full, is_distributed
+        from .tensor import local
 
-        for group in self.param_groups:
+        for index, group in enumerate(self.param_groups):
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
             group["step"] = group.get("step", 0) + 1
             (beta1, beta2), lr, eps, decay = group["betas"], group["lr"], group["eps"], group["weight_decay"]
             step_size = lr / (1.0 - beta1 ** group["step"])
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
+            for p in params:
                 state = self.state[p]
                 if "exp_avg" not in state:
                     state["exp_avg"], state["exp_avg_sq"] = torch.zeros_like(p), torch.zeros_like(p)
-                exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-                exp_avg.mul_(beta1).add_(p.grad, alpha=1.0 - beta1)
-                exp_avg_sq.mul_(beta2).addcmul_(p.grad, p.grad, value=1.0 - beta2)
-                if decay:
-                    p.mul_(1.0 - decay * lr)
-                update = exp_avg / (exp_avg_sq.sqrt() + eps)
-                weight_norm = full(torch.linalg.vector_norm(p)).clamp(max=self.clamp)  # whole-parameter norms
-                update_norm = full(torch.linalg.vector_norm(update))
-                ratio = torch.where((weight_norm != 0) & (update_norm != 0), weight_norm / (update_norm + eps),
-                                    torch.ones_like(weight_norm))
-                state["trust_ratio"] = ratio
-                if is_distributed(p):  # the same scalar on every rank: a replicated DTensor to scale a shard
-                    from torch.distributed.tensor import DTensor, Replicate
-
-                    ratio = DTensor.from_local(ratio, p.device_mesh, [Replicate()] * p.device_mesh.ndim,
-                                               run_check=False)
-                p.add_(update * ratio, alpha=-step_size)
+            weights = [local(p) for p in params]
+            grads = [local(p.grad) for p in params]
+            exp_avgs = [local(self.state[p]["exp_avg"]) for p in params]
+            exp_avg_sqs = [local(self.state[p]["exp_avg_sq"]) for p in params]
+            torch._foreach_mul_(exp_avgs, beta1)
+            torch._foreach_add_(exp_avgs, grads, alpha=1.0 - beta1)
+            torch._foreach_mul_(exp_avg_sqs, beta2)
+            torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1.0 - beta2)
+            if decay:
+                torch._foreach_mul_(weights, 1.0 - decay * lr)
+            updates = torch._foreach_sqrt(exp_avg_sqs)
+            torch._foreach_add_(updates, eps)
+            torch._foreach_reciprocal_(updates)
+            torch._foreach_mul_(updates, exp_avgs)
+            weight_norms, update_norms = self._whole_norms(index, params, updates)
+            weight_norms = weight_norms.clamp(max=self.clamp)
+            ratios = torch.where((weight_norms != 0) & (update_norms != 0), weight_norms / (update_norms + eps),
+                                 torch.ones_like(weight_norms)).unbind()
+            for p, ratio in zip(params, ratios):
+                self.state[p]["trust_ratio"] = ratio
+            torch._foreach_mul_(updates, ratios)
+            torch._foreach_add_(weights, updates, alpha=-step_size)
 
 
 def build_optimizer(module: torch.nn.Module, t, total_steps: int, warmup_steps: int, betas: tuple,
                     sharded: bool = False):
-    """LAMB (pytorch_optimizer; ShardedLamb when the parameters are split over tensor-parallel ranks) or AdamW,
-    without weight decay on biases and LayerNorm; linear warm-up over `warmup_steps`, then polynomial decay
-    (`t.decay_power`) to 0 at `total_steps`."""
+    """LAMB (pytorch_optimizer's, on its multi-tensor path; ShardedLamb when the parameters are split over
+    tensor-parallel ranks) or AdamW (fused into one kernel per step on CUDA, multi-tensor elsewhere), without
+    weight decay on biases and LayerNorm; linear warm-up over `warmup_steps`, then polynomial decay
+    (`t.decay_power`) to 0 at `total_steps`. None of them synchronises the host within a step."""
     groups = param_groups(module, t.weight_decay)
     if t.optimizer == "lamb" and sharded:
         opt = ShardedLamb(groups, lr=t.learning_rate, betas=betas, eps=t.eps, weight_decay=t.weight_decay)
     elif t.optimizer == "lamb":
         from pytorch_optimizer import Lamb
 
-        opt = Lamb(groups, lr=t.learning_rate, betas=betas, eps=t.eps, weight_decay=t.weight_decay)
+        # foreach: a few multi-tensor kernels a step; its per-tensor path tests each norm on the host (a sync per
+        # parameter)
+        opt = Lamb(groups, lr=t.learning_rate, betas=betas, eps=t.eps, weight_decay=t.weight_decay, foreach=True)
     else:
-        opt = torch.optim.AdamW(groups, lr=t.learning_rate, betas=betas, eps=t.eps)
+        cuda = next(module.parameters()).device.type == "cuda"
+        opt = torch.optim.AdamW(groups, lr=t.learning_rate, betas=betas, eps=t.eps, fused=cuda or None)
     power = t.decay_power
 
     def schedule(step):  # step = updates done so far

@@ -97,9 +97,43 @@ def update_balance(engine, micro: list[dict], sequence_parallel: bool) -> dict[s
 
 def stack_sums(sums: dict[str, torch.Tensor], names) -> torch.Tensor:
     """Named sums as one float64 CPU vector in `names` order: stacked where they live, copied once."""
+    return device_sums(sums, names).cpu()
+
+
+def device_sums(sums: dict[str, torch.Tensor], names) -> torch.Tensor:
+    """Named sums as one float64 vector in `names` order, on the device where they were computed (no copy to the
+    host: a step's sums stay there until a log line needs them)."""
     values = [tensor.full(torch.as_tensor(sums[n]).detach()) for n in names]
     device = next((v.device for v in values if v.device.type != "cpu"), torch.device("cpu"))
-    return torch.stack([v.to(device, torch.float64) for v in values]).cpu()
+    return torch.stack([v.to(device, torch.float64) for v in values])
+
+
+def to_device(batch: dict, device: torch.device) -> dict:
+    """A micro-batch of CPU tensors on `device`: on CUDA through pinned memory with non-blocking copies (the host
+    queues the copy and goes on; the copy stream-orders before the step's kernels)."""
+    if device.type != "cuda":
+        return {k: v.to(device) for k, v in batch.items()}
+    return {k: v.pin_memory().to(device, non_blocking=True) for k, v in batch.items()}
+
+
+COMPILE_MODES = ("none", "compile", "cudagraphs")
+
+
+def check_compile(mode: str, rt: Runtime, levels=()) -> None:
+    """train.compile can run here (a RunError, one line naming the fix, before anything is written): cudagraphs
+    needs CUDA; the compiled step covers one process or data parallelism (DDP), not pipeline stages, tensor or
+    sequence parallelism yet."""
+    if mode == "none":
+        return
+    if mode == "cudagraphs" and rt.device.type != "cuda":
+        raise RunError(f"train.compile=cudagraphs replays CUDA graphs and this run is on {rt.device.type}; use "
+                       "train.compile=compile (or none)")
+    split = [what for what, n in (("pipeline stages", rt.stages), ("tensor parallelism", rt.tensor),
+                                  ("sequence parallelism", max([rt.sequence, *(lv.sequence_parallel for lv in levels)])))
+             if n > 1]
+    if split:
+        raise RunError(f"train.compile={mode} compiles the step of one process or of data-parallel replicas, not "
+                       f"with {' or '.join(split)}; set train.compile=none")
 
 
 def tensor_plan(task, model: nn.Module, size: int) -> TensorPlan:
@@ -195,10 +229,12 @@ class LocalParallel:
     eval_group = 1  # micro-batches evaluated together
 
     def __init__(self, model: nn.Module, task, rt: Runtime, precision: str = "fp32", seed: int = 0,
-                 sequence_sizes=()):
+                 sequence_sizes=(), compile_mode: str = "none"):
         """`sequence_sizes`: the sequence-parallel sizes of the run's levels (packs of several lengths, each
         split over its own number of ranks, tensor and pipeline parallelism off); their groups are made here,
-        by every process, and `use_level` picks one."""
+        by every process, and `use_level` picks one. `compile_mode` (train.compile): none; compile (forward, the
+        task's loss and their backward under torch.compile with static shapes); cudagraphs (the same, replayed as
+        CUDA graphs: torch.compile's reduce-overhead). Checked by `check_compile`."""
         self.model, self.task, self.rt, self.precision = model, task, rt, precision
         self.tensor = rt.tensor
         if self.tensor > 1:
@@ -219,6 +255,11 @@ class LocalParallel:
         self.sequence = rt.sequence
         self.sp_group, self.count_group, self.sp_rank = self.layouts[self.sequence]
         self.checkpointed = 0
+        self.compile_mode = compile_mode
+        self._step = self._loss_sums
+        if compile_mode != "none":
+            self._step = torch.compile(self._loss_sums, dynamic=False,
+                                       mode="reduce-overhead" if compile_mode == "cudagraphs" else None)
 
     def use_level(self, level) -> None:
         """Run the next update as `level` (bert_ipu.data.loader.Level) says: its sequence-parallel split and its
@@ -271,21 +312,41 @@ class LocalParallel:
             out = self._forward(model, batch)
             return self.task.loss(out, {k: batch[k] for k in self.task.target_fields}, normalizers)
 
-    def train_step(self, micro: list[dict], normalizers: dict) -> StepSums:
-        names = self.task.stat_names
-        total = torch.zeros(len(names), dtype=torch.float64)
+    def _loss_sums(self, batch: dict, normalizers: dict):
+        """(loss, its named sums as one float64 vector) of one micro-batch: what train.compile compiles."""
+        loss, sums = self._loss(self.ddp, batch, normalizers)
+        return loss, device_sums(sums, self.task.stat_names)
+
+    def _device_normalizers(self, normalizers: dict) -> dict:
+        """The loss's divisors as float32 scalars on the device, moved in one non-blocking copy: a compiled step
+        takes them as inputs (a Python float would be baked into the graph), and no copy waits for the device."""
+        if not normalizers:
+            return {}
+        values = torch.tensor([float(v) for v in normalizers.values()], dtype=torch.float32)
+        if self.rt.device.type == "cuda":
+            values = values.pin_memory().to(self.rt.device, non_blocking=True)
+        return dict(zip(normalizers, values.unbind()))
+
+    def train_step(self, micro: list[dict], normalizers: dict) -> torch.Tensor:
+        """Forward and backward of the update's micro-batches (gradients summed over the replicas); returns the
+        task's `stat_names` sums as one float64 vector on the device, summed over the ranks: nothing is copied to
+        the host (the trainer reads the sums when a log line needs them)."""
+        normalizers = self._device_normalizers(normalizers)
+        total = None
         for i, batch in enumerate(micro):
             sync = self.ddp.no_sync() if self.use_ddp and i < len(micro) - 1 else nullcontext()
             with sync, tensor.loss_context(self.tensor):
-                loss, sums = self._loss(self.ddp, batch, normalizers)
+                if self.compile_mode == "cudagraphs":  # the graphs' outputs of the last replay may be reused
+                    torch.compiler.cudagraph_mark_step_begin()
+                loss, sums = self._step(batch, normalizers)
                 # DDP averages gradients over its group; we want their sum
                 (loss * self.weight_group.size() if self.use_ddp else loss).backward()
-            total += stack_sums(sums, names)
+            total = sums if total is None else total + sums  # a new tensor: a replayed graph's output is not kept
         if self.tensor > 1:
             tensor.align_gradients(self.model.parameters())
         if self.weight_group is not None and not self.use_ddp:
             sum_gradients(self.model.parameters(), self.weight_group)
-        return dict(zip(names, self._sum(total).tolist()))
+        return self._sum(total)
 
     @torch.no_grad()
     def evaluate(self, batches: list[dict], normalizers: dict) -> StepSums:
@@ -296,9 +357,10 @@ class LocalParallel:
                 total += stack_sums(self._loss(self.model, batch, normalizers)[1], names)
         return dict(zip(names, self._sum(total).tolist()))
 
-    def clip(self, max_norm: float) -> float:
-        """Clip by the global gradient norm (of whole parameters, also when they are split)."""
-        return float(tensor.full(nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)))
+    def clip(self, max_norm: float) -> torch.Tensor:
+        """Clip by the global gradient norm (of whole parameters, also when they are split); returns the norm
+        before clipping, on the device (not read back: the trainer checks it is finite with the loss)."""
+        return tensor.full(nn.utils.clip_grad_norm_(self.model.parameters(), max_norm, foreach=True))
 
     def full_model(self) -> nn.Module | None:
         """The model with whole weights. Under tensor parallelism a collective: the split weights are gathered
@@ -426,20 +488,24 @@ class PipelineParallel:
             else:
                 call()
 
-    def _collect(self) -> StepSums:
-        """The named sums of the last step (last stage of every replica, summed), on every rank.
+    def _collect_vector(self) -> torch.Tensor:
+        """The named sums of the last step as one float64 vector (last stage of every replica, summed), on every
+        rank.
 
         On its first step the schedule may run the stage on placeholder inputs, loss included, before the
         real micro-batches; only the last `micro_batches` calls count."""
-        names = self.task.stat_names
-        sums = torch.zeros(len(names), dtype=torch.float64)
+        sums = torch.zeros(len(self.task.stat_names), dtype=torch.float64)
         if self.last:
             sums = torch.stack(self._sums[-self.micro_batches:]).sum(0)
         self._sums.clear()
         dist.broadcast(sums, src=self.last_rank, group=self.pp_group)
-        return dict(zip(names, self.dp_sum(sums).tolist()))
+        return self.dp_sum(sums)
 
-    def train_step(self, micro: list[dict], normalizers: dict) -> StepSums:
+    def _collect(self) -> StepSums:
+        """`_collect_vector` by name."""
+        return dict(zip(self.task.stat_names, self._collect_vector().tolist()))
+
+    def train_step(self, micro: list[dict], normalizers: dict) -> torch.Tensor:
         self._normalizers = normalizers
         self._run(self.schedule.step, micro)
         if self.tensor > 1:
@@ -447,7 +513,7 @@ class PipelineParallel:
         self._sum_tied_gradients()
         if self.rt.dp_world > 1:  # what DDP would do: sum each gradient over the replicas
             sum_gradients(self.model.parameters(), self.dp_group)
-        return self._collect()
+        return self._collect_vector()
 
     @torch.no_grad()
     def evaluate(self, batches: list[dict], normalizers: dict) -> StepSums:
@@ -471,7 +537,7 @@ class PipelineParallel:
         if weight is not None and self.rt.stages > 1:
             sum_gradients([weight], self.tied_group)
 
-    def clip(self, max_norm: float) -> float:
+    def clip(self, max_norm: float) -> torch.Tensor:
         """Global gradient norm over all stages, the tied weight counted once (on the first stage)."""
         squares = torch.zeros((), dtype=torch.float64)
         twin = self._tied() if self.last and not self.first else None
@@ -485,7 +551,7 @@ class PipelineParallel:
             for p in self.model.parameters():
                 if p.grad is not None:
                     p.grad.mul_(scale)
-        return norm
+        return torch.tensor(norm)
 
     def full_model(self) -> nn.Module | None:
         """Every stage's weights gathered into a whole model on rank 0 of each replica (a collective;

@@ -34,8 +34,8 @@ from ..models.hf_io import ExportError, quiet_off_terminal
 from . import checkpoint
 from .metrics import MetricsLogger
 from .optim import build_optimizer, packing_betas, packs_per_update, schedule_length
-from .parallel import (LocalParallel, PipelineParallel, check_layers, check_sequence_parallel, global_counts,
-                       layer_stack, split_layers, tensor_plan, update_balance)
+from .parallel import (LocalParallel, PipelineParallel, check_compile, check_layers, check_sequence_parallel,
+                       global_counts, layer_stack, split_layers, tensor_plan, to_device, update_balance)
 from .runtime import Interrupted, Runtime, RunError
 from .tensor import local, replicas_agree
 from .trackers import RECORD as TRACKER_RECORD
@@ -234,6 +234,7 @@ def train(task, cfg, rt: Runtime, resume: bool = False, overwrite: bool = False,
     check_installed(t.report_to)
     task.prepare(rt)
     levels = task.train_levels()
+    check_compile(t.compile, rt, levels)
     loader, P, levels = make_loader(task, t, rt, levels)
     accumulation = loader.accumulation
     total, warmup = schedule_length(t, loader.updates_per_epoch)
@@ -299,6 +300,45 @@ class StopSignal:
         for s, previous in self._previous.items():
             signal.signal(s, previous)
         self._previous = {}
+
+
+class NonFinite:
+    """The non-finite check of every update, kept on the device: whether the update's loss sums and gradient norm
+    are finite is noted there (no copy to the host, which would wait for the step), and `first()` reads it back
+    where the host synchronises anyway (a log row, an evaluation, a checkpoint, the end). The run then stops as it
+    always did: naming the first update whose loss (or gradient norm) was not finite, writing no checkpoint of the
+    weights after it, the last good checkpoint the newest. The updates between that one and the check run on (at
+    most train.log_every of them) and are thrown away with the run."""
+
+    def __init__(self):
+        self.step = None      # first bad update (-1: none yet), on the device
+        self.norm_bad = None  # whether it was the gradient norm (the loss was finite)
+        self.sums = None      # that update's loss sums
+        self.counts: dict[int, dict] = {}  # host counts of the updates since the last check, by update
+
+    def note(self, step: int, sums: torch.Tensor, norm: torch.Tensor | None, counts: dict) -> None:
+        loss_ok = torch.isfinite(sums).all()
+        norm_ok = torch.isfinite(torch.as_tensor(norm, device=sums.device)).all() if norm is not None else loss_ok
+        if self.step is None:
+            self.step = torch.full((), -1, dtype=torch.int64, device=sums.device)
+            self.norm_bad = torch.zeros((), dtype=torch.bool, device=sums.device)
+            self.sums = torch.zeros_like(sums)
+        new = (self.step < 0) & ~(loss_ok & norm_ok)
+        self.step = torch.where(new, step, self.step)
+        self.norm_bad = torch.where(new, loss_ok, self.norm_bad)
+        self.sums = torch.where(new, sums, self.sums)
+        self.counts[step] = counts
+
+    def first(self) -> tuple[int, bool, torch.Tensor] | None:
+        """(the first update that was not finite, whether its gradient norm was the cause, its loss sums), or None
+        (one copy to the host)."""
+        if self.step is None:
+            return None
+        step = int(self.step)
+        if step < 0:
+            self.counts.clear()
+            return None
+        return step, bool(self.norm_bad), self.sums.cpu()
 
 
 def fitted_micro_batch(t, level: Level, replicas: int) -> Level:
@@ -374,7 +414,8 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, load
     engine = (PipelineParallel(model, task, rt, accumulation, cfg.parallel.schedule, cfg.parallel.layers_per_stage,
                                seed=t.seed)
               if stages > 1 else LocalParallel(model, task, rt, t.precision, seed=t.seed,
-                                              sequence_sizes=[lv.sequence_parallel for lv in levels]))
+                                              sequence_sizes=[lv.sequence_parallel for lv in levels],
+                                              compile_mode=t.compile))
     betas = packing_betas(t, task.packed, p)
     opt, sched = build_optimizer(engine.module, t, total, warmup, betas, sharded=rt.tensor > 1)
 
@@ -423,7 +464,26 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, load
                        f"{found[-1] if found else 'none (none was written yet)'}; resume from it with --resume and a "
                        "lower train.learning_rate (a resumed run takes the new one), or check the data")
 
+    names = task.stat_names
+    health = NonFinite()
+    pending = None  # the loss sums of the updates since the last sync, on the device
+
+    def sync() -> None:
+        """Read the device's sums into the window (one copy to the host) and stop if an update was not finite."""
+        nonlocal pending, window
+        bad = health.first()
+        if bad is not None:
+            at, norm_bad, sums = bad
+            if norm_bad:
+                stop_non_finite("the gradient norm is not finite", at)
+            loss = task.summarize(dict(zip(names, sums.tolist())) | health.counts[at])["loss"]
+            stop_non_finite(f"the loss is {loss}", at)
+        if pending is not None:
+            window = {k: window.get(k, 0.0) + v for k, v in zip(names, pending.tolist())}
+            pending = None
+
     def save(at_step: int) -> Path:
+        sync()
         # never write a checkpoint of weights an update made non-finite: the last good one must stay the newest
         bad = float(not all(bool(torch.isfinite(local(q)).all()) for q in engine.module.parameters()))
         if rt.all_sum(torch.tensor([bad])).item() > 0:  # every rank (stage) checks its own part
@@ -448,37 +508,43 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, load
     logger = MetricsLogger(out, rt.main, total, step, progress, desc=task.name, report_to=t.report_to, config=config,
                            name=cfg.name)
     per_level: dict = {}  # pack length -> [tokens, seconds] of the window's updates of that level
+    first_step = step
     timed = {"sequences": 0.0, "tokens": 0.0, "since": time.perf_counter()}  # this process's share of the window
     stop = StopSignal()
     outcome = "failed"  # what the trackers record if the loop ends by an error
     try:
         while step < total:
             started = time.perf_counter()
-            micro = [{k: v.to(rt.device) for k, v in b.items()} for b in loader.next_update()]
+            host = loader.next_update()  # CPU tensors: counted and measured here, then copied without waiting
             level = levels[loader.level] if len(levels) > 1 else levels[0]
             engine.use_level(level)
-            spread = update_balance(engine, micro, level.sequence_parallel > 1 or rt.sequence > 1)
+            spread = update_balance(engine, host, level.sequence_parallel > 1 or rt.sequence > 1)
             balance = {k: balance.get(k, 0.0) + v for k, v in spread.items()}
-            counts = global_counts(task, engine, micro)
-            sums = engine.train_step(micro, task.normalizers(counts)) | counts
-            loss = task.summarize(sums)["loss"]
-            if not math.isfinite(loss):
-                stop_non_finite(f"the loss is {loss}", step + 1)
-            if t.clip_grad_norm and not math.isfinite(engine.clip(t.clip_grad_norm)):
-                stop_non_finite("the gradient norm is not finite", step + 1)
+            counts = global_counts(task, engine, host)
+            micro = [to_device(b, rt.device) for b in host]
+            sums = engine.train_step(micro, task.normalizers(counts))
+            norm = engine.clip(t.clip_grad_norm) if t.clip_grad_norm else None
+            health.note(step + 1, sums, norm, counts)
             opt.step()
             sched.step()
             opt.zero_grad(set_to_none=True)
             step += 1
-            seen += sums["sequences"]
-            window = {k: window.get(k, 0.0) + v for k, v in sums.items()}
-            timed["sequences"] += sums["sequences"]
-            timed["tokens"] += sums["tokens"]
+            pending = sums if pending is None else pending + sums
+            window = {k: window.get(k, 0.0) + v for k, v in counts.items()}
+            seen += counts["sequences"]
+            timed["sequences"] += counts["sequences"]
+            timed["tokens"] += counts["tokens"]
             if len(levels) > 1:  # tokens and seconds of each level's updates, for its tokens/s
                 at = per_level.setdefault(level.pack_length, [0.0, 0.0])
-                at[0], at[1] = at[0] + sums["tokens"], at[1] + time.perf_counter() - started
+                at[0], at[1] = at[0] + counts["tokens"], at[1] + time.perf_counter() - started
+            if step == first_step + 1 and t.compile != "none":  # said once; the throughput leaves this update out
+                sync()
+                rt.say(f"train.compile={t.compile}: the first update, which compiled the step, took "
+                       f"{time.perf_counter() - started:.1f} s")
+                timed = {"sequences": 0.0, "tokens": 0.0, "since": time.perf_counter()}
             row_due = False
             if due(t.log_every, step):
+                sync()  # the device's work of the window is done: its seconds are wall time
                 seconds = time.perf_counter() - timed["since"]
                 updates = step - window_step
                 last = task.summarize(window) | {"sequences_seen": seen, "lr": sched.get_last_lr()[0],
@@ -489,6 +555,7 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, load
                 window, balance, per_level, window_step, row_due = {}, {}, {}, step, True
                 timed = {"sequences": 0.0, "tokens": 0.0, "since": time.perf_counter()}
             if task.has_evaluation and due(t.validate_every, step):
+                sync()
                 model.eval()
                 engine.use_level(evaluation)  # the validation rows: one length, the run's own layout
                 last = last | task.evaluate(engine, rt, step) | {"sequences_seen": seen}
