@@ -33,7 +33,8 @@ V = 61
 def families():
     gpt2 = GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=V, n_positions=32, resid_pdrop=0.0, embd_pdrop=0.0,
                       attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
-    llama = LlamaConfig(num_hidden_layers=2, hidden_size=16, num_attention_heads=4, num_key_value_heads=2,
+    # head dimension 8: flash attention's smallest (varlen's strict stand-in refuses 4 as the CUDA kernel would)
+    llama = LlamaConfig(num_hidden_layers=2, hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
                         intermediate_size=24, vocab_size=V, max_position_embeddings=32, bos_token_id=0, eos_token_id=0,
                         tie_word_embeddings=False)
     return {"gpt2": (gpt2, GPT2LMHeadModel, PackedGPT2LMHeadModel), "llama": (llama, LlamaForCausalLM, PackedLlamaForCausalLM)}
@@ -118,26 +119,98 @@ def test_equal_to_transformers_unpacked(family, dtype, tol, backend):
         assert ((g - r).abs().max() / scale).item() < (tol if dtype == torch.float64 else 1e-4), name
 
 
+@pytest.fixture
+def flash_stand_in(monkeypatch):
+    """varlen on the CPU: flash attention replaced by its strict stand-in (refuses what the CUDA kernel refuses,
+    records what it is handed); on CUDA the real kernel."""
+    from bert_ipu.models import attention
+
+    kernel = attention.FlashStandIn()
+    monkeypatch.setattr(attention, "VARLEN_KERNEL", kernel)
+    return kernel
+
+
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
-@pytest.mark.parametrize("backend", ["flex", pytest.param("varlen", marks=CUDA)])
-def test_other_backends_give_the_same_logits(family, backend):
-    """FlexAttention's document-causal block mask (forward only on the CPU: it has no backward there) and, on
-    CUDA, variable-length flash attention give the mask backend's logits."""
-    device = "cuda" if backend == "varlen" else "cpu"
-    dtype = torch.bfloat16 if backend == "varlen" else torch.float64
+@pytest.mark.parametrize("backend", ["flex", "varlen", pytest.param("varlen-cuda", marks=CUDA)])
+def test_other_backends_give_the_same_logits(family, backend, request):
+    """FlexAttention's document-causal block mask (forward only on the CPU: it has no backward there) and
+    variable-length flash attention (bf16 autocast, on CUDA or through the strict stand-in on the CPU) give the
+    mask backend's logits. Under autocast Llama's RoPE hands float32 q and k to the kernel, which flash attention
+    refuses: the backend casts them to the autocast dtype (the stand-in checks it got bfloat16)."""
+    device = "cuda" if backend == "varlen-cuda" else "cpu"
+    varlen = backend.startswith("varlen")
+    kernel = request.getfixturevalue("flash_stand_in") if backend == "varlen" else None
+    dtype = torch.bfloat16 if varlen else torch.float64
     _, ours = hf_and_packed(family, torch.float32)
     ours = ours.to(device)
     batch, _ = pack(sequences(), [[0, 1], [2, 3, 4]])
     batch = {k: v.to(device) for k, v in batch.items()}
     args = (batch["input_ids"], batch["position_ids"], batch["sequence_ids"])
-    with torch.no_grad(), torch.autocast(device, dtype=dtype, enabled=backend == "varlen"):
-        ours.to(torch.float32 if backend == "varlen" else dtype)
+    with torch.no_grad(), torch.autocast(device, dtype=dtype, enabled=varlen):
+        ours.to(torch.float32 if varlen else dtype)
         expected = ours(*args).float()
-        ours.attention_backend = backend
+        ours.attention_backend = "varlen" if varlen else backend
         got = ours(*args).float()
     real = batch["sequence_ids"] > 0
-    tol = 2e-2 if backend == "varlen" else 1e-10  # bf16: flash and SDPA round differently
+    tol = 2e-2 if varlen else 1e-10  # bf16: flash and SDPA round differently
     torch.testing.assert_close(got[real], expected[real], rtol=tol, atol=tol)
+    if kernel is not None:
+        assert len(kernel.calls) == 2 and all(c["dtype"] == torch.bfloat16 for c in kernel.calls)
+
+
+def test_varlen_refuses_what_flash_attention_refuses(flash_stand_in):
+    """No half precision: the backend's one line (flash attention has no float32 kernel), before the kernel; the
+    stand-in itself refuses float32 with the kernel's words, and a max_len shorter than a segment."""
+    from bert_ipu.models import attention
+
+    _, ours = hf_and_packed("llama", torch.float32, "varlen")
+    batch, _ = pack(sequences(), [[0, 1], [2, 3, 4]])
+    with pytest.raises(ValueError, match="computes in float16 or bfloat16, and this forward runs in torch.float32"):
+        ours(batch["input_ids"], batch["position_ids"], batch["sequence_ids"])
+    q = torch.randn(16, 2, 8)
+    cu = torch.tensor([0, 10, 16], dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="only support fp16 and bf16"):
+        flash_stand_in(q, q, q, cu, cu, 16, 16)
+    with pytest.raises(RuntimeError, match="longer than max_seqlen_q"):
+        flash_stand_in(*(q.bfloat16(),) * 3, cu, cu, 8, 8)
+    with pytest.raises(ValueError, match="head dimensions that are multiples of 8 up to 256, and this model's is 4"):
+        attention.check_head_dim("varlen", 4, "cuda")
+
+
+def test_varlen_gets_one_segment_a_document_not_one_a_position(flash_stand_in):
+    """The kernel's work grows with the segments it is handed (each launched over max_len): a row gets K + 1 of
+    them, K the most sequences a pack holds, not S + 1 (8,193 a row at 8K made varlen 13x slower than flex on an
+    H200). Without K the backend refuses rather than launch S + 1."""
+    _, ours = hf_and_packed("llama", torch.float32, "varlen")
+    rows = [[0, 1], [2, 3, 4]]
+    batch, _ = pack(sequences(), rows, S=64)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        ours(batch["input_ids"], batch["position_ids"], batch["sequence_ids"])
+    documents = sum(len(r) for r in rows)
+    for call in flash_stand_in.calls:
+        assert call["segments"] == len(rows) * (3 + 1) <= 2 * (documents + len(rows))
+        assert call["nonempty"] == documents + len(rows)  # every row has padding here
+        assert call["kv_heads"] == 2 and call["heads"] == 4 or call["kv_heads"] == 4  # GQA where the kernel takes it
+    ours.max_sequences_per_pack = None
+    with pytest.raises(ValueError, match="sizes its segments by the most sequences a pack holds"):
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            ours(batch["input_ids"], batch["position_ids"], batch["sequence_ids"])
+
+
+def test_a_varlen_run_sizes_the_segments_by_the_data_and_refuses_float32(flash_stand_in, tmp_path):
+    """The causal LM application with varlen, unlimited depth (data.max_sequences_per_pack=max) and bf16, on the
+    strict stand-in: every call gets micro-batch x (K + 1) segments, K the deepest pack of the data (not the
+    256-token pack length), in bfloat16. train.precision=fp32 is refused in one line before anything is written."""
+    out = tmp_path / "varlen"
+    common = ["--config", "causal_tiny_llama_packed", *TINY, "model.attention_backend=varlen", "train.max_steps=2",
+              "data.max_sequences_per_pack=max", "train.validate_every=null", "train.checkpoint_every=null"]
+    assert entry("causal_lm", [*common, "train.precision=fp32", f"output_dir={out}"]) == 2
+    assert not out.exists()
+    assert entry("causal_lm", [*common, "train.precision=bf16", f"output_dir={out}"]) == 0
+    K = json.loads((out / "results.json").read_text())["max_sequences_per_pack"]
+    assert 1 < K < 256 // 8
+    train_calls = [c for c in flash_stand_in.calls if c["tokens"] == 4 * 256]
+    assert train_calls and all(c["segments"] == 4 * (K + 1) and c["dtype"] == torch.bfloat16 for c in train_calls)
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])

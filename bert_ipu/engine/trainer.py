@@ -156,10 +156,14 @@ def data_fingerprint(levels: list[Level]) -> str:
 
 def check_backend(cfg, rt: Runtime, training: bool) -> None:
     """The attention backend can run here (one line, before anything is written)."""
+    name = cfg.model.attention_backend
     try:
-        attention.check_device(cfg.model.attention_backend, rt.device, training)
+        attention.check_device(name, rt.device, training)
     except ValueError as e:
-        raise RunError(f"model.attention_backend={cfg.model.attention_backend}: {e}") from None
+        raise RunError(f"model.attention_backend={name}: {e}") from None
+    if attention.backend(name).half_only and cfg.train.precision != "bf16":
+        raise RunError(f"model.attention_backend={name} computes in bfloat16 only (flash attention), and "
+                       f"train.precision is {cfg.train.precision}; set train.precision=bf16 or use another backend")
 
 
 PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "remote worker", "Broken pipe",
@@ -246,7 +250,11 @@ def train(task, cfg, rt: Runtime, resume: bool = False, overwrite: bool = False,
     with quiet_off_terminal():  # an init checkpoint's "Loading weights" bar is noise in a log file
         model = task.build_model().to(rt.device).train()
     init = say_init_architecture(cfg, model, rt)
-    try:  # a model that cannot be split is refused before anything is written
+    try:  # a model that cannot be split, or whose heads the backend's kernel cannot take, is refused here
+        try:
+            attention.check_head_dim(cfg.model.attention_backend, attention.model_head_dim(model.config), rt.device)
+        except ValueError as e:
+            raise RunError(f"model.attention_backend={cfg.model.attention_backend}: {e}") from None
         if stages > 1:
             split_layers(len(layer_stack(model)), stages, cfg.parallel.layers_per_stage)
         if rt.tensor > 1:
@@ -479,7 +487,7 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, load
             loss = task.summarize(dict(zip(names, sums.tolist())) | health.counts[at])["loss"]
             stop_non_finite(f"the loss is {loss}", at)
         if pending is not None:
-            window = {k: window.get(k, 0.0) + v for k, v in zip(names, pending.tolist())}
+            window = window | {k: window.get(k, 0.0) + v for k, v in zip(names, pending.tolist())}
             pending = None
 
     def save(at_step: int) -> Path:

@@ -53,6 +53,7 @@ class Backend:
     cpu_backward: bool = True     # trains on the CPU (flex: forward only there)
     contiguous: bool = False      # needs each sequence's tokens contiguous, in id order, then padding
     skips_masked: bool = False    # on CUDA its time grows with each document's square, not the whole pack's
+    half_only: bool = False       # computes in float16 / bfloat16 only (flash attention): needs autocast
     summary: str = ""
 
 
@@ -69,6 +70,31 @@ def backend(name: str) -> Backend:
     if name not in BACKENDS:
         raise ValueError(f"unknown attention backend {name!r}; choose from {', '.join(BACKENDS)}")
     return BACKENDS[name]
+
+
+FLEX_MIN_HEAD_DIM = 16
+"""compiled FlexAttention's smallest head dimension on CUDA (its Triton kernel: "NYI: embedding dimension of the
+query, key, and value must be at least 16")"""
+FLASH_HEAD_DIMS = (8, 256)
+"""flash attention's head dimensions: a multiple of 8, at most 256"""
+
+
+def check_head_dim(name: str, head_dim: int, device: torch.device | str) -> None:
+    """A ValueError (one line, naming the head dimension and the backends that work) where the backend's kernel
+    cannot take the model's head dimension on `device`: flex below 16 on CUDA, varlen outside flash attention's."""
+    kind = torch.device(device).type
+    if name == "flex" and kind == "cuda" and head_dim < FLEX_MIN_HEAD_DIM:
+        raise ValueError(f"attention backend flex on CUDA needs a head dimension of at least {FLEX_MIN_HEAD_DIM} "
+                         f"(compiled FlexAttention), and this model's is {head_dim}; use mask or reference")
+    step, most = FLASH_HEAD_DIMS
+    if name == "varlen" and (head_dim % step or head_dim > most):
+        raise ValueError(f"attention backend varlen (flash attention) takes head dimensions that are multiples of "
+                         f"{step} up to {most}, and this model's is {head_dim}; use mask, reference or flex")
+
+
+def model_head_dim(config) -> int:
+    """The attention head dimension of a `transformers` config (its head_dim, or hidden size / heads)."""
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
 def check_device(name: str, device: torch.device | str, training: bool = True) -> None:
@@ -88,12 +114,12 @@ def check_device(name: str, device: torch.device | str, training: bool = True) -
 def attention_for(sequence_ids: torch.Tensor, name: str, dtype: torch.dtype, causal: bool = False,
                   slots: int | None = None):
     """What every layer attends with, for packs laid out by `sequence_ids` (B, S). `slots` (K, the most
-    sequences a pack holds; default the row length) sizes varlen's segments. Under `sequence_parallel`,
+    sequences a pack holds) sizes varlen's segments (which refuses None). Under `sequence_parallel`,
     `sequence_ids` is this rank's share of every row, and the attention covers whole rows."""
     group = _SEQUENCE_GROUP
     if group is not None:
         sequence_ids = gather_tokens(sequence_ids, group)
-    inner = backend(name).build(sequence_ids, dtype, causal, slots or sequence_ids.shape[1])
+    inner = backend(name).build(sequence_ids, dtype, causal, slots)
     return inner if group is None else UlyssesAttention(inner, group)
 
 
@@ -163,6 +189,7 @@ class FlexAttention:
     def __call__(self, q, k, v, dropout_p: float = 0.0, scale: float | None = None) -> torch.Tensor:
         if dropout_p > 0:
             warn_no_attention_dropout(dropout_p)
+        check_head_dim("flex", q.shape[-1], q.device)  # before inductor's traceback
         k, v = repeat_kv(k, q.shape[1]), repeat_kv(v, q.shape[1])
         return _flex_attention(q.device)(q, k, v, block_mask=self.block_mask, scale=scale)
 
@@ -177,7 +204,11 @@ class Varlen:
     """Variable-length attention's view of a batch of packs whose sequences are contiguous, in id order 1..K
     and then the row's padding: every slot's sequence and each row's padding run as one segment of the
     flattened (B * S) tokens, from cumulative lengths of fixed size B * (K + 1) + 1 (empty slots are segments
-    of length 0), so the shapes stay static. `causal`: attention within a segment only to earlier tokens."""
+    of length 0), so the shapes stay static. `causal`: attention within a segment only to earlier tokens.
+
+    K (`slots`) is the most sequences a pack of the data holds, not the pack length: the kernel's work grows
+    with the segments (each launches over `max_len`, empty or not), so B * (K + 1) segments of a pack's
+    documents, not B * (S + 1) of which nearly all are empty (8,193 a row at 8K: 13x slower, measured)."""
 
     def __init__(self, sequence_ids: torch.Tensor, slots: int, causal: bool = False):
         B, S = sequence_ids.shape
@@ -192,39 +223,67 @@ class Varlen:
     def __call__(self, q, k, v, dropout_p: float = 0.0, scale: float | None = None) -> torch.Tensor:
         if dropout_p > 0:
             warn_no_attention_dropout(dropout_p)
-        return varlen_attention(q, repeat_kv(k, q.shape[1]), repeat_kv(v, q.shape[1]), self, scale)
+        return varlen_attention(q, k, v, self, scale)
 
 
 def _build_varlen(sequence_ids, dtype, causal, slots):
     check_device("varlen", sequence_ids.device, training=False)
+    if slots is None:
+        raise ValueError("attention backend varlen sizes its segments by the most sequences a pack holds: give the "
+                         "model max_sequences_per_pack (the data's depth), or use another backend")
     return Varlen(sequence_ids, slots, causal)
 
 
-register(Backend("varlen", _build_varlen, cuda_only=True, contiguous=True, skips_masked=True,
+register(Backend("varlen", _build_varlen, cuda_only=True, contiguous=True, skips_masked=True, half_only=True,
                  summary="flash attention over cumulative sequence lengths (CUDA)"))
 
 # The varlen kernel: None = torch's flash attention (`torch.nn.attention.varlen.varlen_attn`, CUDA only); the
-# CPU tests set `reference_varlen_attn` to check everything around it.
+# CPU tests set a `FlashStandIn`, which refuses what flash attention refuses and records what it is given.
 VARLEN_KERNEL = None
+
+HALF = (torch.float16, torch.bfloat16)
+
+
+def varlen_dtype(q: torch.Tensor) -> torch.dtype:
+    """What flash attention computes in: the autocast dtype when autocast is on (q and k may leave it: RoPE
+    computes in float32, as transformers' flash path knows), else the inputs' own. A ValueError, one line, when
+    that is not half precision: flash attention has no float32 kernel."""
+    device = q.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else q.dtype
+    if dtype not in HALF:
+        raise ValueError(f"attention backend varlen (flash attention) computes in float16 or bfloat16, and this "
+                         f"forward runs in {dtype}; train with train.precision=bf16 (autocast), or use another "
+                         "backend")
+    return dtype
 
 
 def varlen_attention(q, k, v, attention: Varlen, scale: float | None = None) -> torch.Tensor:
-    """(B, heads, S, D) queries, keys, values -> (B, heads, S, D), attending within the segments of
-    `attention` (tokens in sequence order: see `contiguous_order`)."""
+    """(B, heads, S, D) queries and (B, kv_heads, S, D) keys, values -> (B, heads, S, D), attending within the
+    segments of `attention` (tokens in sequence order: see `contiguous_order`). The inputs go to the kernel as
+    (B * S, heads, D) in the autocast dtype: one copy where a tensor is in another dtype or layout (RoPE's
+    float32 q and k), none for a projection's (B, S, heads, D) output; keys and values keep their heads where
+    the kernel takes grouped-query attention."""
     B, H, S, D = q.shape
-    flat = [x.transpose(1, 2).reshape(B * S, H, D) for x in (q, k, v)]
+    dtype = varlen_dtype(q)
     kernel = VARLEN_KERNEL
     if kernel is None:
         from torch.nn.attention.varlen import varlen_attn as kernel
-    out = kernel(*flat, attention.cu, attention.cu, attention.max_len, attention.max_len,
-                 **_varlen_options(kernel, attention.causal, scale, D))
+    options = _varlen_options(kernel, attention.causal, scale, D)
+    if k.shape[1] != H and "enable_gqa" not in options:
+        k, v = repeat_kv(k, H), repeat_kv(v, H)
+    elif k.shape[1] != H:
+        options = options | {"enable_gqa": True}
+    flat = [x.transpose(1, 2).to(dtype, memory_format=torch.contiguous_format).view(B * S, x.shape[1], D)
+            for x in (q, k, v)]
+    out = kernel(*flat, attention.cu, attention.cu, attention.max_len, attention.max_len, **options)
     return out.view(B, S, H, D).transpose(1, 2)
 
 
 @functools.cache  # once per kernel and layer shape, not inspect.signature in every layer of every step
 def _varlen_options(kernel, causal: bool, scale: float | None, head_dim: int) -> dict:
     """Keyword arguments for both signatures torch has had: `window_size` and `scale` (2.12's docs), or
-    `is_causal` without `scale` (earlier releases). The caller must not change the returned dict."""
+    `is_causal` without `scale` (earlier releases); `enable_gqa` (False: the caller sets it) where the kernel
+    takes fewer key/value heads. The caller must not change the returned dict."""
     import inspect
 
     params = inspect.signature(kernel).parameters
@@ -237,19 +296,60 @@ def _varlen_options(kernel, causal: bool, scale: float | None, head_dim: int) ->
     elif scale is not None and abs(scale - head_dim ** -0.5) > 1e-12:
         raise ValueError(f"this torch's varlen_attn takes no scale, and the model needs {scale}; use another "
                          "attention backend or a newer torch")
+    if "enable_gqa" in params:
+        options["enable_gqa"] = False
     return options
 
 
-def reference_varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, window_size=(-1, -1)):
+def reference_varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, window_size=(-1, -1),
+                          enable_gqa=False):
     """What `torch.nn.attention.varlen.varlen_attn` computes, in plain PyTorch (SDPA with a block-diagonal
-    mask over the flattened tokens): the CPU's check of the varlen path. (T, H, D) -> (T, H, D)."""
+    mask over the flattened tokens). (T, H, D) queries, (T, H_kv, D) keys and values -> (T, H, D)."""
     T = q.shape[0]
     segment = torch.searchsorted(cu_q[1:].long(), torch.arange(T, device=q.device), right=True)
     allowed = segment[:, None] == segment[None, :]
     if window_size == (-1, 0):
         allowed = allowed & torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    if enable_gqa:
+        k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))
     out = F.scaled_dot_product_attention(*(x.transpose(0, 1)[None] for x in (q, k, v)), attn_mask=allowed, scale=scale)
     return out[0].transpose(0, 1)
+
+
+class FlashStandIn:
+    """A strict CPU stand-in for flash attention's varlen kernel (`VARLEN_KERNEL`): it refuses what the CUDA
+    kernel refuses, with the kernel's words (float32 or float64 inputs, mixed dtypes, head dimensions it has no
+    kernel for, int64 or unsorted cumulative lengths, a `max_len` shorter than a segment, which flash attention
+    would silently cut), records what it is handed (`calls`: dtype, heads, segments, max_len, tokens), and
+    computes what it computes: float32 accumulation of half-precision inputs, the output in their dtype. So CI
+    fails where the GPU would."""
+
+    def __init__(self):
+        self.calls: list[dict] = []
+
+    def __call__(self, q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, window_size=(-1, -1), enable_gqa=False):
+        if q.dtype not in HALF or k.dtype != q.dtype or v.dtype != q.dtype:
+            raise RuntimeError("FlashAttention only support fp16 and bf16 data type")
+        D = q.shape[-1]
+        if D % FLASH_HEAD_DIMS[0] or D > FLASH_HEAD_DIMS[1]:
+            raise RuntimeError(f"FlashAttention forward only supports head dimension at most 256 (a multiple of 8), "
+                               f"got {D}")
+        if cu_q.dtype != torch.int32 or cu_k.dtype != torch.int32:
+            raise RuntimeError("cu_seqlens_q must have dtype int32")
+        if k.shape[1] != q.shape[1] and not enable_gqa:
+            raise ValueError("Expect query and key/value to have the same number of heads; set enable_gqa=True")
+        lengths = cu_q.diff()
+        if (lengths < 0).any() or int(cu_q[-1]) != q.shape[0]:
+            raise RuntimeError("cu_seqlens_q must be non-decreasing and end at the number of tokens")
+        if int(lengths.max()) > max_q:
+            raise RuntimeError(f"a segment of {int(lengths.max())} tokens is longer than max_seqlen_q {max_q}: flash "
+                               "attention would attend over its first max_seqlen_q tokens only")
+        self.calls.append({"dtype": q.dtype, "heads": q.shape[1], "kv_heads": k.shape[1], "head_dim": D,
+                           "segments": len(cu_q) - 1, "nonempty": int((lengths > 0).sum()), "max_len": max_q,
+                           "tokens": q.shape[0]})
+        out = reference_varlen_attn(q.float(), k.float(), v.float(), cu_q, cu_k, max_q, max_k, scale=scale,
+                                    window_size=window_size, enable_gqa=enable_gqa)
+        return out.to(q.dtype)
 
 
 def contiguous_order(sequence_ids: torch.Tensor, slots: int) -> tuple[torch.Tensor, torch.Tensor]:

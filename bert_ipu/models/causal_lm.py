@@ -49,7 +49,7 @@ class PackedCausalLM(nn.Module):
         attn.backend(attention_backend)  # a ValueError naming the choices for an unknown name
         self.config = config
         self.attention_backend = attention_backend
-        self.max_sequences_per_pack = max_sequences_per_pack  # K, for varlen (default: S)
+        self.max_sequences_per_pack = max_sequences_per_pack  # K: varlen's segments a row (it needs it)
         setattr(self, self.base, self.decoder_class(config))
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self._tie_and_init()
@@ -70,7 +70,7 @@ class PackedCausalLM(nn.Module):
 
     def forward(self, input_ids, position_ids, sequence_ids):
         """(B, S) ids -> logits (B, S, V)."""
-        slots = self.max_sequences_per_pack or input_ids.shape[1]
+        slots = self.max_sequences_per_pack  # varlen's segments: None is refused there (a segment a position)
         dtype = torch.get_autocast_dtype(input_ids.device.type) if torch.is_autocast_enabled(
             input_ids.device.type) else self.lm_head.weight.dtype
         attention = attn.attention_for(sequence_ids, self.attention_backend, dtype, causal=True, slots=slots)
