@@ -53,7 +53,7 @@ from bert_ipu.models import attention as attn
 from bert_ipu.models.llama import PackedLlamaForCausalLM
 from bert_ipu.packing.histogram import histogram_of
 from bert_ipu.packing.synthetic import long_context_lengths
-from bert_ipu.tasks.profile.run import peak_flops
+from bert_ipu.engine.flops import peak_flops
 
 # Llama shapes: TinyLlama-1.1B's for "1b" (22 layers, hidden 2048, 32 heads, 4 key/value heads, SwiGLU 5632)
 MODELS = {

@@ -24,7 +24,8 @@ from transformers import BertConfig
 
 from bert_ipu.models.bert import PackedBertForQuestionAnswering
 from bert_ipu.packing.histogram import expand_histogram, load_histogram
-from bert_ipu.tasks.profile.run import WithPrecision, format_table, peak_flops, profile, summarize
+from bert_ipu.engine.flops import peak_flops
+from bert_ipu.tasks.profile.run import WithPrecision, format_table, profile, summarize
 from bert_ipu.packing import auto_depth
 from bert_ipu.packing.histogram import histogram_of
 from bert_ipu.tasks.squad.features import Features, micro_batches, pack_features

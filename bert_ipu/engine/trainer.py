@@ -14,6 +14,7 @@ own all the same.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
 import json
@@ -32,6 +33,7 @@ from ..files import OutputBusy, OutputLock, write_atomic, write_json
 from ..models import attention
 from ..models.hf_io import ExportError, quiet_off_terminal
 from . import checkpoint
+from .flops import StepFlops, peak_flops
 from .metrics import MetricsLogger
 from .optim import build_optimizer, packing_betas, packs_per_update, schedule_length
 from .parallel import (LocalParallel, PipelineParallel, check_compile, check_layers, check_sequence_parallel,
@@ -310,6 +312,27 @@ class StopSignal:
         self._previous = {}
 
 
+def step_flops(task, engine, rt: Runtime, levels: list[Level]) -> StepFlops | None:
+    """The model FLOPs of the task's micro-batches (bert_ipu.engine.flops), where one process holds the whole model
+    and whole rows (None under pipeline, tensor or sequence parallelism)."""
+    if rt.stages > 1 or rt.tensor > 1 or max([rt.sequence, *(lv.sequence_parallel for lv in levels)]) > 1:
+        return None
+    ones = collections.defaultdict(lambda: 1.0)  # the divisors do not change the FLOPs
+
+    def loss_of(model, batch):
+        out = model(*[batch[f] for f in task.input_fields])
+        return task.loss(out, {k: batch[k] for k in task.target_fields}, ones)[0]
+    return StepFlops(engine.module, loss_of)
+
+
+def rates(flops: float, device_seconds: float, peak: float | None) -> dict:
+    """A log row's model TFLOP/s per device and MFU (over the device's bf16 peak, where known)."""
+    if not flops:
+        return {}
+    per_device = flops / device_seconds
+    return {"tflops_per_second": per_device / 1e12} | ({"mfu": per_device / peak} if peak else {})
+
+
 class NonFinite:
     """The non-finite check of every update, kept on the device: whether the update's loss sums and gradient norm
     are finite is noted there (no copy to the host, which would wait for the step), and `first()` reads it back
@@ -517,6 +540,9 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, load
                            name=cfg.name)
     per_level: dict = {}  # pack length -> [tokens, seconds] of the window's updates of that level
     first_step = step
+    flops = step_flops(task, engine, rt, levels)  # the model FLOPs of each update, counted on the host (MFU)
+    peak = peak_flops(rt.device, t.precision)
+    window_flops = 0.0
     timed = {"sequences": 0.0, "tokens": 0.0, "since": time.perf_counter()}  # this process's share of the window
     stop = StopSignal()
     outcome = "failed"  # what the trackers record if the loop ends by an error
@@ -540,6 +566,8 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, load
             pending = sums if pending is None else pending + sums
             window = {k: window.get(k, 0.0) + v for k, v in counts.items()}
             seen += counts["sequences"]
+            if flops is not None:
+                window_flops += sum(flops.of(b) for b in host)  # this replica's (every replica does as much)
             timed["sequences"] += counts["sequences"]
             timed["tokens"] += counts["tokens"]
             if len(levels) > 1:  # tokens and seconds of each level's updates, for its tokens/s
@@ -550,6 +578,7 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, load
                 rt.say(f"train.compile={t.compile}: the first update, which compiled the step, took "
                        f"{time.perf_counter() - started:.1f} s")
                 timed = {"sequences": 0.0, "tokens": 0.0, "since": time.perf_counter()}
+                window_flops = 0.0
             row_due = False
             if due(t.log_every, step):
                 sync()  # the device's work of the window is done: its seconds are wall time
@@ -559,8 +588,10 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, load
                                                  "sequences_per_second": timed["sequences"] / seconds,
                                                  "tokens_per_second": timed["tokens"] / seconds} \
                     | {k: v / updates for k, v in balance.items()} \
-                    | {f"tokens_per_second_{n}": tok / sec for n, (tok, sec) in sorted(per_level.items())}
+                    | {f"tokens_per_second_{n}": tok / sec for n, (tok, sec) in sorted(per_level.items())} \
+                    | rates(window_flops, seconds, peak)
                 window, balance, per_level, window_step, row_due = {}, {}, {}, step, True
+                window_flops = 0.0
                 timed = {"sequences": 0.0, "tokens": 0.0, "since": time.perf_counter()}
             if task.has_evaluation and due(t.validate_every, step):
                 sync()

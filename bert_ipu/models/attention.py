@@ -116,6 +116,8 @@ def attention_for(sequence_ids: torch.Tensor, name: str, dtype: torch.dtype, cau
     """What every layer attends with, for packs laid out by `sequence_ids` (B, S). `slots` (K, the most
     sequences a pack holds) sizes varlen's segments (which refuses None). Under `sequence_parallel`,
     `sequence_ids` is this rank's share of every row, and the attention covers whole rows."""
+    if _COUNTING is not None:
+        return CountingAttention(causal, _COUNTING)
     group = _SEQUENCE_GROUP
     if group is not None:
         sequence_ids = gather_tokens(sequence_ids, group)
@@ -363,6 +365,35 @@ def contiguous_order(sequence_ids: torch.Tensor, slots: int) -> tuple[torch.Tens
 def take(hidden: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """hidden (B, S, H) with its tokens reordered by index (B, S)."""
     return hidden.gather(1, index[..., None].expand_as(hidden))
+
+
+# --- counting FLOPs (bert_ipu/engine/flops.py) ---------------------------------------------------------------
+
+_COUNTING = None  # while `counting` is on: the list every attention call's geometry is appended to
+
+
+class CountingAttention:
+    """What every layer attends with while FLOPs are counted: no matrix product (its FLOPs are added from the
+    documents instead), gradients still flowing to q, k and v (so their projections' backward is counted), and
+    each call's geometry recorded: (heads, head dimension, causal)."""
+
+    def __init__(self, causal: bool, calls: list):
+        self.causal, self.calls = causal, calls
+
+    def __call__(self, q, k, v, dropout_p: float = 0.0, scale: float | None = None) -> torch.Tensor:
+        self.calls.append((q.shape[1], q.shape[-1], self.causal))
+        return q + repeat_kv(k, q.shape[1]) + repeat_kv(v, q.shape[1])
+
+
+@contextmanager
+def counting(calls: list):
+    """Within this context `attention_for` returns `CountingAttention`s that append to `calls`."""
+    global _COUNTING
+    saved, _COUNTING = _COUNTING, calls
+    try:
+        yield calls
+    finally:
+        _COUNTING = saved
 
 
 # --- sequence parallelism (DeepSpeed-Ulysses) ----------------------------------------------------------------

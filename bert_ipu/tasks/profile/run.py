@@ -13,7 +13,9 @@ interleaved round by round; the first round is warm-up. Reported per algorithm:
                step time (SORT: the mean, as its batches differ by design)
     OH         extra time per step over NONE at the same shape (packs of S tokens vs rows of S tokens):
                what the packed model costs beyond vanilla (mask, positions, K NSP slots); SORT: n/a
-    FLOPs      per step, counted by torch.utils.flop_counter: deterministic, noise-free
+    FLOPs      per step: the model's FLOPs with attention counted within the documents (bert_ipu.engine.flops:
+               the same for every backend, flex included); the Hugging Face baseline's by
+               torch.utils.flop_counter (its attention over the padded rows). Deterministic, noise-free
     shapes     distinct batch shapes: 1 for every packer; SORT needs one compiled graph per shape
 
 With `profile.ranks` N (no measurement, packing arithmetic only): updates of N x micro-batch packs drawn
@@ -41,6 +43,7 @@ from ...data.instances import InstanceConfig, mlm_slots_for
 from ...data.layout import IGNORE_INDEX, Instance, PackLayout, pack_instances, stack_packs
 from ...config import to_yaml
 from ...files import describe_os_error, is_png, output_file_problem, write_atomic, write_atomic_with
+from ...engine.flops import StepFlops, peak_flops
 from ...engine.runtime import RunError, autocast, pick_device
 from ...models.attention import check_device
 
@@ -115,18 +118,6 @@ def format_table(rows) -> str:
         cells = ["n/a" if v is None else f.format(v) for (_, w, f), v in zip(COLUMNS, values)]
         lines.append("  ".join(f"{c:>{w}}" for (_, w, _), c in zip(COLUMNS, cells)))
     return "\n".join(lines)
-
-
-# dense bf16 tensor-core peaks (FLOP/s) of the GPUs this project measures on, from NVIDIA's data sheets
-PEAK_BF16 = {"H100": 989.4e12, "H200": 989.4e12, "A100": 312e12}
-
-
-def peak_flops(device: torch.device, precision: str) -> float | None:
-    """The device's bf16 peak when known (for MFU); None on the CPU, in fp32, or on an unlisted GPU."""
-    if device.type != "cuda" or precision != "bf16":
-        return None
-    name = torch.cuda.get_device_name(device)
-    return next((v for k, v in PEAK_BF16.items() if k in name), None)
 
 
 class WithPrecision(torch.nn.Module):
@@ -311,6 +302,10 @@ def profile(model, batches: dict, results: dict, rounds: int, device, trace_dir=
     the eager model). Returns {algorithm: Measurement}."""
     models = {name: (models or {}).get(name, model) for name in batches}
     opts = {id(m): torch.optim.AdamW(m.parameters(), lr=1e-5) for m in models.values()}
+    # FLOPs: ours from the documents (bert_ipu.engine.flops: any backend, flex too), a baseline's by FlopCounterMode
+    counters = {id(m): (StepFlops(m.model, lambda twin, b: twin(**b).loss).of if isinstance(m, WithPrecision)
+                        and not isinstance(m.model, HFPreTrainingBaseline) else lambda b, m=m: count_flops(m, b))
+                for m in models.values()}
     opt = opts[id(model)]
     if step_mode == "eager":
         timed = models
@@ -329,7 +324,7 @@ def profile(model, batches: dict, results: dict, rounds: int, device, trace_dir=
         else:  # the mixture's averages: a handful of sampled packs would add noise to the rates
             m.sequences_per_step = rows * results[name].packing_factor
             m.tokens_per_step = rows * results[name].max_len * results[name].efficiency
-        m.flops_per_step = statistics.mean(count_flops(models[name], b) for b in bs)
+        m.flops_per_step = statistics.mean(counters[id(models[name])](b) for b in bs)
         m.shapes = len({tuple(b["input_ids"].shape) for b in bs})
         out[name] = m
     for r in range(rounds):
