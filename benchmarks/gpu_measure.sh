@@ -13,6 +13,11 @@
 #            padding-free path (DataCollatorWithFlattening) with sdpa and flex
 #   squad    the SQuAD fine-tuning speed-up at BERT-large size
 #   smoke    every stage's Python at toy sizes on the CPU (what tests/test_gpu_benchmarks.py runs in CI)
+#   quick    one short device call for issues 37 and 38, by priority under DEADLINE seconds (default 380), each
+#            part under its own cap: the GPU tests (no host sync in a step; compiled and CUDA-graph steps equal
+#            eager; varlen and flex), the training application (BERT-large 512 packed, compiled), packed Llama-1.1B
+#            at 8K against transformers' padding-free path, then (time permitting) the application with CUDA
+#            graphs and the profile's compiled rows against transformers compiled. QUICK=part,part picks parts
 #
 # Each stage writes under ${OUT:-runs/gpu}/STAGE* and prints a short table last. PY is the Python with torch
 # (default python3). On the device machine: `setup` first in every fresh machine (it installs the wheels that
@@ -93,11 +98,43 @@ stage_smoke() {
         --sequences 300 --variants varlen mask hf-sdpa --json "$OUT/smoke_llama.jsonl" 2>&1 | tee -a "$OUT/smoke.txt"
 }
 
-[ $# -ge 1 ] || { sed -n '2,22p' "$0"; exit 2; }
+APP="$PY run_pretraining.py --config pretrain_large_512_packed_gpu --overwrite train.max_steps=25 train.log_every=5
+     train.global_batch_size=64 train.validate_every=null train.checkpoint_every=null train.report_to=none
+     data.dataset=/tmp/builtin_512_packed"
+
+stage_quick() {
+    local start=$SECONDS deadline=${DEADLINE:-380} parts=${QUICK:-tests,app,llama,cudagraphs,profile}
+    part() {  # NAME CAP COMMAND...: skipped when not asked for or when fewer than 25 s are left
+        local name=$1 cap=$2; shift 2
+        [[ ",$parts," == *",$name,"* ]] || return 0
+        local left=$(( deadline - (SECONDS - start) )); local t=$(( cap < left ? cap : left ))
+        if [ "$t" -lt 25 ]; then echo "== $name skipped: $t s left"; return 0; fi
+        echo "== $name (cap $t s) starts at $((SECONDS - start)) s"
+        local rc=0
+        timeout -k 5 "$t" "$@" > "$OUT/quick_$name.log" 2>&1 || rc=$?
+        echo "== $name rc=$rc ends at $((SECONDS - start)) s"
+        { grep -v "^\s*$" "$OUT/quick_$name.log" | grep -v "Warning\|warn(" | tail -n "${TAILN:-14}" | cut -c1-200; } || true
+    }
+    part tests 100 $PY -m pytest -q -rs -p no:cacheprovider -n 4 --timeout 150 -k "cuda or gpu_step" \
+        tests/test_gpu_step.py tests/test_causal_lm.py tests/test_modeling.py
+    part app 150 $APP output_dir=/tmp/app_compile
+    part llama 150 $PY benchmarks/llama_long_context.py --model 1b --pack-length 8192 --steps 3 --rounds 3 \
+        --variants varlen varlen+compile flex hf-flex hf-sdpa --json "$OUT/quick_llama.jsonl"
+    part cudagraphs 110 $APP output_dir=/tmp/app_cudagraphs train.compile=cudagraphs
+    part profile 160 $PY run_profiling.py --config profile_large_512 --algorithms none cghp --backends mask \
+        --hf-baseline --step-modes compile profile.precision=bf16 profile.micro_batch_size=32 profile.rounds=3 \
+        --json "$OUT/quick_profile.jsonl"
+    for run in app_compile app_cudagraphs; do  # the application's own metrics rows
+        [ -f "/tmp/$run/metrics.jsonl" ] && cp "/tmp/$run/metrics.jsonl" "$OUT/quick_${run}_metrics.jsonl"
+    done
+    echo "== quick done at $((SECONDS - start)) s"
+}
+
+[ $# -ge 1 ] || { sed -n '2,27p' "$0"; exit 2; }
 for stage in "$@"; do
     case "$stage" in
-        setup|tests|bert|compile|llama|squad|smoke) echo "== $stage"; "stage_$stage" ;;
-        *) echo "gpu_measure.sh: unknown stage '$stage'; choose from setup tests bert compile llama squad smoke" >&2
+        setup|tests|bert|compile|llama|squad|smoke|quick) echo "== $stage"; "stage_$stage" ;;
+        *) echo "gpu_measure.sh: unknown stage '$stage'; choose from setup tests bert compile llama squad smoke quick" >&2
            exit 2 ;;
     esac
 done

@@ -12,7 +12,10 @@ packing benchmarks do. Each step trains on `--micro-batch` packs drawn in propor
 strategies, with random tokens (speed does not depend on them). Variants:
 
 - `varlen`, `flex`, `mask`, `reference`: `PackedLlamaForCausalLM` with that attention backend on the packs
-  (B, S), padding included (the static shape a compiler and CUDA graphs want);
+  (B, S), padding included (the static shape a compiler and CUDA graphs want), its varlen segments sized by the
+  deepest pack (K + 1 a row); `varlen+compile`, `flex+cudagraphs`, ...: the same step as the engine's
+  train.compile runs it (forward and loss under torch.compile with static shapes, or also replayed as CUDA
+  graphs), which a flattened row of a new length every step cannot;
 - `hf-sdpa`, `hf-flex`, `hf-flash`: transformers' `LlamaForCausalLM` with that `attn_implementation` on
   `DataCollatorWithFlattening`'s rows of the same documents: (1, real tokens), no padding, a new shape every
   step. `hf-flash` needs the flash-attn package (skipped without it).
@@ -30,7 +33,7 @@ attention crosses the documents: this script passes `use_cache=False`.) Timed: f
 AdamW step; rounds interleave the variants, the first round is warm-up; medians. MFU counts the useful
 FLOPs (6 x matmul parameters x real tokens + 6 x layers x hidden x the sum of squared document lengths: causal
 attention within documents only) over the step time and the GPU's dense bf16 peak
-(`bert_ipu.tasks.profile.run.PEAK_BF16`). A variant that runs out of memory is reported as such.
+(`bert_ipu.engine.flops.PEAK_BF16`). A variant that runs out of memory is reported as such.
 """
 
 from __future__ import annotations
@@ -64,7 +67,9 @@ MODELS = {
     "1b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
                num_key_value_heads=4, vocab_size=32000),
 }
-OURS = ("varlen", "flex", "mask", "reference")
+BACKENDS = ("varlen", "flex", "mask", "reference")
+MODES = ("compile", "cudagraphs")  # the engine's train.compile modes
+OURS = (*BACKENDS, *(f"{b}+{m}" for b in ("varlen", "flex", "mask") for m in MODES))
 HF = {"hf-sdpa": "sdpa", "hf-flex": "flex_attention", "hf-flash": "flash_attention_2"}
 FP32_TOLERANCE = 2e-5  # relative: the same terms summed in another order
 INIT_STD = 0.1  # see the module docstring: makes the loss check sensitive to a crossed document boundary
@@ -127,13 +132,23 @@ class Variant:
         self.name, self.model, self.opt, self.batches = name, model, opt, batches
         self.device, self.precision = device, precision
         self.seconds, self.peak, self.error = [], None, None
+        self.backend, _, self.mode = name.partition("+")
+        self._ours = self._ours_loss
+        if self.mode:
+            self._ours = torch.compile(self._ours_loss, dynamic=False,
+                                       mode="reduce-overhead" if self.mode == "cudagraphs" else None)
+
+    def _ours_loss(self, batch):
+        logits = self.model(batch["input_ids"], batch["position_ids"], batch["sequence_ids"])
+        return F.cross_entropy(logits.float().flatten(0, 1), batch["labels"].flatten(), ignore_index=-100)
 
     def loss(self, batch):
         with autocast(self.device, self.precision):
             if self.name in OURS:
-                self.model.attention_backend = self.name  # read at every forward
-                logits = self.model(batch["input_ids"], batch["position_ids"], batch["sequence_ids"])
-                return F.cross_entropy(logits.float().flatten(0, 1), batch["labels"].flatten(), ignore_index=-100)
+                self.model.attention_backend = self.backend  # read at every forward
+                if self.mode == "cudagraphs":
+                    torch.compiler.cudagraph_mark_step_begin()
+                return self._ours(batch)
             self.model.config._attn_implementation = HF[self.name]  # read at every forward
             # HF shifts the labels itself (the first of each document is -100). use_cache=False, or HF ignores the
             # position_ids (no packed-sequence mask while a cache exists) and attention crosses the documents
@@ -161,18 +176,26 @@ def build_variants(names, config, state, packs, S, micro_batch, device, precisio
     steps = [docs[i:i + micro_batch] for i in range(0, len(docs) - micro_batch + 1, micro_batch)]
     models, out = {}, []
 
+    depth = max(len(pack) for pack in packs)  # K: varlen's segments a row
+
     def model_of(kind):
         if kind not in models:
-            model = (PackedLlamaForCausalLM(config, "mask") if kind == "ours" else
+            model = (PackedLlamaForCausalLM(config, "mask", max_sequences_per_pack=depth) if kind == "ours" else
                      transformers.LlamaForCausalLM(config)).to(device)
             model.load_state_dict(state)
-            models[kind] = (model.train(), torch.optim.AdamW(model.parameters(), lr=1e-6))
+            # one fused kernel a step on CUDA, as the engine and transformers' Trainer (adamw_torch_fused) take it
+            fused = True if device.type == "cuda" else None
+            models[kind] = (model.train(), torch.optim.AdamW(model.parameters(), lr=1e-6, fused=fused))
         return models[kind]
 
     for name in names:
         if name in OURS:
+            backend, _, mode = name.partition("+")
+            if mode == "cudagraphs" and device.type != "cuda":
+                say(f"{name}: skipped: CUDA graphs need CUDA")
+                continue
             try:
-                attn.check_device(name, device, training=True)
+                attn.check_device(backend, device, training=True)
             except ValueError as e:
                 say(f"{name}: skipped: {e}")
                 continue
@@ -255,12 +278,17 @@ def main(argv=None) -> int:
                     v.opt.zero_grad(set_to_none=True)
                     _free(device)
                     continue
+                except Exception as e:  # a kernel or compiler failure: reported in its row, the others go on
+                    v.error = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+                    v.opt.zero_grad(set_to_none=True)
+                    say(f"{v.name}: failed: {v.error}")
+                    continue
                 if r:
                     v.seconds += seconds
                     if device.type == "cuda":
                         v.peak = max(v.peak or 0, torch.cuda.max_memory_allocated(device))
             say(f"round {r + 1}/{args.rounds} done{' (warm-up)' if r == 0 else ''}")
-        say(f"{'variant':<10} {'loss':>8} {'step ms':>9} {'tokens/s':>10} {'MFU':>6} {'peak GiB':>9}  note")
+        say(f"{'variant':<18} {'loss':>8} {'step ms':>9} {'tokens/s':>10} {'MFU':>6} {'peak GiB':>9}  note")
         for v in variants:
             loss = first.get(v.name)
             off = loss is not None and abs(loss - reference) > tolerance
@@ -281,7 +309,7 @@ def main(argv=None) -> int:
                      "-" if row["mfu"] is None else f"{row['mfu']:.1%}",
                      "-" if v.peak is None else f"{v.peak / 2**30:.1f}"]
             note = v.error or ("LOSS DIFFERS from the reference beyond the tolerance" if off else "")
-            say(f"{v.name:<10} {cells[0]:>8} {cells[1]:>9} {cells[2]:>10} {cells[3]:>6} {cells[4]:>9}  {note}")
+            say(f"{v.name:<18} {cells[0]:>8} {cells[1]:>9} {cells[2]:>10} {cells[3]:>6} {cells[4]:>9}  {note}")
         best_hf = max((r for r in rows if r["pack_length"] == S and r["variant"].startswith("hf-")
                        and r["tokens_per_second"]), key=lambda r: r["tokens_per_second"], default=None)
         if best_hf:
@@ -328,6 +356,8 @@ def first_losses(variants, hf_model, docs, precision):
             except torch.OutOfMemoryError:
                 v.error = "out of memory"
                 _free(v.device)
+            except Exception as e:  # reported in its row; the other variants go on
+                v.error = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
     return first, reference, tolerance
 
 

@@ -478,7 +478,7 @@ def test_kill_and_resume_is_bitwise_identical(tmp_path, monkeypatch):
                                                     "train.log_every=3"], kind="causal_lm")
 
     def rows(out):
-        timing = ("sequences_per_second", "tokens_per_second")
+        timing = ("sequences_per_second", "tokens_per_second", "tflops_per_second", "mfu")
         return [{k: v for k, v in json.loads(x).items() if k not in timing}
                 for x in (out / "metrics.jsonl").read_text().splitlines()]
 

@@ -14,7 +14,6 @@ own all the same.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import hashlib
 import json
@@ -317,12 +316,22 @@ def step_flops(task, engine, rt: Runtime, levels: list[Level]) -> StepFlops | No
     and whole rows (None under pipeline, tensor or sequence parallelism)."""
     if rt.stages > 1 or rt.tensor > 1 or max([rt.sequence, *(lv.sequence_parallel for lv in levels)]) > 1:
         return None
-    ones = collections.defaultdict(lambda: 1.0)  # the divisors do not change the FLOPs
 
-    def loss_of(model, batch):
+    def loss_of(model, batch):  # any scalar of the outputs: the losses add no matrix products
         out = model(*[batch[f] for f in task.input_fields])
-        return task.loss(out, {k: batch[k] for k in task.target_fields}, ones)[0]
+        return sum(t.float().sum() for t in outputs(out))
     return StepFlops(engine.module, loss_of)
+
+
+def outputs(out) -> list[torch.Tensor]:
+    """The floating-point tensors of a model's output (a tensor, a tuple, a dataclass or a dict of them)."""
+    if isinstance(out, torch.Tensor):
+        return [out] if out.is_floating_point() else []
+    if dataclasses.is_dataclass(out):
+        out = [getattr(out, f.name) for f in dataclasses.fields(out)]
+    elif isinstance(out, dict):
+        out = list(out.values())
+    return [t for x in (out if isinstance(out, (tuple, list)) else []) for t in outputs(x)]
 
 
 def rates(flops: float, device_seconds: float, peak: float | None) -> dict:

@@ -251,7 +251,8 @@ def varlen_dtype(q: torch.Tensor) -> torch.dtype:
     computes in float32, as transformers' flash path knows), else the inputs' own. A ValueError, one line, when
     that is not half precision: flash attention has no float32 kernel."""
     device = q.device.type
-    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else q.dtype
+    autocast = torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)
+    dtype = torch.get_autocast_dtype(device) if autocast else q.dtype
     if dtype not in HALF:
         raise ValueError(f"attention backend varlen (flash attention) computes in float16 or bfloat16, and this "
                          f"forward runs in {dtype}; train with train.precision=bf16 (autocast), or use another "
