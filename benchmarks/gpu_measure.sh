@@ -36,6 +36,7 @@ export PYTHONPATH="$PWD:${PYTHONPATH:-}"  # the project itself, uninstalled
 stage_setup() {
     if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
         $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+        [ -d .whl/vocab_only ] && cp -r .whl/vocab_only/. /tmp/site/
         export PYTHONPATH="/tmp/site:$PYTHONPATH"
     fi
     { nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv || true

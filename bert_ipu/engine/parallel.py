@@ -332,6 +332,14 @@ class LocalParallel:
         task's `stat_names` sums as one float64 vector on the device, summed over the ranks: nothing is copied to
         the host (the trainer reads the sums when a log line needs them)."""
         normalizers = self._device_normalizers(normalizers)
+        if self.compile_mode == "cudagraphs":
+            # the backward graph's outputs are the gradients, overwritten at its next replay: autograd must add them
+            # into gradients of their own, never keep the output itself as a parameter's .grad (it does when .grad
+            # is None; then the next micro-batch's replay overwrote it: "accessing tensor output of CUDAGraphs that
+            # has been overwritten", seen on an H200 with two micro-batches an update)
+            for p in self.model.parameters():
+                if p.requires_grad and p.grad is None:
+                    p.grad = torch.zeros_like(p)
         total = None
         for i, batch in enumerate(micro):
             sync = self.ddp.no_sync() if self.use_ddp and i < len(micro) - 1 else nullcontext()
@@ -341,7 +349,8 @@ class LocalParallel:
                 loss, sums = self._step(batch, normalizers)
                 # DDP averages gradients over its group; we want their sum
                 (loss * self.weight_group.size() if self.use_ddp else loss).backward()
-            total = sums if total is None else total + sums  # a new tensor: a replayed graph's output is not kept
+            # a new tensor, never the step's own output: a replayed graph overwrites that at its next replay
+            total = sums.clone() if total is None else total + sums
         if self.tensor > 1:
             tensor.align_gradients(self.model.parameters())
         if self.weight_group is not None and not self.use_ddp:

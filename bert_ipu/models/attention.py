@@ -192,6 +192,9 @@ class FlexAttention:
         if dropout_p > 0:
             warn_no_attention_dropout(dropout_p)
         check_head_dim("flex", q.shape[-1], q.device)  # before inductor's traceback
+        if q.device.type == "cuda" and q.dtype == torch.float64:
+            raise ValueError("attention backend flex on CUDA has no float64 kernel (compiled FlexAttention's Triton "
+                             "kernel fails to build); use float32 or bf16, or the mask or reference backend")
         k, v = repeat_kv(k, q.shape[1]), repeat_kv(v, q.shape[1])
         return _flex_attention(q.device)(q, k, v, block_mask=self.block_mask, scale=scale)
 
@@ -276,10 +279,18 @@ def varlen_attention(q, k, v, attention: Varlen, scale: float | None = None) -> 
         k, v = repeat_kv(k, H), repeat_kv(v, H)
     elif k.shape[1] != H:
         options = options | {"enable_gqa": True}
-    flat = [x.transpose(1, 2).to(dtype, memory_format=torch.contiguous_format).view(B * S, x.shape[1], D)
-            for x in (q, k, v)]
+    flat = [tokens_major(x, dtype).view(B * S, x.shape[1], D) for x in (q, k, v)]
     out = kernel(*flat, attention.cu, attention.cu, attention.max_len, attention.max_len, **options)
     return out.view(B, S, H, D).transpose(1, 2)
+
+
+def tokens_major(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(B, heads, S, D) -> a contiguous (B, S, heads, D) in `dtype`: the tensor itself where it already is one (a
+    projection's output viewed as heads), else one copy that casts and transposes at once."""
+    y = x.transpose(1, 2)
+    if y.dtype == dtype and y.is_contiguous():
+        return y
+    return torch.empty(y.shape, dtype=dtype, device=y.device).copy_(y)
 
 
 @functools.cache  # once per kernel and layer shape, not inspect.signature in every layer of every step
