@@ -61,6 +61,9 @@ def config(argv: list[str], kind: str | None = None):
     chosen = [specs[kind]] if kind else list(specs.values())
     overrides, rest = _split(argv)
     args = parser(chosen).parse_args(rest)
+    if args.overrides:  # what argparse left over: words without "=" (KEY=VALUE pairs were taken out above)
+        raise ConfigError(f"argument {args.overrides[0]!r} is not a KEY=VALUE override (e.g. train.max_steps=100) or "
+                          "a flag of this command; see --help")
     if kind is None:  # python -m bert_ipu: the config's own kind decides; its flags must be its kind's
         kind = load_config(args.config, overrides).kind
     spec = specs[kind]

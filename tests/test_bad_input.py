@@ -80,6 +80,19 @@ def test_output_inside_the_input_is_refused(corpus):
     assert sorted(p.name for p in corpus.iterdir()) == ["corpus.txt"]
 
 
+def test_packing_an_instances_dataset_into_itself_or_inside_it_is_refused(corpus, tmp_path):
+    """pack_pretraining_data with --output equal to --input (even with --overwrite, which replaced the instances
+    with their packing), inside it, or holding it: one line, the input untouched."""
+    instances = tmp_path / "instances"
+    create_pretraining_data([str(corpus)], instances, InstanceConfig(max_seq_length=64), progress=False)
+    before = sorted(p.relative_to(instances) for p in instances.rglob("*"))
+    for out in (instances, instances / "packed", tmp_path):
+        with pytest.raises(DataInputError, match="inside --(input|output)"):
+            pack_pretraining_data(instances, out, "cghp", 3, overwrite=True, progress=False)
+    assert sorted(p.relative_to(instances) for p in instances.rglob("*")) == before
+    assert json.loads((instances / "manifest.json").read_text())["kind"] == "instances"
+
+
 def _flip_a_bit(dataset: Path) -> str:
     manifest = json.loads((dataset / "manifest.json").read_text())
     shard = manifest["splits"]["train"]["shards"][0]["name"]

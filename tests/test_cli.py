@@ -51,6 +51,13 @@ def test_overrides_may_come_anywhere_also_after_resume():
     assert cfg.profile.algorithms == ["cghp"] and cfg.profile.steps == 2 and cfg.profile.ranks == 2
 
 
+def test_a_word_that_is_no_override_is_refused():
+    """`run_pretraining.py --config test_tiny garbage` went on as if the word were not there (exit 0)."""
+    with pytest.raises(ConfigError, match="argument 'garbage' is not a KEY=VALUE override"):
+        cli.config(["--config", "test_tiny", "garbage"], "pretraining")
+    assert entry("pretraining", ["--config", "test_tiny", "garbage", "--print-config"]) == 2
+
+
 def test_python_m_bert_ipu_runs_any_kind_and_refuses_another_kinds_flags():
     """Without a kind (python -m bert_ipu) the config's own kind decides; a flag of another kind (--algorithms
     on a pretraining config, --eval-only where a task cannot evaluate only) is a ConfigError, not ignored."""

@@ -169,10 +169,8 @@ def create_pretraining_data(inputs: list[str], output: str | Path, config: Insta
                              f"{len(SPECIAL) + 1} to {MAX_TRAINED_VOCAB:,} (BERT's are 30,522, multilingual 119,547)")
     output = Path(output)
     for source in inputs:  # a dataset inside its own input would be read as input by the next run
-        if source != BUILTIN and Path(source).is_dir() and (output.resolve() == Path(source).resolve()
-                                                            or Path(source).resolve() in output.resolve().parents):
-            raise DataInputError(f"--output {output} is inside --input {source}: the next run would read its own "
-                                 "output; choose an output folder outside the input")
+        if source != BUILTIN and Path(source).exists():
+            check_apart(source, output)
     layout = PackLayout(config.max_seq_length, config.max_predictions, 1)
     made_from = {"input": inputs_sha256(inputs),
                  "arguments": {"instance_config": asdict(config), "validation_fraction": validation_fraction,
@@ -265,6 +263,18 @@ def _compact(groups: np.ndarray, width: int) -> np.ndarray:
     return np.pad(groups, ((0, 0), (0, width - groups.shape[1])), constant_values=-1)
 
 
+def check_apart(source: str | Path, output: str | Path) -> None:
+    """A DataInputError (one line) when an output folder is its input, lies inside it (the next run would read its
+    own output) or holds it (--overwrite would delete the input with the old output)."""
+    src, out = Path(source).resolve(), Path(output).resolve()
+    if out == src or src in out.parents:
+        raise DataInputError(f"--output {output} is inside --input {source} (or is it): the input would be replaced "
+                             "or the next run would read its own output; choose an output folder outside the input")
+    if out in src.parents:
+        raise DataInputError(f"--input {source} is inside --output {output}: writing the output would replace the "
+                             "input; choose an output folder that does not hold the input")
+
+
 def pack_pretraining_data(input_dir: str | Path, output: str | Path, algorithm: str = "cghp",
                           max_sequences_per_pack: int | str | None = 3, seed: int = 0, packs_per_shard: int = 4096,
                           overwrite: bool = False, progress: bool = True, workers: int = 1, engine: str = "local",
@@ -287,6 +297,7 @@ def pack_pretraining_data(input_dir: str | Path, output: str | Path, algorithm: 
     number of sequences any pack of any split holds, never more than the limit. The manifest records the
     limit the packer ran with (`max_sequences_per_pack`: an int or "max"), what the caller asked for
     (`depth_requested`) and, in `layout`, K."""
+    check_apart(input_dir, output)  # before anything is read or written, --overwrite or not
     requested = packing.parse_depth(max_sequences_per_pack)
     if algorithm not in packing.ALGORITHMS:
         raise packing.PackingInputError(f"unknown algorithm {algorithm!r}; choose from "
