@@ -38,6 +38,9 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     try:
         data = PackedDataset(args.dataset, verify=True)
+        if data.manifest.get("kind") not in ("instances", "packed"):
+            raise DatasetError(f"{args.dataset} is a dataset of kind {data.manifest.get('kind')!r}; this command decodes "
+                               "BERT pretraining datasets (kind instances or packed, with their vocab.txt)")
         if not 0 <= args.pack < data.packs(args.split):
             raise DatasetError(f"--pack {args.pack} is out of range: split {args.split!r} has "
                                f"{data.packs(args.split)} packs")

@@ -708,3 +708,89 @@ def test_a_vocab_shorter_than_the_ids_is_one_line(dataset, tmp_path, capsys, rea
     lines, err = _errors(capsys)
     assert rc == 2 and len(lines) == 1 and named in lines[0] and "vocab" in lines[0], err
     assert "Traceback" not in err and not out.exists()
+
+
+# --- the third pass (issue 39): each a one-line refusal or the correct result ------------------------------------
+
+def test_a_manifest_of_random_bytes_is_one_line(dataset, tmp_path):
+    """A manifest.json that is not text (random bytes) was a UnicodeDecodeError traceback in every reader."""
+    bad = tmp_path / "bad"
+    shutil.copytree(dataset, bad)
+    (bad / "manifest.json").write_bytes(bytes(range(256)) * 2)
+    with pytest.raises(DatasetError, match="is not a JSON text file"):
+        PackedDataset(bad)
+    with pytest.raises(DatasetError, match="is not a JSON text file"):
+        pack_pretraining_data(bad, tmp_path / "out", "cghp", 3, progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_inspecting_a_dataset_of_another_kind_is_one_line(dataset, tmp_path, capsys):
+    """inspect_packed_data.py on a dataset whose manifest kind is neither instances nor packed (no vocab.txt to
+    decode with) was a FileNotFoundError traceback."""
+    import inspect_packed_data
+
+    other = tmp_path / "other"
+    shutil.copytree(dataset, other)
+    manifest = json.loads((other / "manifest.json").read_text())
+    (other / "manifest.json").write_text(json.dumps(manifest | {"kind": "other"}))
+    (other / "vocab.txt").unlink()
+    assert inspect_packed_data.main([str(other)]) == 2
+    assert "is a dataset of kind 'other'" in capsys.readouterr().err
+
+
+def test_an_init_checkpoint_cut_in_half_is_one_line(tmp_path):
+    """model.init_checkpoint whose model.safetensors is cut short was a SafetensorError traceback (the resume path
+    already refused the same damage)."""
+    from transformers import BertConfig, BertForPreTraining
+
+    from bert_ipu.tasks.common import require_checkpoint_folder
+
+    folder = tmp_path / "hf"
+    BertForPreTraining(BertConfig(vocab_size=99, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                  intermediate_size=32)).save_pretrained(folder)
+    require_checkpoint_folder(str(folder))  # whole: accepted
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(RunError, match=r"model.safetensors is damaged \(.*\); copy the model folder again"):
+        require_checkpoint_folder(str(folder))
+
+
+def test_a_lone_surrogate_in_sft_data_is_read_as_the_replacement_character(tmp_path):
+    """JSON lines whose response holds "\\ud800" (half a UTF-16 pair): the examples and the tokenizer's training
+    texts both read it as U+FFFD (the tokenizer's path encoded the raw text: UnicodeEncodeError)."""
+    from bert_ipu.data.text import json_line
+    from bert_ipu.tasks.causal_lm.data import source_texts
+
+    source = tmp_path / "s.jsonl"
+    source.write_text('{"prompt": "hi", "response": "\\ud800 yes"}\n{"prompt": "a", "response": "b"}\n')
+    assert json_line(source.read_text().splitlines()[0])["response"] == "\ufffd yes"
+    texts = list(source_texts("sft", str(source)))
+    assert "\ufffd yes" in texts and all(t.encode("utf-8") for t in texts)
+
+
+def test_a_trace_dir_that_is_a_file_is_refused_before_the_run(tmp_path):
+    from bert_ipu.tasks.profile.run import ProfilingError, check_outputs
+
+    taken = tmp_path / "a_file"
+    taken.write_text("mine")
+    prof = load_profile(trace_dir=str(taken))
+    with pytest.raises(ProfilingError, match="is a file, not a folder"):
+        check_outputs(prof)
+    assert taken.read_text() == "mine"
+
+
+def load_profile(**fields):
+    from bert_ipu.tasks import load_config
+
+    cfg = load_config("profile_quick", [f"profile.{k}={v}" for k, v in fields.items()])
+    return cfg.profile
+
+
+def test_nnlshp_packs_counts_near_1e18_exactly():
+    """[1e18, 5, 3]: NNLSHP's float product of the counts rounded, leaving length 1 short (a ValueError traceback
+    from the report command); the leftovers are now counted in integers and every sequence is packed."""
+    from bert_ipu import packing
+
+    histogram = np.array([10 ** 18, 5, 3], dtype=np.int64)
+    result = packing.pack(histogram, "nnlshp", 3)
+    assert (result.mixture.coverage(3) >= histogram).all() and result.sequences == histogram.sum()

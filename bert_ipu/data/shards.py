@@ -220,6 +220,9 @@ class PackedDataset:
             lay = self.manifest["layout"]
             self.layout = PackLayout(lay["pack_len"], lay["mlm_slots"], lay["max_sequences_per_pack"])
             self.manifest["splits"]  # noqa: B018 - must exist
+        except UnicodeDecodeError:
+            raise DatasetError(f"{manifest_path} is not a JSON text file (not UTF-8: damaged or not a manifest); "
+                               "recreate the dataset") from None
         except (json.JSONDecodeError, KeyError, TypeError) as e:
             raise DatasetError(f"{manifest_path} is malformed ({e}); recreate the dataset") from None
         if self.manifest.get("format_version") != FORMAT_VERSION:

@@ -92,6 +92,21 @@ _SPACE = re.compile(r"\s+")
 _LONE_SURROGATE = re.compile(r"[\ud800-\udfff]")  # what JSON's "\ud800" escapes decode to; no UTF-8 text holds one
 
 
+def json_line(line: str):
+    """One JSON line with every lone surrogate in its strings (JSON's "\\ud800" escapes, which no UTF-8 encoder
+    takes) as U+FFFD, as a tokenizer does with bad bytes: the one reader of JSON lines of text. Raises
+    json.JSONDecodeError as json.loads."""
+    def clean(value):
+        if isinstance(value, str):
+            return _LONE_SURROGATE.sub("\ufffd", value)
+        if isinstance(value, list):
+            return [clean(v) for v in value]
+        if isinstance(value, dict):
+            return {clean(k): clean(v) for k, v in value.items()}
+        return value
+    return clean(json.loads(line))
+
+
 def split_sentences(text: str) -> list[str]:
     """Split prose into sentences; paragraphs (blank lines) always end a sentence."""
     out = []
@@ -133,14 +148,13 @@ def _jsonl(path: Path, stats: TextStats) -> Iterator[Document]:
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            record = json_line(line)
         except json.JSONDecodeError as e:
             raise DataInputError(f"{path}:{number}: not valid JSON ({e.msg}); expected one object per line "
                                  'with a "text" field') from None
         if not isinstance(record, dict) or not isinstance(record.get("text"), str):
             raise DataInputError(f'{path}:{number}: expected an object with a string "text" field')
-        # a lone surrogate (an escape of half a UTF-16 pair) becomes U+FFFD, as a tokenizer does with bad bytes
-        yield split_sentences(_LONE_SURROGATE.sub("\ufffd", record["text"]))
+        yield split_sentences(record["text"])
 
 
 def _raw_file(path: Path, stats: TextStats) -> Iterator[Document]:

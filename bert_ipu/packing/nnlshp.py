@@ -88,7 +88,8 @@ def nnlshp(histogram: np.ndarray, depth: int = 3, deadline: float | None = None)
     weight[:SHORT_LENGTH_CUTOFF] = SHORT_LENGTH_WEIGHT
     x, _ = optimize.nnls(weight[:, None] * A, weight * histogram, maxiter=50 * max_len)
     counts = np.rint(x).astype(np.int64)
-    residual = histogram - (A @ counts).astype(np.int64)
+    # in integers: a float product of counts near 1e18 rounds, leaving sequences uncovered
+    residual = histogram - A.astype(np.int64) @ counts
     # leftovers: one pack each, the partner slot left as padding (trimmed below)
     left = np.nonzero(residual > 0)[0] + 1
     leftover_packs = np.zeros((len(left), strategies.shape[1]), dtype=np.int64)

@@ -94,6 +94,16 @@ def require_checkpoint_folder(init_checkpoint: str) -> None:
                            "from_pretrained then save_pretrained, in a trusted environment)")
         raise RunError(f"model.init_checkpoint {init_checkpoint} holds no weights (no *.safetensors); give the "
                        "hf/ folder of a run or a transformers model folder")
+    from safetensors import safe_open
+
+    for weights in sorted(folder.glob("*.safetensors")):  # the header and the file's length only: no tensor is read
+        try:
+            with safe_open(str(weights), "pt"):
+                pass
+        except Exception as e:  # SafetensorError (cut short, bad header) or OSError
+            detail = str(e).splitlines()[0][:120] if str(e) else type(e).__name__
+            raise RunError(f"model.init_checkpoint: {weights} is damaged ({detail}); copy the model folder again or "
+                           "re-export it") from None
 
 
 def check_model_fits(model, vocab_size: int, max_seq_length: int):

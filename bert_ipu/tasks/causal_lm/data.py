@@ -29,7 +29,7 @@ from typing import Iterator
 import numpy as np
 
 from ...data.layout import IGNORE_INDEX
-from ...data.text import DataInputError, read_documents
+from ...data.text import DataInputError, json_line, read_documents
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|pad|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>")
 # the chat template of a tokenizer trained here: role token, content, <|end|>; a prompt ends with <|assistant|>
@@ -223,7 +223,7 @@ def sft_sequences(path: str | Path, tokenizer, max_len: int, too_long: str, repo
                 report.empty += 1
                 continue
             try:
-                value = json.loads(line)
+                value = json_line(line)
             except json.JSONDecodeError as e:
                 raise DataInputError(f"{where}: not valid JSON ({e.msg}); give one JSON object per line") from None
             got = _record(tokenizer, value, where)
@@ -276,7 +276,7 @@ def source_texts(fmt: str, source: str) -> Iterator[str]:
         raise DataInputError(f"{source}: not UTF-8 text; give a JSON-lines file") from None
     for line in lines:
         try:
-            value = json.loads(line)
+            value = json_line(line)
         except json.JSONDecodeError:
             continue  # reported where the examples are read
         if isinstance(value, dict):

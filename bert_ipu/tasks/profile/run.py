@@ -566,6 +566,9 @@ def check_outputs(prof) -> None:
         problem = path and output_file_problem(path, flag, ours)
         if problem:
             raise ProfilingError(problem)
+    if prof.trace_dir and Path(prof.trace_dir).exists() and not Path(prof.trace_dir).is_dir():
+        raise ProfilingError(f"profile.trace_dir {prof.trace_dir} is a file, not a folder; give a folder for the "
+                             "traces (it is created if missing)")
 
 
 def write_config(cfg, path: Path) -> None:
