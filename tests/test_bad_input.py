@@ -16,6 +16,7 @@ from bert_ipu.data.pipeline import create_pretraining_data, pack_pretraining_dat
 from bert_ipu.data.shards import DatasetError, PackedDataset
 from bert_ipu.data.text import DataInputError
 from bert_ipu.engine.runtime import RunError
+from bert_ipu.files import sha256_of
 from bert_ipu.tasks import run as main
 
 from training_helpers import entry, tiny
@@ -688,9 +689,10 @@ def _inspect_cli(dataset: Path, out: Path) -> int:
 VOCAB_DAMAGE = {  # (change the dataset's vocab.txt and manifest, what the line names)
     "vocab.txt truncated": (lambda d, m: (d / "vocab.txt").write_text("\n".join(
         (d / "vocab.txt").read_text().splitlines()[:1000]) + "\n"), "vocab.txt holds 1000 tokens"),
+    # (the manifest rewritten to match, checksum included: what the id check alone must catch)
     "both cut to fewer tokens than the ids": (lambda d, m: ((d / "vocab.txt").write_text("\n".join(
-        (d / "vocab.txt").read_text().splitlines()[:1000]) + "\n"), m["vocab"].update(size=1000)),
-        "holds token id"),
+        (d / "vocab.txt").read_text().splitlines()[:1000]) + "\n"), m["vocab"].update(
+            size=1000, sha256=sha256_of([d / "vocab.txt"]))), "holds token id"),
 }
 
 
@@ -794,3 +796,32 @@ def test_nnlshp_packs_counts_near_1e18_exactly():
     histogram = np.array([10 ** 18, 5, 3], dtype=np.int64)
     result = packing.pack(histogram, "nnlshp", 3)
     assert (result.mixture.coverage(3) >= histogram).all() and result.sequences == histogram.sum()
+
+
+def test_a_shuffled_vocab_of_the_same_size_is_refused(corpus, tmp_path):
+    """vocab.txt is under the manifest's checksum: a vocab of the same size in another order (which decoded every
+    pack into the wrong words and exported a tokenizer mapping text to ids the model never saw) is refused by
+    every reader, the packed dataset's too (it carries the instances' vocab and its checksum)."""
+    instances, packed = tmp_path / "instances", tmp_path / "packed"
+    create_pretraining_data([str(corpus)], instances, InstanceConfig(max_seq_length=64), progress=False)
+    pack_pretraining_data(instances, packed, "cghp", 3, progress=False)
+    for dataset in (instances, packed):
+        PackedDataset(dataset, verify=True)
+        lines = (dataset / "vocab.txt").read_text(encoding="utf-8").splitlines()
+        (dataset / "vocab.txt").write_text("\n".join([lines[1], lines[0], *lines[2:]]) + "\n", encoding="utf-8")
+        with pytest.raises(DatasetError, match="is not the vocab the dataset was made with"):
+            PackedDataset(dataset)
+
+
+def test_a_dataset_without_a_validation_split_trains_without_validation(corpus, tmp_path):
+    """--validation-fraction 0 (what the project advises for a dump too small to split) makes a dataset with no
+    validation split: training refused it ("has no validation split") even with train.validate_every=null; it
+    now trains, says once that validation is skipped, and reports no validation metrics."""
+    instances, packed, out = tmp_path / "instances", tmp_path / "packed", tmp_path / "run"
+    create_pretraining_data([str(corpus)], instances, InstanceConfig(max_seq_length=64), validation_fraction=0,
+                            progress=False)
+    pack_pretraining_data(instances, packed, "cghp", 3, progress=False)
+    assert PackedDataset(packed).splits == ["train"]
+    result = main(tiny(packed, out, "train.max_steps=2", "train.validate_every=1"), progress=False)
+    assert result["step"] == 2 and not any(k.startswith("val_") for k in result["metrics"])
+    assert (out / "hf" / "config.json").is_file()

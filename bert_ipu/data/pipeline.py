@@ -219,7 +219,8 @@ def create_pretraining_data(inputs: list[str], output: str | Path, config: Insta
             "kind": "instances",
             "source": {"inputs": inputs, "raw": raw, "license": BUILTIN_LICENSE if inputs == [BUILTIN] else None},
             "vocab": {"file": "vocab.txt", "source": "trained on the input" if train_vocab_size else str(vocab_path),
-                      "size": len(wp), "lowercase": wp.lowercase},
+                      "size": len(wp), "lowercase": wp.lowercase,
+                      "sha256": sha256_of([writer.partial / "vocab.txt"])},  # readers check it (PackedDataset)
             "instance_config": asdict(config) | {"max_predictions_per_seq": config.max_predictions},
             "validation_fraction": validation_fraction, "docs_per_shard": docs_per_shard,
             "text": {"files": stats.files, "bytes": stats.bytes, "documents": stats.documents,

@@ -337,6 +337,11 @@ class PackedDataset:
             raise DatasetError(f"{self.path / 'vocab.txt'} holds {tokens} tokens but the dataset's ids index a vocab "
                                f"of {vocab['size']} ({MANIFEST}): a truncated or replaced vocab; copy back the vocab "
                                "the dataset was made with, or recreate the dataset")
+        # the same size is not the same vocab (a shuffled one decodes every id into another word): its sha256, where
+        # the manifest records it (datasets written before it do not), on every open (a vocab is a few hundred KB)
+        if "sha256" in vocab and sha256_of([self.path / "vocab.txt"]) != vocab["sha256"]:
+            raise DatasetError(f"{self.path / 'vocab.txt'} is not the vocab the dataset was made with (its sha256 "
+                               f"differs from {MANIFEST}'s): copy back that vocab, or recreate the dataset")
         self.instance_config()
 
     def instance_config(self):

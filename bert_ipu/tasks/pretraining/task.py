@@ -78,9 +78,13 @@ class PretrainingTask(TaskBase):
         self.path = path
         data, world, t = self.data, rt.dp_world, self.cfg.train
         check_splits(data, path)
-        if "validation" not in data.splits or data.packs("validation") < world:
-            raise RunError(f"{path} has no validation split (or fewer packs than replicas); recreate it with a "
-                           "larger --validation-fraction")
+        self.has_evaluation = "validation" in data.splits
+        if not self.has_evaluation:  # made with --validation-fraction 0 (a dump too small to split): trains all the same
+            rt.say(f"{path} has no validation split (made with --validation-fraction 0): validation is skipped")
+        elif data.packs("validation") < world:
+            raise RunError(f"{path} has {data.packs('validation')} validation packs, fewer than the {world} replicas "
+                           "(each evaluates its own); recreate it with a larger --validation-fraction, or with 0 to "
+                           "train without validation")
         if data.packs("train") < t.micro_batch_size * world:
             raise RunError(f"{path} holds {data.packs('train')} training packs: not one micro-batch of "
                            f"{t.micro_batch_size} for each of {world} replica(s)")
