@@ -335,11 +335,29 @@ def test_output_that_is_a_file_or_holds_other_files(tmp_path, capsys):
     folder = tmp_path / "folder"
     folder.mkdir()
     (folder / "notes.txt").write_text("mine")
-    with pytest.raises(WikipediaError, match="holds other files"):
+    with pytest.raises(WikipediaError, match="holds files this tool did not write"):
         prepare(TINY, folder, progress=False)
     assert [p.name for p in folder.iterdir()] == ["notes.txt"]
     assert cli.main(["--dump", str(TINY), "--output", str(target)]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+@pytest.mark.parametrize("name", ["progress.json", "wikipedia.json", "wiki-00000.txt"])
+def test_a_users_file_named_as_ours_is_never_replaced(tmp_path, name):
+    """A folder holding only the user's own progress.json (or wikipedia.json, or a wiki-00000.txt) is not this
+    tool's output: the file names prove nothing, its marker does. Refused, with --overwrite too, the file
+    untouched (it was replaced without --overwrite)."""
+    folder = tmp_path / "out"
+    folder.mkdir()
+    (folder / name).write_text('{"my": "notes"}')
+    for overwrite in (False, True):
+        with pytest.raises(WikipediaError, match="holds files this tool did not write"):
+            prepare(TINY, folder, progress=False, overwrite=overwrite)
+    assert [p.name for p in folder.iterdir()] == [name] and (folder / name).read_text() == '{"my": "notes"}'
+    made = prepare(TINY, tmp_path / "fresh", progress=False)
+    assert made["written_by"] == "bert_ipu prepare_wikipedia"
+    again = prepare(TINY, tmp_path / "fresh", progress=False)  # its own output: recognised, complete
+    assert again["shards"] == made["shards"]
 
 
 def test_cli_exit_code_and_help(tmp_path):

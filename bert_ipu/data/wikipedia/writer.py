@@ -55,7 +55,24 @@ def _read_json(path: Path) -> dict | None:
 
 
 
+WRITTEN_BY = "bert_ipu prepare_wikipedia"
+"""the marker in this tool's records (progress.json, wikipedia.json): a folder is its output only when one of them
+holds it, never because of the files' names"""
+
+
+def _marked(path: Path) -> bool:
+    """Whether `path` is a record this tool wrote: its marker, or (records written before the marker) the identity
+    of a conversion (source, docs_per_shard, sha256)."""
+    record = _read_json(path)
+    if record is None:
+        return False
+    identity = record.get("identity")
+    return record.get("written_by") == WRITTEN_BY or (
+        isinstance(identity, dict) and {"source", "docs_per_shard", "sha256"} <= set(identity))
+
+
 def _ours(path: Path) -> bool:
+    """A file of this tool's output, in a folder whose records are marked (`_marked`)."""
     return bool(_SHARD_RE.match(path.name)) or path.name in (
         MANIFEST, PROGRESS, MANIFEST + PARTIAL, PROGRESS + PARTIAL,
         MANIFEST + ".tmp", PROGRESS + ".tmp")  # .tmp: what this tool's records were written as before
@@ -123,7 +140,7 @@ class _ShardWriter:
 
 
 def _write_progress(output: Path, identity: dict, shards: list[dict]) -> None:
-    write_json(output / PROGRESS, {"identity": identity, "shards": shards})
+    write_json(output / PROGRESS, {"written_by": WRITTEN_BY, "identity": identity, "shards": shards})
 
 
 def _commit_shard(output: Path, identity: dict, shards: list[dict]) -> None:
@@ -140,10 +157,13 @@ def _check_output(output: Path, identity: dict, overwrite: bool) -> list[dict]:
     if not output.exists():
         return []
     entries = list(output.iterdir())
-    foreign = sorted(p.name for p in entries if not _ours(p))
+    # this tool's output only where its own record says so: a user's progress.json or wiki-00000.txt is theirs
+    marked = any(_marked(output / name) for name in (PROGRESS, MANIFEST))
+    foreign = sorted(p.name for p in entries if not (marked and _ours(p)))
     if foreign:
-        raise WikipediaError(f"--output {output} holds other files ({', '.join(foreign[:3])}"
-                             f"{', ...' if len(foreign) > 3 else ''}); give a new or empty folder")
+        raise WikipediaError(f"--output {output} holds files this tool did not write ({', '.join(foreign[:3])}"
+                             f"{', ...' if len(foreign) > 3 else ''}; no {PROGRESS} of this tool's); nothing was "
+                             "changed: give a new or empty folder")
     if overwrite or not entries:
         for p in entries:
             p.unlink()
@@ -304,6 +324,7 @@ def _prepare(source: Path, output: Path, kind: str, size: int, identity: dict, o
                                  f"{counts['other_namespaces']:,} in other namespaces, "
                                  f"{counts['empty_after_cleaning']:,} empty after cleaning)")
         manifest = {
+            "written_by": WRITTEN_BY,
             "kind": "wikipedia-text",
             "format": "BERT text: one sentence per line, a blank line between documents",
             "source": {"path": str(source), "type": kind, "bytes": size, "compression": compression,
