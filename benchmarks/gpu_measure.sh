@@ -123,7 +123,7 @@ stage_quick() {
         --variants varlen varlen+compile flex hf-flex hf-sdpa --json "$OUT/quick_llama.jsonl"
     part cudagraphs 110 $APP output_dir=/tmp/app_cudagraphs train.compile=cudagraphs
     part profile 160 $PY run_profiling.py --config profile_large_512 --algorithms none cghp --backends mask \
-        --hf-baseline --step-modes compile profile.precision=bf16 profile.micro_batch_size=32 profile.rounds=3 \
+        --hf-baseline --engine --step-modes compile profile.precision=bf16 profile.micro_batch_size=32 profile.rounds=3 \
         --json "$OUT/quick_profile.jsonl"
     for run in app_compile app_cudagraphs; do  # the application's own metrics rows
         [ -f "/tmp/$run/metrics.jsonl" ] && cp "/tmp/$run/metrics.jsonl" "$OUT/quick_${run}_metrics.jsonl"

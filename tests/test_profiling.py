@@ -134,6 +134,23 @@ def test_step_modes_time_the_compiled_step_as_rows_of_their_own(tmp_path, capsys
     assert "cudagraphs: skipped" in text
 
 
+def test_engine_rows_time_the_applications_step(tmp_path):
+    """--engine: beside the AdamW rows, the training application's step (the engine's LocalParallel with each step
+    mode as train.compile, LAMB multi-tensor, clipping, the schedule, pinned copies) on the packed algorithms'
+    batches, as rows `mask+engine` and `mask+engine+compile`: the same batches, so the same FLOPs."""
+    cfg = _tiny_profile(tmp_path)
+    out = tmp_path / "rows.jsonl"
+    assert entry("profile", ["--config", str(cfg), "--algorithms", "sort", "cghp", "--engine",
+                             "--step-modes", "eager", "compile", "--json", str(out)]) == 0
+    rows = {(r["backend"], r["algorithm"]): r for r in map(json.loads, out.read_text().splitlines())}
+    assert {("mask+engine", "none"), ("mask+engine", "cghp"), ("mask+engine+compile", "none"),
+            ("mask+engine+compile", "cghp")} <= set(rows)
+    assert ("mask+engine", "sort") not in rows  # a shape per batch: not what the application trains on
+    for algorithm in ("none", "cghp"):
+        assert rows["mask+engine", algorithm]["flops_per_step"] == rows["mask", algorithm]["flops_per_step"]
+        assert rows["mask+engine+compile", algorithm]["sequences_per_second"] > 0
+
+
 def test_bad_step_modes_are_refused():
     with pytest.raises(ConfigError, match="profile.step_modes"):
         load_config("profile_quick", ["profile.step_modes=[eager, jit]"])

@@ -45,6 +45,9 @@ ARGUMENTS = (
     ("--step-modes", dict(nargs="+", metavar="MODE", help="how the steps run, each mode timed as its own rows: "
                           "eager (default), compile (torch.compile, static shapes), cudagraphs (compiled and "
                           "replayed as CUDA graphs; CUDA only)"), "profile.step_modes"),
+    ("--engine", dict(action="store_true", help="also time the training application's step (the engine: its "
+                      "train.compile = each step mode, LAMB multi-tensor, clipping, pinned copies) on the packed "
+                      "algorithms' batches, rows 'BACKEND+engine[+MODE]'"), "profile.engine"),
     ("--backends", dict(nargs="+", metavar="NAME", help="attention backends to measure, each with every algorithm "
                         "(default: model.attention_backend); speed-ups are over NONE on the same backend"),
      "profile.backends"),

@@ -40,6 +40,11 @@ class ProfileConfig:
     compile (torch.compile of forward and backward with static shapes; the AdamW step stays eager); cudagraphs
     (the same, replayed as CUDA graphs: mode reduce-overhead, CUDA only). SORT's changing shapes are timed eager
     only"""
+    engine: bool = False
+    """also time the training application's step on the packed algorithms' batches, each step mode a row
+    (`mask+engine`, `mask+engine+compile`, ...): the engine's LocalParallel with train.compile set to the step mode,
+    the pretraining task's loss, gradient clipping, LAMB on its multi-tensor path and the schedule, the counts on
+    the host and the batches copied through pinned memory: what run_pretraining.py runs for one micro-batch"""
     trace_dir: str | None = None
     """folder for torch.profiler traces and op tables per algorithm (and config.yaml); None = no traces"""
     json: str | None = None

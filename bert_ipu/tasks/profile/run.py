@@ -497,6 +497,16 @@ def run(cfg, say=print) -> dict:
                                    prof.trace_dir if eager else None, say=lambda m: say(f"[profile] {m}"),
                                    compile_step=prof.compile and eager, models=extra, step_mode=mode)
             rows += [r | {"backend": label} for r in summarize(measurements, peak)]
+            if prof.engine:  # the application's step on the same batches (its optimizer, its compile mode)
+                label = f"{backend}+engine" + ("" if eager else f"+{mode}")
+                say(f"[profile] {label} ...")
+                torch.compiler.reset()
+                step = EngineStep(model, cfg, device, prof.precision, mode)
+                packed = {k: v for k, v in batches.items() if k != "sort"}
+                measurements = profile_engine(step, packed, results, prof.rounds, device,
+                                              StepFlops(model, lambda twin, b: twin(**b).loss),
+                                              say=lambda m: say(f"[profile] {m}"))
+                rows += [r | {"backend": label} for r in summarize(measurements, peak)]
     if not rows:
         raise ProfilingError(f"no backend could be measured on {device}: "
                              f"profile.backends={prof.backends or [cfg.model.attention_backend]}; "
@@ -539,6 +549,68 @@ def run(cfg, say=print) -> dict:
     except OSError as e:
         raise ProfilingError(f"cannot write the profile's outputs: {describe_os_error(e)}") from None
     return {"rows": rows, "scaling": study}
+
+
+class EngineStep:
+    """The training application's step for one micro-batch (profile.engine): the engine's LocalParallel with
+    `mode` as train.compile, the pretraining task's loss, the gradient norm clipped, LAMB (multi-tensor) and the
+    schedule; the counts taken on the host and the batch copied through pinned memory, as the trainer does. Called
+    with a batch of CPU tensors."""
+
+    def __init__(self, model, cfg, device: torch.device, precision: str, mode: str):
+        from ...config import TrainConfig
+        from ...engine.optim import build_optimizer
+        from ...engine.parallel import LocalParallel
+        from ...engine.runtime import Runtime
+        from ..pretraining.task import PretrainingTask
+
+        self.task = PretrainingTask(cfg)
+        self.task.expected = None
+        self.rt = Runtime(device)
+        self.engine = LocalParallel(model, self.task, self.rt, precision, compile_mode="none" if mode == "eager" else mode)
+        train = TrainConfig(optimizer="lamb", learning_rate=1e-5, warmup_steps=1, max_steps=10 ** 6)
+        self.opt, self.sched = build_optimizer(model, train, 10 ** 6, 1, (0.9, 0.999))
+
+    def __call__(self, batch: dict) -> None:
+        from ...engine.parallel import global_counts, to_device
+
+        self.engine.model.mlm_slots = batch["masked_lm_labels"].shape[1]  # the task's model knows M from its data
+        counts = global_counts(self.task, self.engine, [batch])
+        self.engine.train_step([to_device(batch, self.rt.device)], self.task.normalizers(counts))
+        self.engine.clip(1.0)
+        self.opt.step()
+        self.sched.step()
+        self.opt.zero_grad(set_to_none=True)
+
+
+def profile_engine(step: EngineStep, batches: dict, results: dict, rounds: int, device, flops: StepFlops,
+                   say=print) -> dict:
+    """`EngineStep` timed on every algorithm's batches (CPU tensors), rounds interleaved, the first dropped: the
+    same Measurements as `profile`."""
+    out = {}
+    for name, bs in batches.items():
+        m = Measurement(name, results[name])
+        m.sequences_per_step = bs[0]["input_ids"].shape[0] * results[name].packing_factor
+        m.tokens_per_step = bs[0]["input_ids"].shape[0] * results[name].max_len * results[name].efficiency
+        m.flops_per_step = statistics.mean(flops.of(b) for b in bs)
+        out[name] = m
+    for r in range(rounds):
+        for name, bs in batches.items():
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            for b in bs:
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                start = time.perf_counter()
+                step(b)
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                if r:
+                    out[name].step_seconds.append(time.perf_counter() - start)
+            if device.type == "cuda" and r:
+                out[name].peak_memory_bytes = max(out[name].peak_memory_bytes or 0, torch.cuda.max_memory_allocated())
+        say(f"round {r + 1}/{rounds} done{' (warm-up)' if r == 0 else ''}")
+    return out
 
 
 def _our_rows(head: bytes) -> bool:
