@@ -54,6 +54,7 @@ from bert_ipu.data.contiguous import rows_from_packs
 from bert_ipu.engine.runtime import autocast
 from bert_ipu.models import attention as attn
 from bert_ipu.models.llama import PackedLlamaForCausalLM
+from bert_ipu.models.losses import HiddenStates, chunked_causal_lm_loss_sums
 from bert_ipu.packing.histogram import histogram_of
 from bert_ipu.packing.synthetic import long_context_lengths
 from bert_ipu.engine.flops import peak_flops
@@ -128,8 +129,9 @@ class Variant:
     """One row of the table: a model (shared with the other variants of its kind: ours or Hugging Face's, with
     one optimizer each), the attention it runs with, and its batches."""
 
-    def __init__(self, name, model, opt, batches, device, precision):
+    def __init__(self, name, model, opt, batches, device, precision, loss_chunk=None):
         self.name, self.model, self.opt, self.batches = name, model, opt, batches
+        self.loss_chunk = loss_chunk  # tokens of the LM head and loss at a time (None: all at once)
         self.device, self.precision = device, precision
         self.seconds, self.peak, self.error = [], None, None
         self.backend, _, self.mode = name.partition("+")
@@ -139,8 +141,13 @@ class Variant:
                                        mode="reduce-overhead" if self.mode == "cudagraphs" else None)
 
     def _ours_loss(self, batch):
-        logits = self.model(batch["input_ids"], batch["position_ids"], batch["sequence_ids"])
-        return F.cross_entropy(logits.float().flatten(0, 1), batch["labels"].flatten(), ignore_index=-100)
+        out = self.model(batch["input_ids"], batch["position_ids"], batch["sequence_ids"])
+        if isinstance(out, HiddenStates):  # --loss-chunk: the head and the loss chunk by chunk, as the task runs them
+            labels = batch["labels"]
+            sums, _ = chunked_causal_lm_loss_sums(out, labels, torch.zeros_like(labels, dtype=torch.float32),
+                                                  self.loss_chunk)
+            return sums.token_loss_sum / sums.label_tokens.clamp_min(1)
+        return F.cross_entropy(out.float().flatten(0, 1), batch["labels"].flatten(), ignore_index=-100)
 
     def loss(self, batch):
         with autocast(self.device, self.precision):
@@ -166,7 +173,7 @@ class Variant:
         return time.perf_counter() - start
 
 
-def build_variants(names, config, state, packs, S, micro_batch, device, precision, say):
+def build_variants(names, config, state, packs, S, micro_batch, device, precision, say, loss_chunk=None):
     """One Variant per name that can run here. Two models at most, each loaded with the same weights and given
     one AdamW: ours (every backend of ours runs on it) and transformers' (every attn_implementation runs on it)."""
     import transformers
@@ -182,6 +189,8 @@ def build_variants(names, config, state, packs, S, micro_batch, device, precisio
         if kind not in models:
             model = (PackedLlamaForCausalLM(config, "mask", max_sequences_per_pack=depth) if kind == "ours" else
                      transformers.LlamaForCausalLM(config)).to(device)
+            if kind == "ours":
+                model.head_in_loss = loss_chunk is not None
             model.load_state_dict(state)
             # one fused kernel a step on CUDA, as the engine and transformers' Trainer (adamw_torch_fused) take it
             fused = True if device.type == "cuda" else None
@@ -208,7 +217,7 @@ def build_variants(names, config, state, packs, S, micro_batch, device, precisio
                 say(f"{name}: skipped: FlexAttention is measured on CUDA only")
                 continue
             kind, batches = "hf", [{k: v.to(device) for k, v in flattened_rows(s).items()} for s in steps]
-        out.append(Variant(name, *model_of(kind), batches, device, precision))
+        out.append(Variant(name, *model_of(kind), batches, device, precision, loss_chunk if kind == "ours" else None))
     return out, steps, model_of("hf")[0]
 
 
@@ -235,9 +244,12 @@ def main(argv=None) -> int:
     parser.add_argument("--precision", choices=["fp32", "bf16"], default=None,
                         help="default: bf16 on CUDA, fp32 on the CPU")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--loss-chunk", type=int, default=None, metavar="TOKENS",
+                        help="our variants compute the LM head and the loss this many tokens at a time "
+                             "(model.loss_chunk_tokens), never the whole float32 logits")
     parser.add_argument("--json", default=None, help="write one JSON object per pack length and variant")
     args = parser.parse_args(argv)
-    if args.rounds < 2 or args.steps < 1 or args.micro_batch < 1:
+    if args.rounds < 2 or args.steps < 1 or args.micro_batch < 1 or (args.loss_chunk or 1) < 1:
         parser.error("need --rounds >= 2 (the first is warm-up), --steps >= 1 and --micro-batch >= 1")
     device = torch.device(args.device)
     precision = args.precision or ("bf16" if device.type == "cuda" else "fp32")
@@ -256,7 +268,7 @@ def main(argv=None) -> int:
             f"(efficiency {result.efficiency:.1%}, {result.packing_factor:.2f} documents a pack); "
             f"{sum(p.numel() for p in state.values()) / 1e6:,.1f} M parameters")
         variants, steps, hf_model = build_variants(args.variants, config, state, packs, S, args.micro_batch, device,
-                                                precision, say)
+                                                precision, say, args.loss_chunk)
         del state
         doc_lengths = [[len(d) for docs in s for d in docs] for s in steps]
         flops = statistics.mean(useful_flops(config, lengths) for lengths in doc_lengths)

@@ -527,3 +527,52 @@ def test_varlen_segments_are_the_packs_sequences():
             seg = [x[lo:hi].transpose(0, 1) for x in flat]  # (heads, n, D)
             got[lo:hi] = F.scaled_dot_product_attention(*seg, is_causal=True).transpose(0, 1)
     torch.testing.assert_close(got.view(B, S, 2, 8).transpose(1, 2), expected, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 16, 64])
+def test_the_chunked_vocabulary_loss_equals_the_plain_one(chunk):
+    """model.loss_chunk_tokens: the LM head and the cross-entropy chunk by chunk, each chunk recomputed in the
+    backward pass. In float64 the loss sums, the label count, the correct predictions and every gradient equal the
+    plain loss over the whole logits to rounding (1e-12), for chunks that divide the tokens or not."""
+    from bert_ipu.models.losses import HiddenStates, chunked_causal_lm_loss_sums
+
+    _, ours = hf_and_packed("llama", torch.float64)
+    batch, _ = pack(sequences(), [[0, 1], [2, 3, 4]])
+    args = (batch["input_ids"], batch["position_ids"], batch["sequence_ids"])
+    weights = sequence_label_weights(batch["labels"], batch["sequence_ids"], 3)
+    logits = ours(*args)
+    plain = causal_lm_loss_sums(logits, batch["labels"], weights)
+    plain_correct = ((logits.argmax(-1) == batch["labels"]) & (batch["labels"] != IGNORE_INDEX)).sum()
+    (plain.token_loss_sum + plain.sequence_loss_sum).backward()
+    expected = {n: p.grad.clone() for n, p in ours.named_parameters()}
+    ours.zero_grad(set_to_none=True)
+    ours.head_in_loss = True
+    out = ours(*args)
+    assert isinstance(out, HiddenStates)
+    sums, correct = chunked_causal_lm_loss_sums(out, batch["labels"], weights, chunk)
+    (sums.token_loss_sum + sums.sequence_loss_sum).backward()
+    for name in ("token_loss_sum", "label_tokens", "sequence_loss_sum", "labelled_sequences"):
+        torch.testing.assert_close(getattr(sums, name), getattr(plain, name), rtol=1e-12, atol=1e-12)
+    assert int(correct) == int(plain_correct)
+    for name, p in ours.named_parameters():
+        torch.testing.assert_close(p.grad, expected[name], rtol=1e-10, atol=1e-12, msg=name)
+
+
+def test_a_run_with_the_chunked_loss_trains_as_the_plain_one(tmp_path):
+    """The causal LM application with model.loss_chunk_tokens=100 logs the losses of the plain run (float32, 1e-5
+    relative: the same terms summed in chunks) and counts the LM head's FLOPs all the same."""
+    rows = {}
+    for name, extra in (("plain", []), ("chunked", ["model.loss_chunk_tokens=100"])):
+        out = tmp_path / name
+        assert entry("causal_lm", ["--config", "sft_tiny_chat_packed", *TINY, f"output_dir={out}",
+                                   "train.max_steps=3", *extra]) == 0
+        rows[name] = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    for a, b in zip(rows["plain"], rows["chunked"]):
+        for key in ("loss", "accuracy", "val_loss"):
+            if key in a:
+                assert abs(a[key] - b[key]) <= 1e-5 * abs(a[key]), (key, a[key], b[key])
+    per_token = {name: [r["tflops_per_second"] / r["tokens_per_second"] for r in rs if "tflops_per_second" in r]
+                 for name, rs in rows.items()}
+    assert per_token["plain"] and len(per_token["plain"]) == len(per_token["chunked"])
+    for a, b in zip(per_token["plain"], per_token["chunked"]):  # the same updates: the head counted in both
+        assert abs(a - b) <= 1e-9 * a

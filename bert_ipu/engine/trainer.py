@@ -31,6 +31,7 @@ from ..data.loader import Level, LevelLoader, UpdateLoader, source_pack_costs
 from ..files import OutputBusy, OutputLock, write_atomic, write_json
 from ..models import attention
 from ..models.hf_io import ExportError, quiet_off_terminal
+from ..models.losses import HiddenStates
 from . import checkpoint
 from .flops import StepFlops, peak_flops
 from .metrics import MetricsLogger
@@ -325,6 +326,8 @@ def step_flops(task, engine, rt: Runtime, levels: list[Level]) -> StepFlops | No
 
 def outputs(out) -> list[torch.Tensor]:
     """The floating-point tensors of a model's output (a tensor, a tuple, a dataclass or a dict of them)."""
+    if isinstance(out, HiddenStates):  # a head applied in the loss: its matrix product counts
+        return [torch.nn.functional.linear(out.hidden, out.head_weight)]
     if isinstance(out, torch.Tensor):
         return [out] if out.is_floating_point() else []
     if dataclasses.is_dataclass(out):

@@ -30,6 +30,7 @@ from torch import nn
 
 from . import attention as attn
 from .hf_io import from_hf, init_weights, save_as_hf
+from .losses import HiddenStates
 
 
 # --- the models --------------------------------------------------------------------------------------------
@@ -50,6 +51,7 @@ class PackedCausalLM(nn.Module):
         self.config = config
         self.attention_backend = attention_backend
         self.max_sequences_per_pack = max_sequences_per_pack  # K: varlen's segments a row (it needs it)
+        self.head_in_loss = False  # True: forward returns HiddenStates, the loss applies the LM head in chunks
         setattr(self, self.base, self.decoder_class(config))
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self._tie_and_init()
@@ -76,6 +78,8 @@ class PackedCausalLM(nn.Module):
         dtype = torch.get_autocast_dtype(kind) if autocast else self.lm_head.weight.dtype
         attention = attn.attention_for(sequence_ids, self.attention_backend, dtype, causal=True, slots=slots)
         hidden = getattr(self, self.base)(input_ids, position_ids, attention)
+        if self.head_in_loss:  # the loss applies the head chunk by chunk (losses.chunked_causal_lm_loss_sums)
+            return HiddenStates(hidden, self.lm_head.weight)
         return self.lm_head(hidden)
 
     @classmethod

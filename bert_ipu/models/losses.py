@@ -129,3 +129,40 @@ def causal_lm_loss(sums: CausalLMSums, mode: str, normalizers: dict | None = Non
     if mode == "sum":
         return sums.token_loss_sum
     raise ValueError(f"unknown loss mode {mode!r}; choose from {', '.join(LOSS_MODES)}")
+
+
+@dataclass(frozen=True)
+class HiddenStates:
+    """A causal LM's output when its LM head runs in the loss (`chunked_causal_lm_loss_sums`): the final hidden
+    states (B, S, H) and the head's weight (V, H)."""
+    hidden: torch.Tensor
+    head_weight: torch.Tensor
+
+
+def chunked_causal_lm_loss_sums(out: HiddenStates, labels, label_weights, chunk_tokens: int):
+    """`causal_lm_loss_sums` and the count of correct next-token predictions, with the LM head applied
+    `chunk_tokens` tokens at a time: each chunk's logits (in the autocast dtype) and their float32 cross-entropy
+    are recomputed in the backward pass (activation checkpointing) instead of kept, so the (tokens x vocabulary)
+    logits never exist whole. Static shapes: a fixed number of chunks for a micro-batch shape. Returns
+    (CausalLMSums, correct)."""
+    from torch.utils.checkpoint import checkpoint
+
+    B, S = labels.shape
+    hidden = out.hidden.reshape(B * S, -1)
+    flat, weights = labels.reshape(-1), label_weights.reshape(-1)
+
+    def chunk(h, y):
+        logits = F.linear(h, out.head_weight)
+        each = F.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)), y,
+                               ignore_index=IGNORE_INDEX, reduction="none")
+        return each, ((logits.argmax(-1) == y) & (y != IGNORE_INDEX)).sum()
+
+    each, correct = [], []
+    for lo in range(0, B * S, chunk_tokens):
+        e, c = checkpoint(chunk, hidden[lo:lo + chunk_tokens], flat[lo:lo + chunk_tokens], use_reentrant=False)
+        each.append(e)
+        correct.append(c)
+    each = torch.cat(each)
+    w = weights.to(each.dtype)
+    sums = CausalLMSums(each.sum(), (labels != IGNORE_INDEX).sum(), (each * w).sum(), w.sum())
+    return sums, torch.stack(correct).sum()

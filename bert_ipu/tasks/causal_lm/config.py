@@ -30,9 +30,16 @@ class CausalModelConfig:
     sequence lengths, bf16)"""
     init_checkpoint: str | None = None
     """start from a Hugging Face GPT-2 or Llama folder (ours or transformers'); None = from scratch"""
+    loss_chunk_tokens: int | None = None
+    """compute the LM head and the vocabulary loss this many tokens at a time, each chunk's logits recomputed in
+    the backward pass instead of kept: the (tokens x vocabulary) float32 logits never exist (1 GB for a 32K
+    vocabulary at 8K tokens); None = the whole micro-batch's logits at once. One process or data parallelism"""
 
     def __post_init__(self):
         from ...models import causal_lm_classes
+
+        if self.loss_chunk_tokens is not None and self.loss_chunk_tokens < 1:
+            raise ConfigError(f"model.loss_chunk_tokens = {self.loss_chunk_tokens}: must be >= 1 (or null)")
 
         if self.family not in causal_lm_classes():
             raise ConfigError(f"model.family {self.family!r}: choose {' or '.join(causal_lm_classes())}")

@@ -32,7 +32,8 @@ from ...engine.runtime import RunError, Runtime
 from ...models import causal_lm_class, causal_lm_classes, plans
 from ...models.hf_io import export_model
 from ...models.llama import PackedLlamaForCausalLM
-from ...models.losses import causal_lm_loss, causal_lm_loss_sums, sequence_label_weights, whole
+from ...models.losses import (HiddenStates, causal_lm_loss, causal_lm_loss_sums, chunked_causal_lm_loss_sums,
+                              sequence_label_weights, whole)
 from ...packing import PackingInputError
 from ..base import TaskBase
 from ..common import command, pack_depth, packing_line, require_checkpoint_folder
@@ -200,6 +201,11 @@ class CausalLMTask(TaskBase):
                 raise RunError(f"model.init_checkpoint {m.init_checkpoint}: {e}") from None
         else:
             model = causal_lm_classes()[m.family](m.hf_config(self.tokenizer, S), **kwargs)
+        model.head_in_loss = m.loss_chunk_tokens is not None
+        if model.head_in_loss and self.cfg.parallel.tensor_parallel > 1:
+            raise RunError("model.loss_chunk_tokens computes the LM head in the loss, and under tensor parallelism "
+                           "the head is split over the vocabulary (its own parallel loss); set "
+                           "model.loss_chunk_tokens=null or parallel.tensor_parallel=1")
         if model.config.vocab_size < len(self.tokenizer):
             raise RunError(f"the tokenizer has {len(self.tokenizer)} tokens but the model only "
                            f"{model.config.vocab_size}; give the tokenizer the model was trained with (data.tokenizer)")
@@ -230,9 +236,13 @@ class CausalLMTask(TaskBase):
 
     def loss(self, logits, targets: dict, normalizers: dict):
         labels = targets["labels"]
-        sums = causal_lm_loss_sums(logits, labels, targets["label_weights"])
-        with torch.no_grad():
-            correct = ((whole(logits.argmax(-1)) == labels) & (labels != IGNORE_INDEX)).sum()
+        if isinstance(logits, HiddenStates):  # model.loss_chunk_tokens: the head applied chunk by chunk
+            sums, correct = chunked_causal_lm_loss_sums(logits, labels, targets["label_weights"],
+                                                        self.cfg.model.loss_chunk_tokens)
+        else:
+            sums = causal_lm_loss_sums(logits, labels, targets["label_weights"])
+            with torch.no_grad():
+                correct = ((whole(logits.argmax(-1)) == labels) & (labels != IGNORE_INDEX)).sum()
         loss = causal_lm_loss(sums, self.cfg.data.loss_mode, normalizers)
         return loss, {"token_loss_sum": sums.token_loss_sum, "sequence_loss_sum": sums.sequence_loss_sum,
                       "correct": correct}
