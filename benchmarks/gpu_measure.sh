@@ -17,7 +17,8 @@
 #            part under its own cap: the GPU tests (no host sync in a step; compiled and CUDA-graph steps equal
 #            eager; varlen and flex), the training application (BERT-large 512 packed, compiled), packed Llama-1.1B
 #            at 8K against transformers' padding-free path, then (time permitting) the application with CUDA
-#            graphs and the profile's compiled rows against transformers compiled. QUICK=part,part picks parts
+#            graphs, the profile's compiled rows (and the application's step, --engine) against transformers
+#            compiled, then Llama at 8K and 32K with CUDA graphs and the chunked loss. QUICK=part,part picks parts
 #
 # Each stage writes under ${OUT:-runs/gpu}/STAGE* and prints a short table last. PY is the Python with torch
 # (default python3). On the device machine: `setup` first in every fresh machine (it installs the wheels that
@@ -104,7 +105,7 @@ APP="$PY run_pretraining.py --config pretrain_large_512_packed_gpu --overwrite t
      data.dataset=/tmp/builtin_512_packed"
 
 stage_quick() {
-    local start=$SECONDS deadline=${DEADLINE:-380} parts=${QUICK:-tests,app,llama,cudagraphs,profile}
+    local start=$SECONDS deadline=${DEADLINE:-380} parts=${QUICK:-tests,app,llama,cudagraphs,profile,llama_next}
     part() {  # NAME CAP COMMAND...: skipped when not asked for or when fewer than 25 s are left
         local name=$1 cap=$2; shift 2
         [[ ",$parts," == *",$name,"* ]] || return 0
@@ -125,6 +126,9 @@ stage_quick() {
     part profile 160 $PY run_profiling.py --config profile_large_512 --algorithms none cghp --backends mask \
         --hf-baseline --engine --step-modes compile profile.precision=bf16 profile.micro_batch_size=32 profile.rounds=3 \
         --json "$OUT/quick_profile.jsonl"
+    part llama_next 200 $PY benchmarks/llama_long_context.py --model 1b --pack-length 8192 32768 --steps 3 \
+        --rounds 3 --loss-chunk 2048 --variants varlen+compile varlen+cudagraphs hf-flex \
+        --json "$OUT/quick_llama_next.jsonl"
     for run in app_compile app_cudagraphs; do  # the application's own metrics rows
         [ -f "/tmp/$run/metrics.jsonl" ] && cp "/tmp/$run/metrics.jsonl" "$OUT/quick_${run}_metrics.jsonl"
     done
