@@ -76,3 +76,15 @@ def test_a_training_run_logs_its_model_flops(dataset, tmp_path):
     main(tiny(dataset, out, "train.max_steps=2"), progress=False)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert all(r["tflops_per_second"] > 0 and "mfu" not in r for r in rows if "loss" in r)
+
+
+def test_activation_checkpointing_does_not_count_twice():
+    """A level's checkpointed layers (an instance forward that recomputes in the backward pass) cost more time, not
+    more model FLOPs: the count is the plain model's (the twin had counted every checkpointed layer twice)."""
+    from bert_ipu.engine.parallel import checkpoint_layers
+
+    model = PackedBertForPreTraining(CFG, 3)
+    plain = StepFlops(model, loss_of).of(batch(IDS))
+    checkpoint_layers(model, 2)
+    assert StepFlops(model, loss_of).of(batch(IDS)) == plain
+    assert "forward" in vars(model.bert.encoder.layer["0"])  # the model itself keeps its checkpointing

@@ -42,7 +42,11 @@ def meta_twin(model: torch.nn.Module) -> torch.nn.Module:
             memo[id(p)] = torch.nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=p.requires_grad)
     for b in model.buffers():
         memo.setdefault(id(b), torch.empty_like(b, device="meta"))
-    return copy.deepcopy(model, memo)
+    twin = copy.deepcopy(model, memo)
+    for module in twin.modules():  # an instance forward (activation checkpointing, engine.parallel) would count
+        if "forward" in vars(module):  # its layer's forward twice: the model's FLOPs are the class forward's
+            del module.forward
+    return twin
 
 
 def document_pairs(sequence_ids: torch.Tensor, causal: bool) -> float:

@@ -40,7 +40,7 @@ class ShardedLamb(torch.optim.Optimizer):
 
     def __init__(self, params, lr: float, betas: tuple, eps: float, weight_decay: float):
         super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay})
-        self._split: dict[int, torch.Tensor] = {}  # per group: which parameters are split (a device mask, made once)
+        self._split: dict[tuple, torch.Tensor] = {}  # which parameters are split (a device mask, made once)
 
     def _whole_norms(self, index: int, params: list, values: list) -> torch.Tensor:
         """(2, n): the L2 norms of the parameters and of `values` (laid out as the parameters), each over the whole
@@ -52,9 +52,10 @@ class ShardedLamb(torch.optim.Optimizer):
         split = [is_distributed(p) and any(pl.is_shard() for pl in p.placements) for p in params]
         if not any(split):
             return norms
-        if index not in self._split:
-            self._split[index] = torch.tensor(split, device=norms.device)
-        mask = self._split[index]
+        key = (index, tuple(id(p) for p in params))  # the parameters with a gradient this step
+        if key not in self._split:
+            self._split[key] = torch.tensor(split, device=norms.device)
+        mask = self._split[key]
         import torch.distributed as dist
 
         squares = norms.square() * mask

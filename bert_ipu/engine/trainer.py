@@ -312,6 +312,40 @@ class StopSignal:
         self._previous = {}
 
 
+class LevelClock:
+    """The seconds of each update, for the tokens/s of each level (packs of several lengths): the host no longer
+    waits for an update, so its wall time would be the time to queue the work. On CUDA two events around the
+    update, read when the host synchronises anyway (`take`, at a log row); on the CPU, where the step runs as it is
+    queued, wall time."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.marks: list = []  # (pack length, tokens, start, end)
+
+    def start(self):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def stop(self, begin, pack_length: int, tokens: float) -> None:
+        end = self.start()
+        self.marks.append((pack_length, tokens, begin, end))
+
+    def take(self) -> dict[int, list[float]]:
+        """pack length -> [tokens, seconds] of the updates since the last take (the device's work is done)."""
+        out: dict[int, list[float]] = {}
+        for length, tokens, begin, end in self.marks:
+            if self.cuda:
+                end.synchronize()
+            seconds = begin.elapsed_time(end) / 1e3 if self.cuda else end - begin
+            at = out.setdefault(length, [0.0, 0.0])
+            at[0], at[1] = at[0] + tokens, at[1] + seconds
+        self.marks.clear()
+        return out
+
+
 def step_flops(task, engine, rt: Runtime, levels: list[Level]) -> StepFlops | None:
     """The model FLOPs of the task's micro-batches (bert_ipu.engine.flops), where one process holds the whole model
     and whole rows (None under pipeline, tensor or sequence parallelism)."""
@@ -550,7 +584,7 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, load
     evaluation = Level(0, None, t.micro_batch_size, rt.sequence)  # how evaluation runs between levels
     logger = MetricsLogger(out, rt.main, total, step, progress, desc=task.name, report_to=t.report_to, config=config,
                            name=cfg.name)
-    per_level: dict = {}  # pack length -> [tokens, seconds] of the window's updates of that level
+    clock = LevelClock(rt.device) if len(levels) > 1 else None  # each level's tokens/s
     first_step = step
     flops = step_flops(task, engine, rt, levels)  # the model FLOPs of each update, counted on the host (MFU)
     peak = peak_flops(rt.device, t.precision)
@@ -561,6 +595,7 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, load
     try:
         while step < total:
             started = time.perf_counter()
+            mark = clock.start() if clock else None
             host = loader.next_update()  # CPU tensors: counted and measured here, then copied without waiting
             level = levels[loader.level] if len(levels) > 1 else levels[0]
             engine.use_level(level)
@@ -574,6 +609,8 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, load
             opt.step()
             sched.step()
             opt.zero_grad(set_to_none=True)
+            if clock:
+                clock.stop(mark, level.pack_length, counts["tokens"])
             step += 1
             pending = sums if pending is None else pending + sums
             window = {k: window.get(k, 0.0) + v for k, v in counts.items()}
@@ -582,27 +619,28 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, load
                 window_flops += sum(flops.of(b) for b in host)  # this replica's (every replica does as much)
             timed["sequences"] += counts["sequences"]
             timed["tokens"] += counts["tokens"]
-            if len(levels) > 1:  # tokens and seconds of each level's updates, for its tokens/s
-                at = per_level.setdefault(level.pack_length, [0.0, 0.0])
-                at[0], at[1] = at[0] + counts["tokens"], at[1] + time.perf_counter() - started
             if step == first_step + 1 and t.compile != "none":  # said once; the throughput leaves this update out
                 sync()
                 rt.say(f"train.compile={t.compile}: the first update, which compiled the step, took "
                        f"{time.perf_counter() - started:.1f} s")
                 timed = {"sequences": 0.0, "tokens": 0.0, "since": time.perf_counter()}
                 window_flops = 0.0
+                if clock:
+                    clock.take()
             row_due = False
             if due(t.log_every, step):
                 sync()  # the device's work of the window is done: its seconds are wall time
                 seconds = time.perf_counter() - timed["since"]
                 updates = step - window_step
-                last = task.summarize(window) | {"sequences_seen": seen, "lr": sched.get_last_lr()[0],
-                                                 "sequences_per_second": timed["sequences"] / seconds,
-                                                 "tokens_per_second": timed["tokens"] / seconds} \
+                # no rates for a window of no timed update (the first, compiling update was its only one)
+                speed = {"sequences_per_second": timed["sequences"] / seconds,
+                         "tokens_per_second": timed["tokens"] / seconds} if timed["sequences"] else {}
+                per_level = clock.take() if clock else {}
+                last = task.summarize(window) | {"sequences_seen": seen, "lr": sched.get_last_lr()[0]} | speed \
                     | {k: v / updates for k, v in balance.items()} \
                     | {f"tokens_per_second_{n}": tok / sec for n, (tok, sec) in sorted(per_level.items())} \
-                    | rates(window_flops, seconds, peak)
-                window, balance, per_level, window_step, row_due = {}, {}, {}, step, True
+                    | (rates(window_flops, seconds, peak) if speed else {})
+                window, balance, window_step, row_due = {}, {}, step, True
                 window_flops = 0.0
                 timed = {"sequences": 0.0, "tokens": 0.0, "since": time.perf_counter()}
             if task.has_evaluation and due(t.validate_every, step):
