@@ -18,8 +18,11 @@ the same batch, so MFU compares them.
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import torch
+
+from ..models.losses import HiddenStates
 
 # dense bf16 tensor-core peaks (FLOP/s) of the GPUs this project measures on, from NVIDIA's data sheets
 PEAK_BF16 = {"H100": 989.4e12, "H200": 989.4e12, "A100": 312e12}
@@ -55,6 +58,19 @@ def document_pairs(sequence_ids: torch.Tensor, causal: bool) -> float:
     counts = torch.zeros(ids.shape[0], int(ids.max()) + 1, dtype=torch.float64).scatter_add_(
         1, ids.cpu(), torch.ones(ids.shape, dtype=torch.float64))[:, 1:]
     return float((counts * (counts + 1) / 2).sum() if causal else (counts ** 2).sum())
+
+
+def output_tensors(out) -> list[torch.Tensor]:
+    """The floating-point tensors of a model's output (a tensor, a tuple, a dataclass or a dict of them)."""
+    if isinstance(out, HiddenStates):  # a head applied in the loss: its matrix product counts
+        return [torch.nn.functional.linear(out.hidden, out.head_weight)]
+    if isinstance(out, torch.Tensor):
+        return [out] if out.is_floating_point() else []
+    if dataclasses.is_dataclass(out):
+        out = [getattr(out, f.name) for f in dataclasses.fields(out)]
+    elif isinstance(out, dict):
+        out = list(out.values())
+    return [t for x in (out if isinstance(out, (tuple, list)) else []) for t in output_tensors(x)]
 
 
 class StepFlops:

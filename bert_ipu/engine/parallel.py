@@ -116,9 +116,6 @@ def to_device(batch: dict, device: torch.device) -> dict:
     return {k: v.pin_memory().to(device, non_blocking=True) for k, v in batch.items()}
 
 
-COMPILE_MODES = ("none", "compile", "cudagraphs")
-
-
 def check_compile(mode: str, rt: Runtime, levels=()) -> None:
     """train.compile can run here (a RunError, one line naming the fix, before anything is written): cudagraphs
     needs CUDA; the compiled step covers one process or data parallelism (DDP), not pipeline stages, tensor or

@@ -31,9 +31,8 @@ from ..data.loader import Level, LevelLoader, UpdateLoader, source_pack_costs
 from ..files import OutputBusy, OutputLock, write_atomic, write_json
 from ..models import attention
 from ..models.hf_io import ExportError, quiet_off_terminal
-from ..models.losses import HiddenStates
 from . import checkpoint
-from .flops import StepFlops, peak_flops
+from .flops import StepFlops, output_tensors, peak_flops
 from .metrics import MetricsLogger
 from .optim import build_optimizer, packing_betas, packs_per_update, schedule_length
 from .parallel import (LocalParallel, PipelineParallel, check_compile, check_layers, check_sequence_parallel,
@@ -354,21 +353,8 @@ def step_flops(task, engine, rt: Runtime, levels: list[Level]) -> StepFlops | No
 
     def loss_of(model, batch):  # any scalar of the outputs: the losses add no matrix products
         out = model(*[batch[f] for f in task.input_fields])
-        return sum(t.float().sum() for t in outputs(out))
+        return sum(t.float().sum() for t in output_tensors(out))
     return StepFlops(engine.module, loss_of)
-
-
-def outputs(out) -> list[torch.Tensor]:
-    """The floating-point tensors of a model's output (a tensor, a tuple, a dataclass or a dict of them)."""
-    if isinstance(out, HiddenStates):  # a head applied in the loss: its matrix product counts
-        return [torch.nn.functional.linear(out.hidden, out.head_weight)]
-    if isinstance(out, torch.Tensor):
-        return [out] if out.is_floating_point() else []
-    if dataclasses.is_dataclass(out):
-        out = [getattr(out, f.name) for f in dataclasses.fields(out)]
-    elif isinstance(out, dict):
-        out = list(out.values())
-    return [t for x in (out if isinstance(out, (tuple, list)) else []) for t in outputs(x)]
 
 
 def rates(flops: float, device_seconds: float, peak: float | None) -> dict:
@@ -588,8 +574,8 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, load
     first_step = step
     flops = step_flops(task, engine, rt, levels)  # the model FLOPs of each update, counted on the host (MFU)
     peak = peak_flops(rt.device, t.precision)
-    window_flops = 0.0
-    timed = {"sequences": 0.0, "tokens": 0.0, "since": time.perf_counter()}  # this process's share of the window
+    # this process's share of the window: sequences, tokens, model FLOPs, since when
+    timed = {"sequences": 0.0, "tokens": 0.0, "flops": 0.0, "since": time.perf_counter()}
     stop = StopSignal()
     outcome = "failed"  # what the trackers record if the loop ends by an error
     try:
@@ -616,15 +602,14 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, load
             window = {k: window.get(k, 0.0) + v for k, v in counts.items()}
             seen += counts["sequences"]
             if flops is not None:
-                window_flops += sum(flops.of(b) for b in host)  # this replica's (every replica does as much)
+                timed["flops"] += sum(flops.of(b) for b in host)  # this replica's (every replica does as much)
             timed["sequences"] += counts["sequences"]
             timed["tokens"] += counts["tokens"]
             if step == first_step + 1 and t.compile != "none":  # said once; the throughput leaves this update out
                 sync()
                 rt.say(f"train.compile={t.compile}: the first update, which compiled the step, took "
                        f"{time.perf_counter() - started:.1f} s")
-                timed = {"sequences": 0.0, "tokens": 0.0, "since": time.perf_counter()}
-                window_flops = 0.0
+                timed = {"sequences": 0.0, "tokens": 0.0, "flops": 0.0, "since": time.perf_counter()}
                 if clock:
                     clock.take()
             row_due = False
@@ -639,10 +624,9 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, load
                 last = task.summarize(window) | {"sequences_seen": seen, "lr": sched.get_last_lr()[0]} | speed \
                     | {k: v / updates for k, v in balance.items()} \
                     | {f"tokens_per_second_{n}": tok / sec for n, (tok, sec) in sorted(per_level.items())} \
-                    | (rates(window_flops, seconds, peak) if speed else {})
+                    | (rates(timed["flops"], seconds, peak) if speed else {})
                 window, balance, window_step, row_due = {}, {}, step, True
-                window_flops = 0.0
-                timed = {"sequences": 0.0, "tokens": 0.0, "since": time.perf_counter()}
+                timed = {"sequences": 0.0, "tokens": 0.0, "flops": 0.0, "since": time.perf_counter()}
             if task.has_evaluation and due(t.validate_every, step):
                 sync()
                 model.eval()

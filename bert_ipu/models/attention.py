@@ -249,13 +249,19 @@ VARLEN_KERNEL = None
 HALF = (torch.float16, torch.bfloat16)
 
 
+def compute_dtype(device: torch.device, default: torch.dtype) -> torch.dtype:
+    """The dtype a forward computes in on `device`: autocast's where it is on, else `default` (the meta device,
+    where FLOPs are counted, has no autocast)."""
+    kind = torch.device(device).type
+    on = torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind)
+    return torch.get_autocast_dtype(kind) if on else default
+
+
 def varlen_dtype(q: torch.Tensor) -> torch.dtype:
     """What flash attention computes in: the autocast dtype when autocast is on (q and k may leave it: RoPE
     computes in float32, as transformers' flash path knows), else the inputs' own. A ValueError, one line, when
     that is not half precision: flash attention has no float32 kernel."""
-    device = q.device.type
-    autocast = torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)
-    dtype = torch.get_autocast_dtype(device) if autocast else q.dtype
+    dtype = compute_dtype(q.device, q.dtype)
     if dtype not in HALF:
         raise ValueError(f"attention backend varlen (flash attention) computes in float16 or bfloat16, and this "
                          f"forward runs in {dtype}; train with train.precision=bf16 (autocast), or use another "

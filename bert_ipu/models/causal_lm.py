@@ -73,9 +73,7 @@ class PackedCausalLM(nn.Module):
     def forward(self, input_ids, position_ids, sequence_ids):
         """(B, S) ids -> logits (B, S, V)."""
         slots = self.max_sequences_per_pack  # varlen's segments: None is refused there (a segment a position)
-        kind = input_ids.device.type  # (the meta device, where FLOPs are counted, has no autocast)
-        autocast = torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind)
-        dtype = torch.get_autocast_dtype(kind) if autocast else self.lm_head.weight.dtype
+        dtype = attn.compute_dtype(input_ids.device, self.lm_head.weight.dtype)
         attention = attn.attention_for(sequence_ids, self.attention_backend, dtype, causal=True, slots=slots)
         hidden = getattr(self, self.base)(input_ids, position_ids, attention)
         if self.head_in_loss:  # the loss applies the head chunk by chunk (losses.chunked_causal_lm_loss_sums)

@@ -40,7 +40,6 @@ class CausalModelConfig:
 
         if self.loss_chunk_tokens is not None and self.loss_chunk_tokens < 1:
             raise ConfigError(f"model.loss_chunk_tokens = {self.loss_chunk_tokens}: must be >= 1 (or null)")
-
         if self.family not in causal_lm_classes():
             raise ConfigError(f"model.family {self.family!r}: choose {' or '.join(causal_lm_classes())}")
         for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",

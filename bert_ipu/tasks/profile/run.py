@@ -250,13 +250,34 @@ def train_step(model, opt, batch) -> None:
 
 def timed_step(model, opt, batch, device) -> float:
     """Seconds of one training step, the device synchronised before and after."""
+    return timed_call(lambda: train_step(model, opt, batch), device)
+
+
+def timed_call(fn, device) -> float:
+    """Seconds of `fn()`, the device synchronised before and after."""
     if device.type == "cuda":
         torch.cuda.synchronize()
     start = time.perf_counter()
-    train_step(model, opt, batch)
+    fn()
     if device.type == "cuda":
         torch.cuda.synchronize()
     return time.perf_counter() - start
+
+
+def timed_rounds(out: dict, batches: dict, rounds: int, device, step, say=print) -> None:
+    """`rounds` rounds over every algorithm's batches, interleaved, `step(name, batch)` returning a step's seconds;
+    from round 1 on (round 0 is warm-up) the seconds and the peak memory go into `out[name]` (Measurements)."""
+    for r in range(rounds):
+        for name, bs in batches.items():
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            for b in bs:
+                seconds = step(name, b)
+                if r:
+                    out[name].step_seconds.append(seconds)
+            if device.type == "cuda" and r:
+                out[name].peak_memory_bytes = max(out[name].peak_memory_bytes or 0, torch.cuda.max_memory_allocated())
+        say(f"round {r + 1}/{rounds} done{' (warm-up)' if r == 0 else ''}")
 
 
 def count_flops(model, batch) -> float:
@@ -327,17 +348,8 @@ def profile(model, batches: dict, results: dict, rounds: int, device, trace_dir=
         m.flops_per_step = statistics.mean(counters[id(models[name])](b) for b in bs)
         m.shapes = len({tuple(b["input_ids"].shape) for b in bs})
         out[name] = m
-    for r in range(rounds):
-        for name, bs in batches.items():
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats()
-            for b in bs:
-                seconds = timed_step(timed[name], opts[id(models[name])], b, device)
-                if r:  # round 0 is warm-up
-                    out[name].step_seconds.append(seconds)
-            if device.type == "cuda" and r:
-                out[name].peak_memory_bytes = max(out[name].peak_memory_bytes or 0, torch.cuda.max_memory_allocated())
-        say(f"round {r + 1}/{rounds} done{' (warm-up)' if r == 0 else ''}")
+    timed_rounds(out, batches, rounds, device,
+                 lambda name, b: timed_step(timed[name], opts[id(models[name])], b, device), say)
     if compile_step:
         compile_cost(model, next(iter(batches.values()))[:1])  # warm-up: the compiler's own first-use costs
         for name, bs in batches.items():
@@ -594,22 +606,7 @@ def profile_engine(step: EngineStep, batches: dict, results: dict, rounds: int, 
         m.tokens_per_step = bs[0]["input_ids"].shape[0] * results[name].max_len * results[name].efficiency
         m.flops_per_step = statistics.mean(flops.of(b) for b in bs)
         out[name] = m
-    for r in range(rounds):
-        for name, bs in batches.items():
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats()
-            for b in bs:
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                start = time.perf_counter()
-                step(b)
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                if r:
-                    out[name].step_seconds.append(time.perf_counter() - start)
-            if device.type == "cuda" and r:
-                out[name].peak_memory_bytes = max(out[name].peak_memory_bytes or 0, torch.cuda.max_memory_allocated())
-        say(f"round {r + 1}/{rounds} done{' (warm-up)' if r == 0 else ''}")
+    timed_rounds(out, batches, rounds, device, lambda name, b: timed_call(lambda: step(b), device), say)
     return out
 
 
