@@ -41,6 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .bounds import lower_bound as cheap_lower_bound, past
+from .fill import fill
 from .heuristics import lpfhp, run_lpfhp
 from .histogram import expand_histogram
 from .mixture import Mixture, trim_excess
@@ -74,6 +75,7 @@ class CGHPResult:
     lower_bound: int  # proven: no packing with this depth limit uses fewer packs
     time_limit_reached: bool = False
     strategy: str = "exact"  # "heuristic": best fit (met the cheap bound, or the plan did not beat it);
+                             # "filled": the minimum-slack fill (`fill.py`) met the cheap bound;
                              # "planned" (`planned.py`); "exact"; "bucketed"
 
 
@@ -111,6 +113,11 @@ def cghp(histogram: np.ndarray, depth: int, residual_rounds: int = 8, patience: 
     start, late = run_lpfhp(histogram, depth, deadline=deadline)
     if start.n_packs <= cheap or late:
         return CGHPResult(start, float(cheap), cheap, late, "heuristic")
+    filled = fill(histogram, depth, deadline=deadline)
+    if filled is not None and filled.n_packs < start.n_packs:
+        start = filled
+        if start.n_packs <= cheap:
+            return CGHPResult(start, float(cheap), cheap, False, "filled")
     lengths = np.nonzero(histogram)[0] + 1
     expensive = pricing_seconds(len(lengths), max_len, depth, int(lengths[0])) > EXACT_PRICING_SECONDS
     if _plannable(histogram, depth, cheap, expensive):
@@ -161,7 +168,7 @@ def _exact(histogram, depth, start, residual_rounds, patience, deadline):
             # rounded so far plus best fit on the residual may already meet the full problem's bound (up to
             # `_slack`): then the residual's LP (a fresh model over every pattern so far, the costly part of
             # a round) can gain at most that
-            tail = lpfhp(residual, depth)
+            tail = _pack_rest(residual, depth)
             if sum(m.n_packs for m in rounded) + tail.n_packs <= math.ceil(lp_bound - 1e-6) + _slack(lp_bound):
                 best = rounded + [tail]
                 break
@@ -174,7 +181,7 @@ def _exact(histogram, depth, start, residual_rounds, patience, deadline):
                 # usually far better than best fit alone
                 part = trim_excess(_as_matrix(patterns[:len(x)]), np.floor(x + 1e-9).astype(np.int64), residual)
                 rest = residual - part.coverage(max_len)
-                tail = [lpfhp(rest, depth)] if rest.sum() else []
+                tail = [_pack_rest(rest, depth)] if rest.sum() else []
                 packs = sum(m.n_packs for m in rounded + [part] + tail)
                 if packs < best_packs:
                     best, best_packs = rounded + [part] + tail, packs
@@ -195,10 +202,21 @@ def _exact(histogram, depth, start, residual_rounds, patience, deadline):
             best = rounded
             break
     else:  # the last round's rounding, with best fit on its residual, is a candidate too
-        tail = lpfhp(residual, depth)
+        tail = _pack_rest(residual, depth)
         if sum(m.n_packs for m in rounded) + tail.n_packs < best_packs:
             best = rounded + [tail]
     return Mixture.concat(best), lp_bound, point, late
+
+
+def _pack_rest(residual: np.ndarray, depth: int) -> Mixture:
+    """A residual of iterated rounding packed by best fit, or by the minimum-slack fill where that takes
+    fewer packs (residuals are small, so the fill is cheap there, and it often saves the last pack)."""
+    tail = lpfhp(residual, depth)
+    if tail.n_packs > cheap_lower_bound(residual, depth):
+        filled = fill(residual, depth)
+        if filled is not None and filled.n_packs < tail.n_packs:
+            return filled
+    return tail
 
 
 def _round(patterns: list[np.ndarray], x: np.ndarray, residual: np.ndarray, up: float | None) -> np.ndarray:
