@@ -8,8 +8,9 @@ is the cutting-stock problem. Its LP relaxation (Gilmore and Gomory, 1961),
 over all feasible patterns p (a_lp = copies of length l in p), is tight for histograms like BERT's: the
 integer optimum is almost always ceil(LP) or ceil(LP) + 1. We
 
-0. run LPFHP (best fit) first and return it at once when it meets the cheap bound (tokens, long sequences,
-   depth): at unlimited depth on long-context data it usually does;
+0. run LPFHP (best fit) first and return it at once when it meets the cheap bound (Martello and Toth's L2,
+   depth): at unlimited depth on long-context data it usually does; else the minimum-slack fill (`fill.py`),
+   returned when it meets the bound: on small, sparse histograms it usually does;
 1. start from the patterns of LPFHP and, under a depth limit, from the duals of the unlimited-depth LP
    (full histogram only, at most 30 rounds), or with more than 600 distinct lengths from the support of the
    same LP on lengths rounded up to 2-token units (recursively), so that the first restricted LP is
@@ -25,7 +26,8 @@ integer optimum is almost always ceil(LP) or ceil(LP) + 1. We
    at least 0.3 whose sequences are all still left; turn over-covered slots into padding, and solve the
    residual histogram the same way (up to 8 rounds of this "iterated rounding"; each round costs little and shaves packs),
    stopping early once best fit on the residual meets the residual's own bound, or the full problem's;
-5. pack the last small residual (a few hundred sequences) with LPFHP best fit. A time-capped MIP over the
+5. pack the last small residual (a few hundred sequences) with LPFHP best fit, or the fill where it takes
+   fewer packs. A time-capped MIP over the
    generated patterns was tried here and never beat best fit on the paper's histograms.
 
 `lower_bound = max(cheap bound, ceil(Farley bound))` comes with the result, so users see how far from
