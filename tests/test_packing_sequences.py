@@ -306,3 +306,43 @@ def test_update_loader_deals_by_pack_costs_only_when_asked():
     assert all(f <= p for f, p in zip(worst_fair, worst_plain)) and sum(worst_fair) < sum(worst_plain)
     with pytest.raises(ValueError, match="pack_costs has 3 entries"):
         UpdateLoader(src, 32, 2, 0, world, pack_costs=np.ones(3))
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32])
+@pytest.mark.parametrize("identity", [True, False])
+def test_rows_from_packs_equals_a_loop_over_sequences(dtype, identity):
+    """The row packer (a mask over each row's filled cells, no gather when the order is the sequences' own)
+    against a plain loop: every field, position and sequence id, and padding, for a permuted order that leaves
+    sequences out as well as for the identity."""
+    from bert_ipu.data.contiguous import rows_from_packs
+
+    rng = np.random.default_rng(7)
+    lengths = rng.integers(1, 9, 40)
+    ids = rng.integers(1, 1000, int(lengths.sum()))
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    order = np.arange(40) if identity else rng.permutation(40)[:30]
+    offsets, packs, used = [0], [], 0
+    for i in order:                      # greedy: sequences in order, a new pack when 16 tokens would overflow
+        if packs and used + lengths[i] <= 16:
+            packs[-1].append(i)
+            used += lengths[i]
+        else:
+            packs.append([i])
+            used = lengths[i]
+    offsets = np.cumsum([0] + [len(p) for p in packs])
+    rows, *_ = rows_from_packs(lengths, {"input_ids": ids}, 16, offsets, np.concatenate(packs),
+                               fill={"input_ids": -1}, dtype=dtype)
+    want = {"input_ids": np.full((len(packs), 16), -1), "position_ids": np.zeros((len(packs), 16)),
+            "sequence_ids": np.zeros((len(packs), 16))}
+    for p, pack in enumerate(packs):
+        c = 0
+        for k, i in enumerate(pack):
+            n = lengths[i]
+            want["input_ids"][p, c:c + n] = ids[starts[i]:starts[i] + n]
+            want["position_ids"][p, c:c + n] = np.arange(n)
+            want["sequence_ids"][p, c:c + n] = k + 1
+            c += n
+    for name, value in want.items():
+        assert rows[name].dtype == dtype and np.array_equal(rows[name], value), name
+    with pytest.raises(ValueError, match="more than 4"):
+        rows_from_packs(lengths, {"input_ids": ids}, 4, np.array([0, 40]), np.arange(40))

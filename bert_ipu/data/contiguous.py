@@ -57,15 +57,20 @@ class PackedSequences:
 
 
 def rows_from_packs(lengths: np.ndarray, token_fields: dict[str, np.ndarray], max_len: int, offsets: np.ndarray,
-                    order: np.ndarray, fill: dict | None = None) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray,
-                                                                        np.ndarray]:
+                    order: np.ndarray, fill: dict | None = None, dtype=np.int64) -> tuple[dict[str, np.ndarray],
+                                                                                     np.ndarray, np.ndarray,
+                                                                                     np.ndarray]:
     """The one row packer: rows of `max_len` whose pack p holds the sequences order[offsets[p]:offsets[p + 1]]
     back to back, then padding. `lengths` (N,) are every sequence's lengths and each token field one flat
     array of sum(lengths) tokens (sequence i's at its cumulative start); `order` may leave sequences out.
     Adds `position_ids` (restarting at 0) and `sequence_ids` (1..k in pack order, 0 = padding). Padding is 0,
-    or `fill[name]`. Fields keep bool, else become int64. Returns (rows, row, slot, column): for each packed
-    sequence, in `order`'s order, its pack, its slot (0-based) and where it starts in its row. Vectorised: no
-    Python loop over sequences or tokens."""
+    or `fill[name]`. Fields keep bool, else become `dtype` (int64 by default). Returns (rows, row, slot,
+    column): for each packed sequence, in `order`'s order, its pack, its slot (0-based) and where it starts in
+    its row. Vectorised: no Python loop over sequences or tokens.
+
+    A pack's sequences fill its row from column 0 with no gap, so the packed tokens, in pack order, are exactly
+    the row-major cells before each row's padding: they are written through that mask, with no index per token
+    (`pack_dataset` writes hundreds of millions of tokens this way)."""
     lengths = np.asarray(lengths, dtype=np.int64)
     offsets, order = np.asarray(offsets, dtype=np.int64), np.asarray(order, dtype=np.int64)
     n_packs = len(offsets) - 1
@@ -74,21 +79,30 @@ def rows_from_packs(lengths: np.ndarray, token_fields: dict[str, np.ndarray], ma
     seq_len = lengths[order]
     seq_end = np.cumsum(seq_len)
     seq_begin = seq_end - seq_len                               # in the concatenation of all packs
-    column = seq_begin - np.concatenate([[0], seq_end])[offsets[:-1]][row]
-    position = np.arange(int(seq_end[-1]) if len(seq_end) else 0) - np.repeat(seq_begin, seq_len)
-    dest = np.repeat(row * max_len + column, seq_len) + position  # each packed token's place in the rows
-    src = np.repeat((np.cumsum(lengths) - lengths)[order], seq_len) + position  # and in the token fields
-    rows = {}
-    fields = {name: np.asarray(v)[src] for name, v in token_fields.items()}
-    fields |= {"position_ids": position, "sequence_ids": np.repeat(slot + 1, seq_len)}
+    pack_end = np.concatenate([[0], seq_end])[offsets]          # (n_packs + 1,) token offsets of the packs
+    column = seq_begin - pack_end[:-1][row]
+    used = np.diff(pack_end)
+    if (used > max_len).any():
+        raise ValueError(f"pack {int(np.argmax(used > max_len))} holds {int(used.max())} tokens, more than {max_len}")
+    n_tokens = int(pack_end[-1])
+    position = np.arange(n_tokens, dtype=dtype) - np.repeat(seq_begin.astype(dtype), seq_len)
     total = int(lengths.sum())
+    for name, values in token_fields.items():
+        if len(values) != total:
+            raise ValueError(f"token field {name} has {len(values)} tokens, the lengths sum to {total}")
+    if len(order) == len(lengths) and np.array_equal(order, np.arange(len(lengths))):
+        gather = slice(None)                                    # already in pack order: no gather
+    else:
+        gather = np.repeat((np.cumsum(lengths) - lengths)[order], seq_len) + position
+    fields = {name: np.asarray(v)[gather] for name, v in token_fields.items()}
+    fields |= {"position_ids": position, "sequence_ids": np.repeat((slot + 1).astype(dtype), seq_len)}
+    filled = np.arange(max_len) < used[:, None]                  # (n_packs, max_len): the cells with tokens
+    rows = {}
     for name, values in fields.items():
-        if name in token_fields and len(token_fields[name]) != total:
-            raise ValueError(f"token field {name} has {len(token_fields[name])} tokens, the lengths sum to {total}")
-        dtype = values.dtype if values.dtype == bool else np.int64
-        flat = np.full(n_packs * max_len, (fill or {}).get(name, 0), dtype=dtype)
-        flat[dest] = values
-        rows[name] = flat.reshape(n_packs, max_len)
+        kind = bool if values.dtype == bool else dtype
+        out = np.full((n_packs, max_len), (fill or {}).get(name, 0), dtype=kind)
+        out[filled] = values
+        rows[name] = out
     return rows, row, slot, column
 
 
