@@ -107,3 +107,26 @@ def test_the_benchmark_reports_every_case_and_the_worst(tmp_path):
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 5 and all(r["packs"] >= r["bound"] >= 1 and r["sequences"] <= 2000 for r in rows)
     assert "worst time" in proc.stdout.splitlines()[-1]
+
+
+
+def test_the_fill_budget_counts_words_so_long_packs_give_up_as_soon_in_time():
+    """The budget is words of bitset work, not operations: the same packing problem scaled from 512 to 32,768
+    tokens (every length x 64) takes the same operations on integers 64x wider, so a budget that the short
+    one fits in stops the long one (it took 4.8 s at 8,192 tokens to reach a budget counted in operations)."""
+    from bert_ipu.packing import fill as fill_module
+
+    short = np.zeros(512, dtype=np.int64)
+    short[np.arange(20, 300, 3) - 1] = 2
+    long = np.zeros(512 * 64, dtype=np.int64)
+    long[np.arange(20, 300, 3) * 64 - 1] = 2
+    spent = []
+    real = fill_module._best_subset
+    fill_module._best_subset = lambda c, cap, items: spent.append(cap // 64 + 1) or real(c, cap, items)
+    try:
+        assert fill(short, 512) is not None
+    finally:
+        fill_module._best_subset = real
+    budget = 4 * 512 * len(spent)  # well above what the short problem spent (at most 9 words an operation)
+    assert fill(short, 512, budget=budget) is not None
+    assert fill(long, 512 * 64, budget=budget) is None

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .bounds import lower_bound as cheap_lower_bound, past
-from .fill import fill
+from .fill import FILL_WORDS, fill
 from .heuristics import lpfhp, run_lpfhp
 from .histogram import expand_histogram
 from .mixture import Mixture, trim_excess
@@ -115,14 +115,18 @@ def cghp(histogram: np.ndarray, depth: int, residual_rounds: int = 8, patience: 
     start, late = run_lpfhp(histogram, depth, deadline=deadline)
     if start.n_packs <= cheap or late:
         return CGHPResult(start, float(cheap), cheap, late, "heuristic")
-    filled = fill(histogram, depth, deadline=deadline)
-    if filled is not None and filled.n_packs < start.n_packs:
-        start = filled
-        if start.n_packs <= cheap:
-            return CGHPResult(start, float(cheap), cheap, False, "filled")
     lengths = np.nonzero(histogram)[0] + 1
     expensive = pricing_seconds(len(lengths), max_len, depth, int(lengths[0])) > EXACT_PRICING_SECONDS
-    if _plannable(histogram, depth, cheap, expensive):
+    plannable = _plannable(histogram, depth, cheap, expensive)
+    if not (expensive or plannable):
+        # the fill: not where the plan or bucketed lengths take over (long packs, or a depth limit with full
+        # packs and many lengths): there it met no bound on the long-context cases and cost 1-2.4 s
+        filled = fill(histogram, depth, deadline=deadline)
+        if filled is not None and filled.n_packs < start.n_packs:
+            start = filled
+            if start.n_packs <= cheap:
+                return CGHPResult(start, float(cheap), cheap, False, "filled")
+    if plannable:
         plan = planned(histogram, depth, deadline)
         used = plan.n_packs < start.n_packs
         start = plan if used else start
@@ -212,10 +216,12 @@ def _exact(histogram, depth, start, residual_rounds, patience, deadline):
 
 def _pack_rest(residual: np.ndarray, depth: int) -> Mixture:
     """A residual of iterated rounding packed by best fit, or by the minimum-slack fill where that takes
-    fewer packs (residuals are small, so the fill is cheap there, and it often saves the last pack)."""
+    fewer packs (residuals are mostly small, so the fill is cheap there, and it often saves the last pack; a
+    tenth of its budget, as a residual is packed every round: on the coarse LP of long packs at depth 8 the
+    whole budget cost 1.4 s a packing for nothing)."""
     tail = lpfhp(residual, depth)
     if tail.n_packs > cheap_lower_bound(residual, depth):
-        filled = fill(residual, depth)
+        filled = fill(residual, depth, budget=FILL_WORDS / 10)
         if filled is not None and filled.n_packs < tail.n_packs:
             return filled
     return tail

@@ -11,7 +11,7 @@ The subset search is subset sum over the lengths left, in bitsets (Python intege
 reachable), with copies of a length split in binary chunks (1, 2, 4, ... copies) so that any count is one
 choice per chunk; under a depth limit there is one bitset per number of sequences. A pack found is repeated
 while its sequences last: the search would find the same fill again. Cost: about (distinct packs) x (chunks)
-x (depth) bitset operations, capped by a budget.
+x (depth) x (pack length / 64) words of bitset work, capped by a budget.
 """
 
 from __future__ import annotations
@@ -21,10 +21,11 @@ import numpy as np
 from .bounds import past
 from .mixture import Mixture
 
-# The most bitset operations (one shift-or of a pack-wide integer each; about 1 us at 2,048 tokens on this
-# project's CPU) `fill` spends before it gives up: it is a second heuristic, tried where best fit missed the
-# bound, and must stay cheap beside column generation.
-FILL_OPERATIONS = 2_000_000
+# The most bitset work `fill` spends before it gives up, in 64-bit words shifted and or-ed (an operation on a
+# pack-wide integer costs pack length / 64 of them; 20-40 ns a word on this project's CPU, so 1.3-2.5 s):
+# it is a second heuristic, tried where best fit missed the bound, and must stay cheap beside column generation
+# at any pack length.
+FILL_WORDS = 64_000_000
 
 
 def _chunks(lengths: list[int], counts: list[int]):
@@ -86,10 +87,10 @@ def _best_subset(chunks, cap: int, items: int | None) -> tuple[list[int], int]:
     return taken, len(history) * items
 
 
-def fill(histogram: np.ndarray, depth: int, budget: float = FILL_OPERATIONS,
+def fill(histogram: np.ndarray, depth: int, budget: float = FILL_WORDS,
          deadline: float | None = None) -> Mixture | None:
     """Minimum-slack fill of `histogram` with at most `depth` sequences a pack (see the module docstring), or
-    None when it would take more than `budget` bitset operations or `deadline` passes first (the budget, not
+    None when it would take more than `budget` words of bitset work or `deadline` passes first (the budget, not
     a clock, bounds it by default, so the same histogram always packs the same way)."""
     max_len = len(histogram)
     left = histogram.astype(np.int64).copy()
@@ -110,7 +111,7 @@ def fill(histogram: np.ndarray, depth: int, budget: float = FILL_OPERATIONS,
             lengths = np.nonzero(left[:cap])[0][::-1] + 1
             if len(lengths):
                 taken, ops = _best_subset(_chunks(lengths.tolist(), left[lengths - 1].tolist()), cap, items)
-                spent += ops
+                spent += ops * (cap // 64 + 1)
         pattern = np.array([top] + taken, dtype=np.int64)
         used, need = np.unique(pattern, return_counts=True)
         left[top - 1] += 1
