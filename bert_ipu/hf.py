@@ -35,7 +35,6 @@ numpy at import; `datasets`, `pyarrow`, `torch` and `transformers` are imported 
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hashlib
 import json
@@ -66,7 +65,7 @@ SHARD_CHUNKS = 16             # chunks per Arrow file: one file = one unit of wo
 @dataclass(frozen=True)
 class _Plan:
     """What every shard writer needs: which source rows go into which pack, and how to lay them out."""
-    source: object              # the token columns of the datasets.Dataset, formatted as Arrow
+    source: object              # the columns of the datasets.Dataset it reads, formatted as Arrow
     columns: tuple              # token-level columns copied into the packs (input_ids first)
     label_column: str | None    # the source's per-token labels, if any
     pack_length: int
@@ -74,7 +73,6 @@ class _Plan:
     pad_token_id: int
     offsets: np.ndarray         # (packs + 1,): pack p holds rows[offsets[p]:offsets[p + 1]]
     rows: np.ndarray            # (packed sequences,) source row indices in pack order
-    dataset: object = None      # the datasets.Dataset itself (memory-mapped when it comes from disk)
     sequence_label_column: str | None = None  # the source's label per row (sequence classification), if any
 
 
@@ -149,9 +147,7 @@ def pack_dataset(dataset, pack_length: int, algorithm: str = "cghp", max_sequenc
         _check_sequence_labels(dataset, sequence_label_column)
         label_column = None  # one label per document instead of per token
     plan, report = _plan(dataset, pack_length, algorithm, max_sequences_per_pack, columns, label_column, causal,
-                         too_long, pad_token_id, seed, time_limit, batch_size)
-    if sequence_label_column is not None:
-        plan = dataclasses.replace(plan, causal=False, sequence_label_column=sequence_label_column)
+                         too_long, pad_token_id, seed, time_limit, batch_size, sequence_label_column)
     offsets, rows = plan.offsets, plan.rows
     key = hashlib.sha256(json.dumps([dataset._fingerprint, pack_length, columns, label_column, causal, too_long,
                                      pad_token_id, sequence_label_column, CHUNK_TOKENS, SHARD_CHUNKS]).encode()
@@ -231,7 +227,7 @@ def _buffer_packs(buffer: list, start: int, settings: dict, verbose: bool):
 
 
 def _plan(dataset, pack_length, algorithm, max_sequences_per_pack, columns, label_column, causal, too_long,
-          pad_token_id, seed, time_limit, batch_size):
+          pad_token_id, seed, time_limit, batch_size, sequence_label_column=None):
     """Read the lengths, pack their histogram, assign the rows: the _Plan of the packs and the report."""
     label_column = label_column if label_column and label_column in dataset.column_names else None
 
@@ -264,11 +260,13 @@ def _plan(dataset, pack_length, algorithm, max_sequences_per_pack, columns, labe
         "truncated": 0 if too_long != "truncate" else len(long), "dropped": 0 if too_long != "drop" else len(long),
         "gap_to_bound": result.packs / result.lower_bound_packs - 1 if result.lower_bound_packs else 0.0,
     }
-    wanted = list(columns) + ([label_column] if label_column else [])
-    # the source's token columns as Arrow, made once: each select_columns / with_format builds a new Dataset
-    # (its table's batch offsets, a deep copy of its info), which per chunk of packs was a sixth of the time
+    wanted = list(columns) + [c for c in (label_column, sequence_label_column) if c]
+    # the source's columns as Arrow, made once: each select_columns / with_format builds a new Dataset (its
+    # table's batch offsets, a deep copy of its info), which per chunk of packs was a sixth of the time
     source = dataset.select_columns(wanted).with_format("arrow")
-    return _Plan(source, columns, label_column, pack_length, causal, pad_token_id, offsets, rows, dataset), report
+    causal = causal and sequence_label_column is None  # one label per document: no next-token labels
+    return _Plan(source, columns, label_column, pack_length, causal, pad_token_id, offsets, rows,
+                 sequence_label_column), report
 
 
 def _chunk(pack_length: int) -> int:
@@ -363,8 +361,7 @@ def _build(plan: _Plan, a: int, b: int) -> dict:
         batch["labels"][batch["position_ids"] == 0] = IGNORE_INDEX   # a document's first token: never a target
     batch["source_rows"] = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(rows, pa.int64()))
     if plan.sequence_label_column:  # document k of a pack (sequence_ids k + 1) -> slot k
-        labels = np.asarray(plan.dataset.select_columns([plan.sequence_label_column])[rows][plan.sequence_label_column],
-                            dtype=np.int64)
+        labels = table[plan.sequence_label_column].to_numpy(zero_copy_only=False).astype(np.int64)
         slots = np.full((b - a, int(np.diff(plan.offsets).max())), IGNORE_INDEX, dtype=np.int64)
         for p in range(b - a):
             slots[p, :offsets[p + 1] - offsets[p]] = labels[offsets[p]:offsets[p + 1]]
