@@ -213,6 +213,18 @@ def test_flex_with_heads_narrower_than_16_is_refused_on_cuda():
     check_head_dim("flex", 8, "cpu")
 
 
+def test_flex_float64_contract_is_checked_on_the_cpu():
+    """The CUDA refusal below, asserted in CI: float64 is refused for a CUDA device, float32 and bf16 pass, and
+    the CPU (eager flex, float64 fine) is left alone."""
+    from bert_ipu.models.attention import check_flex_dtype
+
+    with pytest.raises(ValueError, match="flex on CUDA has no float64 kernel"):
+        check_flex_dtype(torch.float64, "cuda")
+    for dtype in (torch.float32, torch.bfloat16):
+        check_flex_dtype(dtype, "cuda")
+    check_flex_dtype(torch.float64, "cpu")
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
 def test_flex_refuses_float64_on_cuda():
     """Its Triton kernel fails to build for float64 (an inductor traceback, seen on an H200): one line instead."""

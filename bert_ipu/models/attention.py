@@ -92,6 +92,14 @@ def check_head_dim(name: str, head_dim: int, device: torch.device | str) -> None
                          f"{step} up to {most}, and this model's is {head_dim}; use mask, reference or flex")
 
 
+def check_flex_dtype(dtype: torch.dtype, device: torch.device | str) -> None:
+    """A ValueError (one line) for float64 on CUDA, where compiled FlexAttention's Triton kernel fails to build
+    (an inductor traceback, seen on an H200); a plain function so that the CPU tests assert the contract."""
+    if torch.device(device).type == "cuda" and dtype == torch.float64:
+        raise ValueError("attention backend flex on CUDA has no float64 kernel (compiled FlexAttention's Triton "
+                         "kernel fails to build); use float32 or bf16, or the mask or reference backend")
+
+
 def model_head_dim(config) -> int:
     """The attention head dimension of a `transformers` config (its head_dim, or hidden size / heads)."""
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -192,9 +200,7 @@ class FlexAttention:
         if dropout_p > 0:
             warn_no_attention_dropout(dropout_p)
         check_head_dim("flex", q.shape[-1], q.device)  # before inductor's traceback
-        if q.device.type == "cuda" and q.dtype == torch.float64:
-            raise ValueError("attention backend flex on CUDA has no float64 kernel (compiled FlexAttention's Triton "
-                             "kernel fails to build); use float32 or bf16, or the mask or reference backend")
+        check_flex_dtype(q.dtype, q.device)
         k, v = repeat_kv(k, q.shape[1]), repeat_kv(v, q.shape[1])
         return _flex_attention(q.device)(q, k, v, block_mask=self.block_mask, scale=scale)
 
