@@ -186,12 +186,12 @@ def test_iterated_rounding_stops_once_it_meets_the_full_bound(monkeypatch, wikip
     real = cghp_module.solve_relaxation
     with monkeypatch.context() as m:
         m.setattr(cghp_module, "fill", lambda *a, **k: None)
-        m.setattr(cghp_module, "solve_relaxation", lambda h, *a: solved.append(h.sum()) or real(h, *a))
+        m.setattr(cghp_module, "solve_relaxation", lambda h, *a, **k: solved.append(h.sum()) or real(h, *a, **k))
         result = cghp_module.cghp(hist, 512)
     assert solved == [hist.sum()] and result.mixture.n_packs == result.lower_bound == 8011
     assert np.array_equal(result.mixture.coverage(512), hist)
     solved.clear()
-    monkeypatch.setattr(cghp_module, "solve_relaxation", lambda h, *a: solved.append(h.sum()) or real(h, *a))
+    monkeypatch.setattr(cghp_module, "solve_relaxation", lambda h, *a, **k: solved.append(h.sum()) or real(h, *a, **k))
     result = cghp_module.cghp(hist, 512)
     assert solved == [] and result.strategy == "filled" and result.mixture.n_packs == result.lower_bound == 8011
     assert np.array_equal(result.mixture.coverage(512), hist)
@@ -208,7 +208,7 @@ def test_iterated_rounding_stops_one_pack_above_the_bound_on_large_lps(monkeypat
     for stop_packs in (default, 0):
         monkeypatch.setattr(cghp_module, "STOP_PACKS", stop_packs)
         solved = []
-        monkeypatch.setattr(cghp_module, "solve_relaxation", lambda h, *a: solved.append(h.sum()) or real(h, *a))
+        monkeypatch.setattr(cghp_module, "solve_relaxation", lambda h, *a, **k: solved.append(h.sum()) or real(h, *a, **k))
         result = cghp_module.cghp(hist, 3)
         assert np.array_equal(result.mixture.coverage(512), hist) and result.mixture.depth <= 3
         runs[stop_packs] = (len(solved), result.mixture.n_packs, result.lower_bound)
@@ -269,20 +269,23 @@ def test_pricing_finds_the_best_pattern(seed, depth, dominated):
 
 
 def test_iterated_rounding_rounds_up_without_padding_and_meets_the_bound(monkeypatch, wikipedia_512):
-    """Wikipedia-512 / 1000 at depth 3: iterated rounding rounds the LP down and then rounds fractional parts
-    up, and a pack rounded up holds only sequences still left after rounding down (it adds no padding); the
-    packing then meets the proven bound (8,052 packs; rounding down only gave 8,065)."""
+    """Wikipedia-512 / 1000 at depth 3: each step of the dive rounds the LP down and then rounds fractional parts
+    of at least ROUND_UP up, and a pack rounded up for its fractional part holds only sequences still left after
+    rounding down (it adds no padding); the packing then meets the proven bound (8,052 packs; rounding down only
+    gave 8,065)."""
     hist = wikipedia_512 // 1000
     calls = []
     real = cghp_module._round
 
-    def spy(patterns, x, residual, up):
-        whole = real(patterns, x, residual, up)
-        calls.append(whole.sum() - np.floor(x + 1e-9).sum())
-        floor_part = Mixture.from_matrix(cghp_module._as_matrix(patterns[:len(x)]), np.floor(x + 1e-9).astype(int))
-        up = Mixture.from_matrix(cghp_module._as_matrix(patterns[:len(x)]), whole - np.floor(x + 1e-9).astype(int))
+    def spy(patterns, x, residual, up, at_least=0):
+        whole = real(patterns, x, residual, up, at_least)
+        floor = np.floor(x + 1e-9).astype(int)
+        by_part = np.where(x - floor >= up, whole - floor, 0)  # rounded up for a fractional part >= up
+        calls.append(by_part.sum())
+        floor_part = Mixture.from_matrix(cghp_module._as_matrix(patterns[:len(x)]), floor)
+        rounded_up = Mixture.from_matrix(cghp_module._as_matrix(patterns[:len(x)]), by_part)
         left = np.maximum(residual - floor_part.coverage(len(residual)), 0)
-        assert (up.coverage(len(residual)) <= left).all()
+        assert (rounded_up.coverage(len(residual)) <= left).all()
         return whole
     monkeypatch.setattr(cghp_module, "_round", spy)
     result = pack(hist, "cghp", 3)

@@ -15,20 +15,23 @@ integer optimum is almost always ceil(LP) or ceil(LP) + 1. We
    (full histogram only, at most 30 rounds), or with more than 600 distinct lengths from the support of the
    same LP on lengths rounded up to 2-token units (recursively), so that the first restricted LP is
    already close;
-2. solve the restricted LP with HiGHS (one model kept warm across rounds) and price new patterns with the
-   duals y:
-   a pattern improves the LP iff sum_l y_l a_lp > 1, a knapsack over lengths (weight l, value y_l) with
-   at most `depth` items, solved exactly by dynamic programming; duals are smoothed (Wentges) because the
-   LP is very degenerate;
-3. stop when Farley's bound y.h / max(1, best pattern value), valid for any y >= 0, is within half a pack
-   (or a millionth) of the restricted LP: that bound is the certificate;
-4. round the LP solution down, then (under a depth limit) round up, largest first, the fractional parts of
-   at least 0.3 whose sequences are all still left; turn over-covered slots into padding, and solve the
-   residual histogram the same way (up to 8 rounds of this "iterated rounding"; each round costs little and shaves packs),
-   stopping early once best fit on the residual meets the residual's own bound, or the full problem's;
-5. pack the last small residual (a few hundred sequences) with LPFHP best fit, or the fill where it takes
-   fewer packs. A time-capped MIP over the
-   generated patterns was tried here and never beat best fit on the paper's histograms.
+2. solve the restricted LP with HiGHS (one model kept warm across rounds, with Valerio de Carvalho's swap
+   columns: a slot of a longer length may hold a shorter sequence, `lp.MasterLP`) and price new patterns
+   with the duals y: a pattern improves the LP iff sum_l y_l a_lp > 1, a knapsack over lengths (weight l,
+   value y_l) with at most `depth` items, solved exactly by dynamic programming; duals are smoothed
+   (Wentges) because the LP is very degenerate;
+3. stop when Farley's bound y.h / max(1, best pattern value), valid for any y >= 0, rounded up meets the
+   restricted LP's value rounded up, or the cheap bound does (no LP bound can prove more), or it is within a
+   millionth: that bound is the certificate;
+4. dive (`_exact`): fix packs from the LP solution (its whole parts; under a depth limit also, largest
+   first, fractional parts of at least 0.3 whose sequences are all still left; then the largest fractional
+   parts until at least 1/8 of the LP's packs are fixed), fill their slots with real sequences (a slot the LP
+   swapped holds a shorter one, an over-covered one is padding), and re-solve the LP of what is left from its
+   last basis (a fresh LP once less than 1/8 of the sequences is left), until a candidate meets the bound,
+   the packs fixed plus the residual's bound cannot beat the best candidate, or 100 steps;
+5. every step's candidate is the packs fixed so far plus LPFHP best fit, or the fill where it takes fewer
+   packs, on the rest; the best wins. A time-capped MIP over the generated patterns was tried here and never
+   beat best fit on the paper's histograms.
 
 `lower_bound = max(cheap bound, ceil(Farley bound))` comes with the result, so users see how far from
 optimal the packing is. Histograms whose exact pricing would be slow (long packs, many lengths) are solved
@@ -57,7 +60,18 @@ from .planned import PLAN_ENOUGH, PLAN_MAX_PACKS, PLAN_MIN_DEPTH, planned
 EXACT_PRICING_SECONDS = 0.1
 GRID = 4096           # bucketed: lengths in units of ceil(max_len / GRID) tokens ...
 BUCKET_STEP = 1 / 128  # ... and buckets at most 1/128 of their length wide
-ROUND_UP = 0.3              # iterated rounding also rounds up fractional parts from this size (`_round`)
+ROUND_UP = 0.3              # under a depth limit the dive also rounds up fractional parts from this size (`_round`)
+# The most steps of a dive (`_exact`): each fixes at least one pack and re-solves the residual's LP warm. A
+# count, not a clock, so that the same histogram always packs the same way. The small and sparse histograms of
+# benchmarks/packing_small.py that reach their bound take up to XX.
+DIVE_STEPS = 100
+# A dive step fixes at least 1/DIVE_SHARE of the residual LP's packs: one pack a step (the dive proper) took
+# a hundred steps on residuals of a few hundred sequences that bulk rounding left on large histograms.
+DIVE_SHARE = 8
+# A residual of less than 1/FRESH_LP of the sequences the LP was built for gets a fresh LP over its own lengths:
+# re-solving the warm one, with every pattern of the full histogram, took 0.5 s where a fresh one took 0.08 s
+# (Wikipedia-style 2048, depth 3, 454 sequences left of 16M); on small histograms the warm one is faster.
+FRESH_LP = 8
 # From an LP bound of STOP_PACKS packs, iterated rounding stops at one pack above ceil(LP) (where the integer
 # optimum of cutting stock almost always is: it is ceil(LP) or ceil(LP) + 1), 0.0000125% of 8M packs: on
 # Wikipedia-style histograms the residual rounds that chased that last pack took much time and gained nothing
@@ -97,8 +111,7 @@ def pricing_seconds(n_lengths: int, max_len: int, depth: int, shortest: int) -> 
     return depth * n_lengths * (1e-6 + max_len * 1e-9)
 
 
-def cghp(histogram: np.ndarray, depth: int, residual_rounds: int = 8, patience: int = 3,
-         deadline: float | None = None) -> CGHPResult:
+def cghp(histogram: np.ndarray, depth: int, steps: int | None = None, deadline: float | None = None) -> CGHPResult:
     """Pack `histogram` with at most `depth` sequences a pack; see the module docstring.
 
     Best fit (LPFHP) comes first: when it meets the cheap bound (tokens, long sequences, depth) it is
@@ -133,8 +146,8 @@ def cghp(histogram: np.ndarray, depth: int, residual_rounds: int = 8, patience: 
         if expensive or start.n_packs <= cheap * (1 + PLAN_ENOUGH) or past(deadline):
             return CGHPResult(start, float(cheap), cheap, past(deadline), "planned" if used else "heuristic")
     if expensive:
-        return _bucketed(histogram, depth, start, cheap, residual_rounds, patience, deadline)
-    mixture, lp_bound, _, late = _exact(histogram, depth, start, residual_rounds, patience, deadline)
+        return _bucketed(histogram, depth, start, cheap, steps or DIVE_STEPS, deadline)
+    mixture, lp_bound, _, late = _exact(histogram, depth, start, cheap, steps or DIVE_STEPS, deadline)
     return CGHPResult(mixture, lp_bound, max(cheap, math.ceil(lp_bound - 1e-6)), late, "exact")
 
 
@@ -154,63 +167,59 @@ def _plannable(histogram: np.ndarray, depth: int, cheap: int, expensive: bool) -
     return expensive or (depth >= PLAN_MIN_DEPTH and int((histogram > 0).sum()) > COARSE_START_LENGTHS)
 
 
-def _exact(histogram, depth, start, residual_rounds, patience, deadline):
-    """Iterated rounding of column generation. Every round yields a candidate: the packs rounded down so far
-    plus best fit on what is left; the best candidate wins. Rounds stop when best fit meets the residual's
-    own LP bound (nothing left to gain), after `patience` rounds without a better candidate, after
-    `residual_rounds`, or at the deadline. Returns (mixture, LP bound of the full problem, the dual point
-    that proved it (per present length, or None), stopped)."""
+def _exact(histogram, depth, start, cheap, steps, deadline):
+    """A dive on column generation (see the module docstring, steps 2-5). Each step fixes packs from the LP
+    solution (`_round`: its whole parts, under a depth limit also fractional parts of at least ROUND_UP whose
+    sequences are all left; when nothing rounds, one pack of the largest pattern), fills their slots with real
+    sequences (a slot the LP swapped takes a shorter one: `trim_excess(..., swap=True)`), and re-solves the
+    LP of what is left from where it stopped (`ColumnGeneration.resolve`). Every step yields a candidate: the
+    packs fixed so far plus best fit (or the fill) on the rest; the best candidate wins. The dive stops when a
+    candidate meets the full problem's bound (up to `_slack`), when the packs fixed plus the residual's proven
+    bound cannot beat the best candidate, after `steps` steps, or at the deadline. Returns (mixture, LP bound of
+    the full problem, the dual point that proved it (per present length, or None), stopped)."""
     max_len = len(histogram)
-    rounded: list[Mixture] = []
-    residual = histogram.copy()
-    patterns: list[np.ndarray] = []
-    lp_bound, point, best, best_packs, stale, late = 0.0, None, [start], start.n_packs, 0, False
+    patterns, x, value, lp_bound, late, point, solver = solve_relaxation(histogram, depth, [], True, deadline,
+                                                                         swaps=True, gap=0, known=cheap)
+    built_for = int(histogram.sum())
+    target = max(cheap, math.ceil(lp_bound - 1e-6)) + _slack(lp_bound)
+    best, best_packs = [start], start.n_packs
+    fixed, fixed_packs, residual = [], 0, histogram.copy()
     # rounding up pays where best fit packs a residual badly, which it does under a depth limit; at unlimited
     # depth it bought nothing on Wikipedia-512 and cost an extra residual LP (docs/results/packing-scale.md,
     # "Rounding up, and a smaller LP")
     up = ROUND_UP if depth < max_len // int(np.nonzero(histogram)[0][0] + 1) else None
-    for round_ in range(residual_rounds):
-        if round_ > 0:
-            # rounded so far plus best fit on the residual may already meet the full problem's bound (up to
-            # `_slack`): then the residual's LP (a fresh model over every pattern so far, the costly part of
-            # a round) can gain at most that
-            tail = _pack_rest(residual, depth)
-            if sum(m.n_packs for m in rounded) + tail.n_packs <= math.ceil(lp_bound - 1e-6) + _slack(lp_bound):
-                best = rounded + [tail]
-                break
-        patterns, x, _, bound, late, dual = solve_relaxation(residual, depth, patterns, round_ == 0, deadline)
-        if round_ == 0:
-            lp_bound, point = bound, dual
-        if late:
-            if x is not None and np.floor(x + 1e-9).sum() > 0:
-                # stopped mid-way with a restricted LP solution: its rounding plus best fit on the rest is
-                # usually far better than best fit alone
-                part = trim_excess(_as_matrix(patterns[:len(x)]), np.floor(x + 1e-9).astype(np.int64), residual)
-                rest = residual - part.coverage(max_len)
-                tail = [_pack_rest(rest, depth)] if rest.sum() else []
-                packs = sum(m.n_packs for m in rounded + [part] + tail)
-                if packs < best_packs:
-                    best, best_packs = rounded + [part] + tail, packs
+    for _ in range(steps):
+        if x is None or best_packs <= target:
             break
-        best_fit = start if round_ == 0 else tail
-        packs = sum(m.n_packs for m in rounded) + best_fit.n_packs
-        if packs < best_packs:
-            best, best_packs, stale = rounded + [best_fit], packs, 0
-        else:
-            stale += 1
-        whole = _round(patterns, x, residual, up)
-        if best_fit.n_packs <= math.ceil(bound - 1e-6) or stale >= patience or whole.sum() == 0:
-            break
-        part = trim_excess(_as_matrix(patterns[:len(x)]), whole, residual)
-        rounded.append(part)
+        whole = _round(patterns, x, residual, up, max(1, int((value or 0) / DIVE_SHARE)))
+        if whole.sum() == 0:  # nothing rounds up with all its sequences left: the pattern the LP uses most
+            whole[int(np.argmax(x))] = 1
+        used = np.nonzero(whole)[0]
+        part = trim_excess(_as_matrix([patterns[j] for j in used]), whole[used], residual, swap=True)
+        fixed.append(part)
+        fixed_packs += part.n_packs
         residual = residual - part.coverage(max_len)
-        if residual.sum() == 0:
-            best = rounded
+        if not residual.any():
+            if fixed_packs < best_packs:
+                best, best_packs = list(fixed), fixed_packs
             break
-    else:  # the last round's rounding, with best fit on its residual, is a candidate too
         tail = _pack_rest(residual, depth)
-        if sum(m.n_packs for m in rounded) + tail.n_packs < best_packs:
-            best = rounded + [tail]
+        if fixed_packs + tail.n_packs < best_packs:
+            best, best_packs = fixed + [tail], fixed_packs + tail.n_packs
+        if late or best_packs <= target:
+            break
+        # (the residual LPs run to their own bound: stopping them at the residual's cheap bound, as the first
+        # one stops at the full problem's, left them less converged and cost packs, e.g. 27,044 instead of
+        # 27,043 on Wikipedia-512 / 300 at depth 3)
+        if residual.sum() * FRESH_LP < built_for:
+            patterns, x, value, bound, late, _, solver = solve_relaxation(residual, depth, patterns, False, deadline,
+                                                                          swaps=True, gap=0)
+            built_for = int(residual.sum())
+        else:
+            x, value, bound, late = solver.resolve(residual, deadline)
+        bound = max(bound, cheap_lower_bound(residual, depth))
+        if fixed_packs + math.ceil(bound - 1e-6) >= best_packs:  # this dive can no longer gain a pack
+            break
     return Mixture.concat(best), lp_bound, point, late
 
 
@@ -227,18 +236,21 @@ def _pack_rest(residual: np.ndarray, depth: int) -> Mixture:
     return tail
 
 
-def _round(patterns: list[np.ndarray], x: np.ndarray, residual: np.ndarray, up: float | None) -> np.ndarray:
-    """Packs per pattern from an LP solution x over `residual`: x rounded down, then (unless `up` is None),
-    largest fractional part first, one more pack of each pattern whose part is at least `up` while all of its
-    sequences are still left (no padding is added). On large depth-limited histograms rounding down alone
-    leaves hundreds of sequences, which best fit packs well above their LP, and the residual LPs that peel
-    them off a few at a time (a fresh model over every pattern so far) take much of the time and still end
-    tens of packs above the bound; rounding up first leaves far fewer, and on the Wikipedia-style histograms
-    measured the packing ends within one pack of the bound (docs/results/packing-scale.md, "Rounding up, and
-    a smaller LP")."""
+def _round(patterns: list[np.ndarray], x: np.ndarray, residual: np.ndarray, up: float | None,
+           at_least: int = 0) -> np.ndarray:
+    """Packs per pattern from an LP solution x over `residual`: x rounded down, then, largest fractional part
+    first, one more pack of each pattern whose part is at least `up` (None: none) while all of its sequences
+    are still left (no padding is added), and then of the next ones, left or not, until at least `at_least`
+    packs are fixed (their slots then hold what is left: `trim_excess(..., swap=True)`). On large depth-limited histograms rounding down alone leaves hundreds of sequences, which best fit
+    packs well above their LP, and the residual LPs that peel them off a few at a time take much of the time
+    and still end tens of packs above the bound; rounding up first leaves far fewer, and on the
+    Wikipedia-style histograms measured the packing ends within one pack of the bound
+    (docs/results/packing-scale.md, "Rounding up, and a smaller LP")."""
     whole = np.floor(x + 1e-9).astype(np.int64)
-    if up is None:
+    fixed = int(whole.sum())
+    if up is None and fixed >= at_least:
         return whole
+    up = math.inf if up is None else up
     sizes = np.array([len(p) for p in patterns[:len(x)]])
     flat = np.concatenate(patterns[:len(x)])
     covered = np.bincount(flat - 1, weights=np.repeat(whole, sizes), minlength=len(residual))
@@ -246,12 +258,13 @@ def _round(patterns: list[np.ndarray], x: np.ndarray, residual: np.ndarray, up: 
     frac = x - whole
     starts = np.concatenate([[0], np.cumsum(sizes)])
     for j in np.argsort(-frac, kind="stable"):
-        if frac[j] < up:
+        if (frac[j] < up and fixed >= at_least) or frac[j] <= 0:
             break
         items, need = np.unique(flat[starts[j]: starts[j + 1]] - 1, return_counts=True)
-        if (left[items] >= need).all():
+        if frac[j] < up or (left[items] >= need).all():
             left[items] -= need
             whole[j] += 1
+            fixed += 1
     return whole
 
 
@@ -266,7 +279,7 @@ def _bucket_edges(units: int) -> np.ndarray:
     return np.array(edges, dtype=np.int64)
 
 
-def _bucketed(histogram, depth, start, cheap, residual_rounds, patience, deadline) -> CGHPResult:
+def _bucketed(histogram, depth, start, cheap, steps, deadline) -> CGHPResult:
     """Column generation on a coarser histogram: lengths rounded *up* to units of g = ceil(max_len / GRID)
     tokens and then to buckets at most 1/128 wide, so pricing costs the same at any pack length. A packing of
     the rounded-up lengths is a packing of the real ones (each real sequence takes a slot of its bucket).
@@ -289,7 +302,8 @@ def _bucketed(histogram, depth, start, cheap, residual_rounds, patience, deadlin
     coarse_start, late = run_lpfhp(coarse, depth, deadline=deadline)
     lp_bound, lower = float(cheap), cheap
     if not late:
-        mixture, _, point, late = _exact(coarse, depth, coarse_start, residual_rounds, patience, deadline)
+        mixture, _, point, late = _exact(coarse, depth, coarse_start, cheap_lower_bound(coarse, depth), steps,
+                                         deadline)
         if mixture.n_packs < start.n_packs:
             start = _realise(mixture, histogram, present, rounded_up)
         if point is not None:

@@ -2,12 +2,12 @@
 the restricted master LP kept warm across rounds, exact knapsack pricing with a depth limit, and column
 generation with dual smoothing and Farley's bound.
 
-    lengths = np.nonzero(histogram)[0] + 1
-    patterns, x, value, bound, stopped, point = solve_relaxation(histogram, depth, [], True, deadline)
+    patterns, x, value, bound, stopped, point, solver = solve_relaxation(histogram, depth, [], True, deadline)
+    x, value, bound, stopped = solver.resolve(residual)      # the same LP with fewer sequences wanted
 
 `solve_relaxation` returns the restricted LP's patterns and solution and a proven lower bound on its optimum;
-cghp.py rounds it into packs, planned.py solves it over class means, multisize.py keeps its own master LP
-over several pack lengths on the same `highs()`.
+cghp.py dives on it (fixing packs and re-solving the rest warm), planned.py solves it over class means,
+multisize.py keeps its own master LP over several pack lengths on the same `highs()`.
 """
 
 from __future__ import annotations
@@ -23,9 +23,17 @@ from .heuristics import lpfhp
 
 # A pattern prices out when its dual value exceeds 1 by more than this; HiGHS' default tolerances are 1e-7.
 PRICING_TOL = 1e-9
+# An LP value within this of an integer counts as that integer when bounds are rounded up to whole packs.
+INTEGER_TOL = 1e-6
 
 
 WARM_START_ROUNDS = 30
+# Columns priced into the restricted LP per round (at most one per length). Up to one per length (1,000 and more
+# on sparse histograms) grew the LP so fast that HiGHS' re-solves took most of the time: 30,508 two-humped
+# lengths at 4,096, depth 6, spent 24 of 26 s in 101 solves of an LP of 32,000 columns; 128 a round cut the
+# small and sparse histograms' LPs 1.5-3x and kept the Wikipedia-style and long-context cases' times
+# (docs/results/packing-scale.md, "Small and sparse histograms: the dive").
+COLUMNS_PER_ROUND = 128
 COARSE_START_LENGTHS = 600  # depth-limited, more distinct lengths than this: start from the LP's patterns on
                             # lengths rounded up to units of 2 tokens (recursively)
 COARSE_VARIANTS = 27        # real-length combinations tried per coarse pattern
@@ -160,17 +168,34 @@ class MasterLP:
     """The restricted master LP  min sum x  s.t.  A x >= demand, x >= 0, kept alive between rounds of
     column generation: new columns are added to the model and HiGHS re-optimises from the last basis (a
     few simplex iterations) instead of solving from scratch (`linprog` every round took most of CGHP's
-    time)."""
+    time).
 
-    def __init__(self, demand: np.ndarray, index_of: np.ndarray, dual_first: bool = False):
+    swaps: also one zero-cost column per pair of neighbouring lengths, +1 in the shorter one's row and -1 in
+    the longer one's: a slot of the longer length may hold a sequence of the shorter one (any pattern stays
+    feasible, depth limit included). These are Valerio de Carvalho's dual-optimal inequalities: in the dual
+    they say y is non-decreasing in length, which some optimal dual already is, so the LP's value is the
+    same, but the duals stop jumping between equivalent points and column generation converges in fewer,
+    cheaper rounds (on 18,427 log-normal lengths at 2,048, 14 rounds and 3.6 s instead of 30 and 11.3 s;
+    docs/results/packing-scale.md, "Small and sparse histograms"). The solution's x is over the patterns
+    only; a pattern's slots that cover more of a length than is wanted then hold shorter sequences
+    (`mixture.trim_excess(..., swap=True)`)."""
+
+    def __init__(self, demand: np.ndarray, index_of: np.ndarray, dual_first: bool = False, swaps: bool = False):
         self.h = highs()
         self.index_of = index_of
         self.n = 0
         self.dual_next = dual_first  # the first solve only (see DUAL_SIMPLEX)
         inf = self.h.getInfinity()
         m = len(demand)
-        self.h.addRows(m, demand.astype(np.float64), np.full(m, inf), 0, np.zeros(m, dtype=np.int32),
+        self.demand = demand.astype(np.float64)
+        self.h.addRows(m, self.demand, np.full(m, inf), 0, np.zeros(m, dtype=np.int32),
                        np.zeros(0, dtype=np.int32), np.zeros(0))
+        self.swaps = m - 1 if swaps and m > 1 else 0  # the swap columns come first
+        if self.swaps:
+            k = self.swaps
+            rows = np.stack([np.arange(k), np.arange(1, k + 1)], axis=1).ravel().astype(np.int32)
+            self.h.addCols(k, np.zeros(k), np.zeros(k), np.full(k, inf), 2 * k,
+                           np.arange(0, 2 * k, 2, dtype=np.int32), rows, np.tile([1.0, -1.0], k))
 
     def add(self, patterns: list[np.ndarray]) -> None:
         if not patterns:
@@ -181,8 +206,17 @@ class MasterLP:
                        A.indptr[:-1].astype(np.int32), A.indices.astype(np.int32), A.data.astype(np.float64))
         self.n += k
 
+    def set_demand(self, demand: np.ndarray) -> None:
+        """A new right-hand side (a residual: some sequences are packed). The last basis stays dual feasible,
+        so the next solve uses dual simplex from it."""
+        for i in np.nonzero(demand != self.demand)[0]:
+            self.h.changeRowBounds(int(i), float(demand[i]), self.h.getInfinity())
+        self.demand = demand.astype(np.float64)
+        self.dual_next = True
+
     def solve(self, deadline: float | None = None):
-        """(x, duals, value), or None if HiGHS stopped at `deadline` (a `time.perf_counter()` value)."""
+        """(x over the patterns, duals, value), or None if HiGHS stopped at `deadline` (a
+        `time.perf_counter()` value)."""
         if deadline is not None:
             # HiGHS' time limit counts all the runs of the instance
             self.h.setOptionValue("time_limit", self.h.getRunTime() + max(deadline - time.perf_counter(), 1e-3))
@@ -198,74 +232,109 @@ class MasterLP:
         if self.h.modelStatusToString(status) != "Optimal":
             raise RuntimeError(f"HiGHS failed on the packing LP: {self.h.modelStatusToString(status)}")
         sol = self.h.getSolution()
-        x, y = np.array(sol.col_value), np.maximum(np.array(sol.row_dual), 0.0)
+        x, y = np.array(sol.col_value)[self.swaps:], np.maximum(np.array(sol.row_dual), 0.0)
         return x, y, float(self.h.getInfo().objective_function_value)
 
     def prune(self, x: np.ndarray, threshold: float) -> np.ndarray:
-        """Delete the columns at zero in the last solution whose reduced cost exceeds `threshold` (nonbasic,
-        so the basis stays); returns the mask of the columns kept."""
-        drop = (x <= 0) & (np.array(self.h.getSolution().col_dual) > threshold)
+        """Delete the pattern columns at zero in the last solution whose reduced cost exceeds `threshold`
+        (nonbasic, so the basis stays); returns the mask of the patterns kept."""
+        drop = (x <= 0) & (np.array(self.h.getSolution().col_dual)[self.swaps:] > threshold)
         if drop.any():
-            self.h.deleteCols(int(drop.sum()), np.nonzero(drop)[0].astype(np.int32))
+            self.h.deleteCols(int(drop.sum()), (np.nonzero(drop)[0] + self.swaps).astype(np.int32))
             self.n -= int(drop.sum())
         return ~drop
 
 
-def column_generation(demand, lengths, max_len, pricer, patterns, max_rounds=1000, n_columns=None,
-                      alpha=0.5, gap=0.5, rel_gap=1e-6, centre=None, deadline=None, give_up=False):
-    """Solve the LP relaxation over `demand` (per entry of `lengths`). Returns (x, y, lp_value, bound,
-    stopped, point): the restricted LP's solution over `patterns` (which grows in place), its duals and
-    value, the bound, whether `deadline` stopped the loop (then `bound` is the best proven so far and x may
-    be the previous round's, over the first len(x) patterns, or None), and the dual point that proved `bound`
-    (None if none did).
+class ColumnGeneration:
+    """Column generation on one histogram's LP relaxation (`run`), kept warm for the residuals of a dive
+    (`resolve`: fewer sequences wanted, every pattern so far kept, HiGHS restarts from the last basis)."""
 
-    Dual smoothing (Wentges): price at a point between the best dual point so far (the "centre") and the
-    restricted LP's duals. The LP is massively degenerate and its raw duals jump around; smoothing cuts the
-    number of rounds several-fold. Any dual point y >= 0 gives Farley's lower bound y.h / max(1, best
-    pattern value), so the loop stops as soon as that bound is within `gap` of the restricted LP value.
-    """
-    if n_columns is None:  # up to one column per length and round: fewer, cheaper rounds than a fixed cap
-        n_columns = max(256, len(lengths))
-    index_of = length_index(lengths, max_len)
-    limited = pricer.depth < max_len // int(lengths.min())
-    lp = MasterLP(demand, index_of, dual_first=limited)
-    lp.add(patterns)
-    bound = 0.0 if centre is None else float(centre @ demand) / max(1.0, pricer.price(centre, 0)[1])
-    x = None
-    for _ in range(max_rounds):
-        solved = lp.solve(deadline)
-        if solved is None:  # HiGHS stopped at the deadline: the last round's x covers the first len(x) patterns
-            return x, None, None, bound, True, centre
-        x, y, value = solved
-        a = alpha if centre is not None else 0.0
-        while True:
-            point = y if a == 0 else a * centre + (1 - a) * y
-            new, top = pricer.price(point, n_columns)
-            point_bound = float(point @ demand) / max(top, 1.0)
-            if point_bound > bound:
-                bound, centre = point_bound, point
-            # keep only columns that improve the current LP (smoothing can price out stale ones)
-            new = [p for p in new if y[index_of[p]].sum() > 1 + PRICING_TOL]
-            if new or a == 0:
-                break
-            a = 0.0  # mis-price: fall back to the LP's own duals
-        if not new or value - bound <= max(gap, rel_gap * value):
-            return x, y, value, bound, False, centre
-        if past(deadline):
+    def __init__(self, demand, lengths, max_len, pricer, patterns, n_columns=None, swaps=False):
+        if n_columns is None:
+            n_columns = COLUMNS_PER_ROUND
+        self.demand, self.pricer, self.n_columns = demand, pricer, n_columns
+        self.patterns = patterns  # grows (and is pruned) in place: x is over it
+        self.index_of = length_index(lengths, max_len)
+        self.limited = pricer.depth < max_len // int(lengths.min())
+        self.lp = MasterLP(demand, self.index_of, dual_first=self.limited, swaps=swaps)
+        self.lp.add(patterns)
+
+    def run(self, max_rounds=1000, alpha=0.5, gap=0.5, rel_gap=1e-6, centre=None, deadline=None, give_up=False,
+            known=0):
+        """Returns (x, y, lp_value, bound, stopped, point): the restricted LP's solution over `patterns`, its
+        duals and value, the bound, whether `deadline` stopped the loop (then `bound` is the best proven so
+        far and x may be the previous round's, over the first len(x) patterns, or None), and the dual point
+        that proved `bound` (None if none did).
+
+        Dual smoothing (Wentges): price at a point between the best dual point so far (the "centre") and the
+        restricted LP's duals. The LP is massively degenerate and its raw duals jump around; smoothing cuts
+        the number of rounds several-fold. Any dual point y >= 0 gives Farley's lower bound y.h / max(1, best
+        pattern value), so the loop stops as soon as that bound is within `gap` of the restricted LP value.
+
+        gap=0: stop instead once the bound rounded up (or `known`, a bound proven otherwise) meets the restricted
+        LP's value rounded up: packs are whole, so no more rounds can prove more, and the LP is as converged as
+        a dive needs. Where the LP's optimum is just above an integer this goes on past a half-pack gap (2,250
+        lengths at 128, depth 16: stopped at 342.01 against a bound of 341.66, the dive ended one pack above
+        342, the optimum), and elsewhere it stops well before it.
+        """
+        demand, pricer, index_of, lp, patterns = self.demand, self.pricer, self.index_of, self.lp, self.patterns
+        bound = 0.0 if centre is None else float(centre @ demand) / max(1.0, pricer.price(centre, 0)[1])
+        x = None
+        for _ in range(max_rounds):
+            solved = lp.solve(deadline)
+            if solved is None:  # HiGHS stopped at the deadline: the last round's x covers the first len(x) patterns
+                return x, None, None, bound, True, centre
+            x, y, value = solved
+            a = alpha if centre is not None else 0.0
+            while True:
+                point = y if a == 0 else a * centre + (1 - a) * y
+                new, top = pricer.price(point, self.n_columns)
+                point_bound = float(point @ demand) / max(top, 1.0)
+                if point_bound > bound:
+                    bound, centre = point_bound, point
+                # keep only columns that improve the current LP (smoothing can price out stale ones)
+                new = [p for p in new if y[index_of[p]].sum() > 1 + PRICING_TOL]
+                if new or a == 0:
+                    break
+                a = 0.0  # mis-price: fall back to the LP's own duals
+            if not new or value - bound <= max(gap, rel_gap * value) or (
+                    gap == 0 and max(math.ceil(bound - INTEGER_TOL), known) >= math.ceil(value - INTEGER_TOL)):
+                return x, y, value, bound, False, centre
+            if past(deadline):
+                return x, y, value, bound, True, centre
+            if self.limited and lp.n > PRUNE_COLUMNS * len(demand):
+                keep = lp.prune(x, PRUNE_RC)
+                patterns[:] = [p for p, k in zip(patterns, keep) if k]
+                x = x[keep]
+            patterns.extend(new)
+            lp.add(new)
+        if give_up:  # as if stopped: the bound and dual point so far are valid
             return x, y, value, bound, True, centre
-        if limited and lp.n > PRUNE_COLUMNS * len(lengths):
-            keep = lp.prune(x, PRUNE_RC)
-            patterns[:] = [p for p, k in zip(patterns, keep) if k]
-            x = x[keep]
-        patterns.extend(new)
-        lp.add(new)
-    if give_up:  # as if stopped: the bound and dual point so far are valid
-        return x, y, value, bound, True, centre
-    raise RuntimeError(f"column generation did not converge in {max_rounds} rounds")
+        raise RuntimeError(f"column generation did not converge in {max_rounds} rounds")
+
+    def resolve(self, residual: np.ndarray, deadline=None, known=0):
+        """The LP of `residual` (a histogram over the same pack length, no length that was not wanted at the
+        start), from where the last solve stopped, to gap=0: (x, lp_value, bound, stopped)."""
+        lengths = np.nonzero(self.index_of >= 0)[0]
+        self.demand = residual[lengths - 1].astype(np.float64)
+        self.lp.set_demand(self.demand)
+        x, _, value, bound, stopped, _ = self.run(deadline=deadline, gap=0, known=known)
+        return x, value, bound, stopped
 
 
-def solve_relaxation(histogram: np.ndarray, depth: int, patterns: list[np.ndarray], warm: bool, deadline):
-    """Column generation on `histogram` (may be a residual). Returns (patterns, x, value, bound, stopped)."""
+def column_generation(demand, lengths, max_len, pricer, patterns, max_rounds=1000, n_columns=None,
+                      alpha=0.5, gap=0.5, rel_gap=1e-6, centre=None, deadline=None, give_up=False, swaps=False):
+    """Solve the LP relaxation over `demand` (per entry of `lengths`) from `patterns` (which grows in place):
+    `ColumnGeneration.run`'s result."""
+    return ColumnGeneration(demand, lengths, max_len, pricer, patterns, n_columns, swaps).run(
+        max_rounds, alpha, gap, rel_gap, centre, deadline, give_up)
+
+
+def solve_relaxation(histogram: np.ndarray, depth: int, patterns: list[np.ndarray], warm: bool, deadline,
+                     swaps: bool = False, gap: float = 0.5, known: int = 0):
+    """Column generation on `histogram` (may be a residual). Returns (patterns, x, value, bound, stopped,
+    point, solver): `solver` is the `ColumnGeneration` kept warm for residuals (None if the deadline stopped
+    the warm start); `swaps` as in `MasterLP`."""
     max_len = len(histogram)
     lengths = np.nonzero(histogram)[0] + 1
     demand = histogram[lengths - 1].astype(np.float64)
@@ -284,7 +353,9 @@ def solve_relaxation(histogram: np.ndarray, depth: int, patterns: list[np.ndarra
         # unlimited-depth warm start (with both, CGHP was slower than with this alone). At unlimited depth it
         # did not help (docs/results/packing-scale.md, "Where the time went, and the coarse start").
         patterns += _coarse_columns(histogram, depth, deadline)
-        warm = False
+        # and without swap columns: from these columns they made the LP slower (Wikipedia-style 2048 at depth 3:
+        # 2.8 s instead of 1.9 s) for the same packs
+        warm, swaps = False, False
     if warm and limited:
         # The unlimited-depth LP is cheap, and its duals are a strong start for the limited one: they give
         # a Farley bound close to the final one and price out good first columns. Only worth it on the full
@@ -297,17 +368,17 @@ def solve_relaxation(histogram: np.ndarray, depth: int, patterns: list[np.ndarra
         # may not converge in minutes, so it gets WARM_START_ROUNDS rounds and then its best point so far.
         _, y, _, pre_bound, stopped, point = column_generation(
             demand, lengths, max_len, Pricer(lengths, max_len, max_len), free, deadline=deadline,
-            max_rounds=WARM_START_ROUNDS, give_up=True)
+            max_rounds=WARM_START_ROUNDS, give_up=True, swaps=swaps)
         if past(deadline):  # the unlimited LP's bound also bounds the limited problem
-            return patterns, None, None, pre_bound, True, point
+            return patterns, None, None, pre_bound, True, point, None
         centre = y if not stopped else point
     pricer = Pricer(lengths, max_len, depth)
     patterns += [s[s > 0] for s in lpfhp(histogram, depth).strategies]
     if centre is not None:
         patterns += pricer.price(centre, len(lengths))[0]
-    x, _, value, bound, stopped, point = column_generation(demand, lengths, max_len, pricer, patterns,
-                                                           centre=centre, deadline=deadline)
-    return patterns, x, value, max(bound, pre_bound if stopped else 0.0), stopped, point
+    solver = ColumnGeneration(demand, lengths, max_len, pricer, patterns, swaps=swaps)
+    x, _, value, bound, stopped, point = solver.run(centre=centre, deadline=deadline, gap=gap, known=known)
+    return patterns, x, value, max(bound, pre_bound if stopped else 0.0), stopped, point, solver
 
 
 def _coarse_columns(histogram: np.ndarray, depth: int, deadline) -> list[np.ndarray]:

@@ -223,7 +223,7 @@ def _group_equal_rows(mat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return order[changed], group
 
 
-def trim_excess(strategies: np.ndarray, counts: np.ndarray, histogram: np.ndarray) -> Mixture:
+def trim_excess(strategies: np.ndarray, counts: np.ndarray, histogram: np.ndarray, swap: bool = False) -> Mixture:
     """Remove the slots that a mixture has beyond `histogram`, so that coverage <= histogram everywhere.
 
     LP-based packers over-cover lengths (their constraints are `A x >= h`) and NNLSHP pads leftovers with
@@ -231,18 +231,30 @@ def trim_excess(strategies: np.ndarray, counts: np.ndarray, histogram: np.ndarra
     padding where it is but makes the mixture describe only real sequences, which is what the assignment
     step and the conservation invariant need. Slots are taken from the most-used strategy first, splitting
     a strategy's count when only part of it has to change.
+
+    swap: an over-covered slot first takes the longest sequence shorter than it that no slot holds (what the
+    LP's swap columns mean, `lp.MasterLP`: a slot of a longer length serves a shorter one), and is trimmed
+    only when none is left. Slots are swapped longest first, each to the longest such sequence, which places
+    as many sequences as any assignment of sequences to slots that fit them can.
     """
     mat = np.array(strategies, dtype=np.int64)
     counts = np.array(counts, dtype=np.int64)
-    excess = Mixture(mat, counts).coverage(len(histogram)) - histogram
-    for length in np.nonzero(excess > 0)[0] + 1:
+    coverage = Mixture(mat, counts).coverage(len(histogram))
+    excess = coverage - histogram
+    unplaced = np.maximum(histogram - coverage, 0)
+    for length in np.nonzero(excess > 0)[0][::-1] + 1:
         need = int(excess[length - 1])
         while need > 0:
             has = (mat == length).any(axis=1) & (counts > 0)
             i = int(np.argmax(np.where(has, counts, -1)))
-            take = min(need, int(counts[i]))
+            take, into = min(need, int(counts[i])), 0
+            shorter = np.nonzero(unplaced[: length - 1])[0] if swap else ()
+            if len(shorter):
+                into = int(shorter[-1]) + 1
+                take = min(take, int(unplaced[into - 1]))
+                unplaced[into - 1] -= take
             row = mat[i].copy()
-            row[np.argmax(row == length)] = 0
+            row[np.argmax(row == length)] = into
             counts[i] -= take
             mat = np.vstack([mat, row[None]])
             counts = np.append(counts, take)
