@@ -32,7 +32,7 @@ WARM_START_ROUNDS = 30
 # on sparse histograms) grew the LP so fast that HiGHS' re-solves took most of the time: 30,508 two-humped
 # lengths at 4,096, depth 6, spent 24 of 26 s in 101 solves of an LP of 32,000 columns; 128 a round cut the
 # small and sparse histograms' LPs 1.5-3x and kept the Wikipedia-style and long-context cases' times
-# (docs/results/packing-scale.md, "Small and sparse histograms: the dive").
+# (docs/results/packing-scale.md, "The dive: warm residual LPs and swap columns").
 COLUMNS_PER_ROUND = 128
 COARSE_START_LENGTHS = 600  # depth-limited, more distinct lengths than this: start from the LP's patterns on
                             # lengths rounded up to units of 2 tokens (recursively)
@@ -176,9 +176,9 @@ class MasterLP:
     they say y is non-decreasing in length, which some optimal dual already is, so the LP's value is the
     same, but the duals stop jumping between equivalent points and column generation converges in fewer,
     cheaper rounds (on 18,427 log-normal lengths at 2,048, 14 rounds and 3.6 s instead of 30 and 11.3 s;
-    docs/results/packing-scale.md, "Small and sparse histograms"). The solution's x is over the patterns
-    only; a pattern's slots that cover more of a length than is wanted then hold shorter sequences
-    (`mixture.trim_excess(..., swap=True)`)."""
+    docs/results/packing-scale.md, "The dive: warm residual LPs and swap columns"). The solution's x is over
+    the patterns only; a pattern's slots that cover more of a length than is wanted then hold shorter
+    sequences (`mixture.trim_excess(..., swap=True)`)."""
 
     def __init__(self, demand: np.ndarray, index_of: np.ndarray, dual_first: bool = False, swaps: bool = False):
         self.h = highs()
