@@ -250,3 +250,61 @@ def test_the_dive_meets_the_bound_where_iterated_rounding_ended_a_pack_above(see
     again = pack(hist, "cghp", depth)
     assert np.array_equal(again.mixture.flat, result.mixture.flat)
     assert np.array_equal(again.mixture.counts, result.mixture.counts)
+
+
+# --- small histograms packed exactly (repack.py) --------------------------------------------------------------
+
+
+@settings(max_examples=40, deadline=None)
+@given(hist=histograms(max_len_range=(4, 12), max_count=3), depth=st.sampled_from([None, 2, 3]),
+       extra=st.integers(-2, 1))
+def test_pack_into_finds_a_packing_exactly_when_one_exists(hist, depth, extra):
+    """`pack_into(h, bins, depth)` on tiny histograms: a packing into `bins` packs (every sequence once, within
+    the length and the depth) when the brute-force optimum is at most `bins`, and INFEASIBLE when it is above."""
+    from bert_ipu.packing.repack import INFEASIBLE, pack_into
+
+    max_len, d = len(hist), depth or len(hist)
+    optimum = brute_force_min_packs(expand_histogram(hist).tolist(), max_len, d)
+    bins = max(1, optimum + extra)
+    found = pack_into(hist, bins, d)
+    if bins < optimum:
+        assert found is INFEASIBLE
+    else:
+        assert found is not None and found is not INFEASIBLE
+        assert np.array_equal(found.coverage(max_len), hist) and found.n_packs <= bins
+        assert (found.pack_lengths() <= max_len).all() and found.depth <= d
+
+
+def test_the_dive_a_pack_above_the_bound_is_closed_by_the_integer_program():
+    """268 two-humped lengths at 4,096, depth 16 (benchmarks/packing_small.py, seed 0, case 0): every dive ended
+    at 19 packs against a bound of 18 (LP 17.66); the integer program finds 18, so the packing is optimal, and
+    proves that 17 is impossible."""
+    from packing_small import random_case
+
+    from bert_ipu.packing.repack import INFEASIBLE, pack_into
+
+    hist, depth = random_case(np.random.default_rng(0))["histogram"], 16
+    assert pack_into(hist, 17, depth) is INFEASIBLE
+    result = pack(hist, "cghp", depth)
+    assert result.packs == result.lower_bound_packs == 18
+    assert np.array_equal(result.mixture.coverage(4096), hist)
+    assert result.mixture.depth <= depth and (result.mixture.pack_lengths() <= 4096).all()
+
+
+def test_a_sparse_histogram_with_many_lengths_starts_from_its_own_lp(monkeypatch):
+    """1,317 log-normal lengths at 4,096, depth 6, 958 of them distinct (benchmarks/packing_small.py, seed 5
+    --max-sequences 3000, case 2): the coarse start (more than 600 lengths) is for dense histograms; on this one
+    it took 15 s to 509 packs. Without it the packing meets the bound, 508."""
+    from packing_small import random_case
+
+    from bert_ipu.packing import lp as lp_module
+
+    rng = np.random.default_rng(5)
+    case = [random_case(rng, 3000) for _ in range(3)][2]
+    hist, depth = case["histogram"], case["depth"]
+    assert np.count_nonzero(hist) > lp_module.COARSE_START_LENGTHS and depth == 6
+    real, coarse = lp_module._coarse_columns, []
+    monkeypatch.setattr(lp_module, "_coarse_columns", lambda *a: coarse.append(1) or real(*a))
+    result = pack(hist, "cghp", depth, time_limit=60)
+    assert not coarse and result.packs == result.lower_bound_packs == 508
+    assert np.array_equal(result.mixture.coverage(4096), hist) and result.mixture.depth <= depth

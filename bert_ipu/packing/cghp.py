@@ -12,9 +12,9 @@ integer optimum is almost always ceil(LP) or ceil(LP) + 1. We
    depth): at unlimited depth on long-context data it usually does; else the minimum-slack fill (`fill.py`),
    returned when it meets the bound: on small, sparse histograms it usually does;
 1. start from the patterns of LPFHP and, under a depth limit, from the duals of the unlimited-depth LP
-   (full histogram only, at most 30 rounds), or with more than 600 distinct lengths from the support of the
-   same LP on lengths rounded up to 2-token units (recursively), so that the first restricted LP is
-   already close;
+   (full histogram only, at most 30 rounds), or with more than 600 distinct lengths (and at least 8
+   sequences a length) from the support of the same LP on lengths rounded up to 2-token units
+   (recursively), so that the first restricted LP is already close;
 2. solve the restricted LP with HiGHS (one model kept warm across rounds, with Valerio de Carvalho's swap
    columns: a slot of a longer length may hold a shorter sequence, `lp.MasterLP`) and price new patterns
    with the duals y: a pattern improves the LP iff sum_l y_l a_lp > 1, a knapsack over lengths (weight l,
@@ -31,7 +31,10 @@ integer optimum is almost always ceil(LP) or ceil(LP) + 1. We
    the packs fixed plus the residual's bound cannot beat the best candidate, or 100 steps;
 5. every step's candidate is the packs fixed so far plus LPFHP best fit, or the fill where it takes fewer
    packs, on the rest; the best wins. A time-capped MIP over the generated patterns was tried here and never
-   beat best fit on the paper's histograms.
+   beat best fit on the paper's histograms;
+6. on a small histogram still above its bound (present lengths x bound at most 5,000), ask an integer
+   program over copies of each length in each pack (`repack.py`) for a packing at the bound, and where it
+   proves there is none, raise the bound by one (`_settle`).
 
 `lower_bound = max(cheap bound, ceil(Farley bound))` comes with the result, so users see how far from
 optimal the packing is. Histograms whose exact pricing would be slow (long packs, many lengths) are solved
@@ -41,7 +44,7 @@ on bucketed lengths (`_bucketed`), and a deadline stops any step with the best p
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -52,6 +55,7 @@ from .histogram import expand_histogram
 from .mixture import Mixture, trim_excess
 from .lp import COARSE_START_LENGTHS, Pricer, solve_relaxation
 from .planned import PLAN_ENOUGH, PLAN_MAX_PACKS, PLAN_MIN_DEPTH, planned
+from .repack import INFEASIBLE, MAX_VARIABLES, pack_into
 
 
 
@@ -92,7 +96,8 @@ class CGHPResult:
     time_limit_reached: bool = False
     strategy: str = "exact"  # "heuristic": best fit (met the cheap bound, or the plan did not beat it);
                              # "filled": the minimum-slack fill (`fill.py`) met the cheap bound;
-                             # "planned" (`planned.py`); "exact"; "bucketed"
+                             # "planned" (`planned.py`); "exact"; "bucketed"; "integer": a small
+                             # histogram packed at its bound by the integer program of `repack.py`
 
 
 def _as_matrix(patterns: list[np.ndarray]) -> np.ndarray:
@@ -112,7 +117,35 @@ def pricing_seconds(n_lengths: int, max_len: int, depth: int, shortest: int) -> 
 
 
 def cghp(histogram: np.ndarray, depth: int, steps: int | None = None, deadline: float | None = None) -> CGHPResult:
-    """Pack `histogram` with at most `depth` sequences a pack; see the module docstring.
+    """Pack `histogram` with at most `depth` sequences a pack; see the module docstring: `_cghp`, then, on a
+    small histogram still above its bound, `_settle`."""
+    return _settle(_cghp(histogram, depth, steps, deadline), histogram, depth, deadline)
+
+
+def _settle(result: CGHPResult, histogram: np.ndarray, depth: int, deadline) -> CGHPResult:
+    """A small histogram (present lengths x bound at most repack.MAX_VARIABLES) whose packing is above its
+    bound: ask the integer program of `repack.py` for a packing at the bound, and where it proves there is
+    none, raise the bound by one and ask again. On small, sparse histograms under a depth limit the dive can
+    end a pack above the bound (268 two-humped lengths at 4,096, depth 16: 19 against 18), and only this
+    says which of the two is wrong (there, the packing: 18 packs exist)."""
+    mixture, bound = result.mixture, result.lower_bound
+    lengths = int(np.count_nonzero(histogram))
+    while mixture.n_packs > bound and lengths * bound <= MAX_VARIABLES and not past(deadline):
+        found = pack_into(histogram, bound, depth, deadline=deadline)
+        if found is INFEASIBLE:
+            bound += 1
+        else:
+            if found is not None:
+                mixture = found
+            break
+    if mixture is result.mixture and bound == result.lower_bound:
+        return result
+    return replace(result, mixture=mixture, lower_bound=bound, strategy="integer" if mixture is not result.mixture
+                   else result.strategy, time_limit_reached=result.time_limit_reached or past(deadline))
+
+
+def _cghp(histogram: np.ndarray, depth: int, steps: int | None, deadline: float | None) -> CGHPResult:
+    """Best fit, the fill, the plan, and the dive on column generation (see the module docstring).
 
     Best fit (LPFHP) comes first: when it meets the cheap bound (tokens, long sequences, depth) it is
     optimal and returned at once. Under a depth limit where the token bound binds, with at most
@@ -173,11 +206,12 @@ def _exact(histogram, depth, start, cheap, steps, deadline):
     sequences are all left, then the largest fractional parts until 1/DIVE_SHARE of the LP's packs, at least
     one, are fixed), fills their slots with real sequences (a slot the LP swapped takes a shorter one:
     `trim_excess(..., swap=True)`), and re-solves the LP of what is left from where it stopped
-    (`ColumnGeneration.resolve`; a fresh LP once less than 1/FRESH_LP of the sequences is left). Every step yields a candidate: the
-    packs fixed so far plus best fit (or the fill) on the rest; the best candidate wins. The dive stops when a
-    candidate meets the full problem's bound (up to `_slack`), when the packs fixed plus the residual's proven
-    bound cannot beat the best candidate, after `steps` steps, or at the deadline. Returns (mixture, LP bound of
-    the full problem, the dual point that proved it (per present length, or None), stopped)."""
+    (`ColumnGeneration.resolve`; a fresh LP once less than 1/FRESH_LP of the sequences is left). Every step
+    yields a candidate: the packs fixed so far plus best fit (or the fill) on the rest; the best candidate wins.
+    The dive stops when a candidate meets the full problem's bound (up to `_slack`), when the packs fixed plus
+    the residual's proven bound cannot beat the best candidate, after `steps` steps, or at the deadline.
+    Returns (mixture, LP bound of the full problem, the dual point that proved it (per present length, or
+    None), stopped)."""
     max_len = len(histogram)
     patterns, x, value, lp_bound, late, point, solver = solve_relaxation(histogram, depth, [], True, deadline,
                                                                          swaps=True, gap=0, known=cheap)
