@@ -425,3 +425,30 @@ def test_cli_max_len_auto_picks_the_most_efficient_candidate(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["--lengths", str(path), "--max-len", "huge"])
     assert "not a whole number or 'auto'" in capsys.readouterr().err
+
+
+def test_the_stop_rule_of_large_lps_is_keyed_on_the_best_bound(monkeypatch, wikipedia_512):
+    """The rule "from STOP_PACKS packs, stop one pack above the bound" looks at the best bound proven, not at
+    Farley's bound alone: the first LP stops as soon as the cheap bound proves all an LP could, which can leave
+    Farley's bound far below (1,254 against a bound of 2,130 in a review). Wikipedia-512 / 300 at depth 3, its
+    bound 27,043 given as the cheap one, STOP_PACKS at 20,000: with Farley's bound cut to 10,000 the dive stops
+    where it does with the true one, at 27,044 after 2 LPs (keyed on Farley's bound alone, it went on to a
+    third LP for 27,043)."""
+    hist = wikipedia_512 // 300
+    monkeypatch.setattr(cghp_module, "STOP_PACKS", 20_000)
+    real = cghp_module.solve_relaxation
+    runs = {}
+    for weak in (False, True):
+        solved = []
+
+        def spy(h, *a, **k):
+            out = list(real(h, *a, **k))
+            solved.append(h.sum())
+            if weak and h.sum() == hist.sum():
+                out[3] = min(out[3], 10_000.0)  # still a valid bound, as when the LP stops at the cheap bound
+            return tuple(out)
+        monkeypatch.setattr(cghp_module, "solve_relaxation", spy)
+        mixture, *_ = cghp_module._exact(hist, 3, lpfhp(hist, 3), 27_043, cghp_module.DIVE_STEPS, None)
+        assert np.array_equal(mixture.coverage(512), hist) and mixture.depth <= 3
+        runs[weak] = (len(solved), mixture.n_packs)
+    assert runs[True] == runs[False] == (2, 27_044)

@@ -308,3 +308,40 @@ def test_a_sparse_histogram_with_many_lengths_starts_from_its_own_lp(monkeypatch
     result = pack(hist, "cghp", depth, time_limit=60)
     assert not coarse and result.packs == result.lower_bound_packs == 508
     assert np.array_equal(result.mixture.coverage(4096), hist) and result.mixture.depth <= depth
+
+
+def test_rounding_up_to_a_share_takes_the_largest_fractional_parts_first():
+    """`_round(..., at_least)`: a pattern with a fractional part of at least ROUND_UP whose sequences are not all
+    left is skipped by the first pass (no padding), but when packs must still be fixed to reach `at_least`, the
+    largest fractional parts go first, that one included (a review found the smaller one taken instead)."""
+    from bert_ipu.packing import cghp as cghp_module
+
+    residual = np.zeros(4, dtype=np.int64)
+    residual[[1, 2]] = 1  # one sequence of 2 tokens, one of 3
+    patterns, x = [np.array([3, 3]), np.array([2])], np.array([0.5, 0.2])
+    assert cghp_module._round(patterns, x, residual, 0.3, at_least=1).tolist() == [1, 0]
+    assert cghp_module._round(patterns, x, residual, 0.3, at_least=0).tolist() == [0, 0]
+    assert cghp_module._round(patterns, x, residual, None, at_least=2).tolist() == [1, 1]
+
+
+def test_a_deadline_that_stops_the_integer_program_is_reported(monkeypatch):
+    """When the deadline passes while the integer program searches and it finds nothing, the result says the
+    time limit stopped it (a review found it reported as not stopped, over the limit)."""
+    from packing_small import random_case
+
+    from bert_ipu.packing import cghp as cghp_module
+
+    hist = random_case(np.random.default_rng(0))["histogram"]  # 268 sequences at 4,096: 19 packs, bound 18
+
+    def slow(histogram, bins, depth, deadline=None):
+        while time.perf_counter() <= deadline:
+            time.sleep(0.01)
+        return None
+    asked = []
+    monkeypatch.setattr(cghp_module, "pack_into", lambda *a, **k: asked.append(1) or slow(*a, **k))
+    start = time.perf_counter()
+    dive = cghp_module._cghp(hist, 16, None, None)
+    seconds = time.perf_counter() - start
+    assert not dive.time_limit_reached and dive.mixture.n_packs > dive.lower_bound
+    result = cghp_module.cghp(hist, 16, deadline=time.perf_counter() + 2 * seconds + 1)  # the dive ends in time
+    assert asked and result.mixture.n_packs > result.lower_bound and result.time_limit_reached

@@ -128,20 +128,22 @@ def _settle(result: CGHPResult, histogram: np.ndarray, depth: int, deadline) -> 
     none, raise the bound by one and ask again. On small, sparse histograms under a depth limit the dive can
     end a pack above the bound (268 two-humped lengths at 4,096, depth 16: 19 against 18), and only this
     says which of the two is wrong (there, the packing: 18 packs exist)."""
-    mixture, bound = result.mixture, result.lower_bound
+    mixture, bound, asked = result.mixture, result.lower_bound, False
     lengths = int(np.count_nonzero(histogram))
     while mixture.n_packs > bound and lengths * bound <= MAX_VARIABLES and not past(deadline):
-        found = pack_into(histogram, bound, depth, deadline=deadline)
+        found, asked = pack_into(histogram, bound, depth, deadline=deadline), True
         if found is INFEASIBLE:
             bound += 1
         else:
             if found is not None:
                 mixture = found
             break
-    if mixture is result.mixture and bound == result.lower_bound:
+    if not asked:
         return result
+    # the deadline may have stopped the integer program (a time-limited call then differs from one without)
+    late = result.time_limit_reached or (past(deadline) and mixture.n_packs > bound)
     return replace(result, mixture=mixture, lower_bound=bound, strategy="integer" if mixture is not result.mixture
-                   else result.strategy, time_limit_reached=result.time_limit_reached or past(deadline))
+                   else result.strategy, time_limit_reached=late)
 
 
 def _cghp(histogram: np.ndarray, depth: int, steps: int | None, deadline: float | None) -> CGHPResult:
@@ -216,7 +218,8 @@ def _exact(histogram, depth, start, cheap, steps, deadline):
     patterns, x, value, lp_bound, late, point, solver = solve_relaxation(histogram, depth, [], True, deadline,
                                                                          swaps=True, gap=0, known=cheap)
     built_for = int(histogram.sum())
-    target = max(cheap, math.ceil(lp_bound - 1e-6)) + _slack(lp_bound)
+    # (the slack by the size of the problem: the LP may stop early at the cheap bound, with a far weaker bound)
+    target = max(cheap, math.ceil(lp_bound - 1e-6)) + _slack(max(cheap, lp_bound))
     best, best_packs = [start], start.n_packs
     fixed, fixed_packs, residual = [], 0, histogram.copy()
     # rounding up pays where best fit packs a residual badly, which it does under a depth limit; at unlimited
@@ -275,8 +278,9 @@ def _round(patterns: list[np.ndarray], x: np.ndarray, residual: np.ndarray, up: 
            at_least: int = 0) -> np.ndarray:
     """Packs per pattern from an LP solution x over `residual`: x rounded down, then, largest fractional part
     first, one more pack of each pattern whose part is at least `up` (None: none) while all of its sequences
-    are still left (no padding is added), and then of the next ones, left or not, until at least `at_least`
-    packs are fixed (their slots then hold what is left: `trim_excess(..., swap=True)`). On large
+    are still left (no padding is added), and then, again largest first, of the patterns not rounded up yet,
+    left or not, until at least `at_least` packs are fixed (their slots then hold what is left:
+    `trim_excess(..., swap=True)`). On large
     depth-limited histograms rounding down alone leaves hundreds of sequences, which best fit packs well above
     their LP, and the residual LPs that peel them off a few at a time take much of the time and still end tens
     of packs above the bound; rounding up first leaves far fewer, and on the Wikipedia-style histograms
@@ -293,12 +297,20 @@ def _round(patterns: list[np.ndarray], x: np.ndarray, residual: np.ndarray, up: 
     left = residual - np.rint(covered).astype(np.int64)  # negative where rounding down over-covers (padding)
     frac = x - whole
     starts = np.concatenate([[0], np.cumsum(sizes)])
-    for j in np.argsort(-frac, kind="stable"):
-        if (frac[j] < up and fixed >= at_least) or frac[j] <= 0:
+    order = np.argsort(-frac, kind="stable")
+    for j in order:  # fractional parts of at least `up` whose sequences are all left
+        if frac[j] < up:
             break
         items, need = np.unique(flat[starts[j]: starts[j + 1]] - 1, return_counts=True)
-        if frac[j] < up or (left[items] >= need).all():
+        if (left[items] >= need).all():
             left[items] -= need
+            whole[j] += 1
+            fixed += 1
+    rounded = whole > np.floor(x + 1e-9)
+    for j in order:  # then the largest fractional parts not rounded up yet, left or not, up to `at_least`
+        if fixed >= at_least or frac[j] <= 0:
+            break
+        if not rounded[j]:
             whole[j] += 1
             fixed += 1
     return whole
