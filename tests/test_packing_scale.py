@@ -208,7 +208,8 @@ def test_iterated_rounding_stops_one_pack_above_the_bound_on_large_lps(monkeypat
     for stop_packs in (default, 0):
         monkeypatch.setattr(cghp_module, "STOP_PACKS", stop_packs)
         solved = []
-        monkeypatch.setattr(cghp_module, "solve_relaxation", lambda h, *a, **k: solved.append(h.sum()) or real(h, *a, **k))
+        monkeypatch.setattr(cghp_module, "solve_relaxation",
+                            lambda h, *a, **k: solved.append(h.sum()) or real(h, *a, **k))
         result = cghp_module.cghp(hist, 3)
         assert np.array_equal(result.mixture.coverage(512), hist) and result.mixture.depth <= 3
         runs[stop_packs] = (len(solved), result.mixture.n_packs, result.lower_bound)

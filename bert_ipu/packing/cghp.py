@@ -230,8 +230,6 @@ def _exact(histogram, depth, start, cheap, steps, deadline):
         if x is None or best_packs <= target:
             break
         whole = _round(patterns, x, residual, up, max(1, int((value or 0) / DIVE_SHARE)))
-        if whole.sum() == 0:  # no fractional part at all (x is 0): the pattern the LP uses most
-            whole[int(np.argmax(x))] = 1
         used = np.nonzero(whole)[0]
         part = trim_excess(_as_matrix([patterns[j] for j in used]), whole[used], residual, swap=True)
         fixed.append(part)
@@ -280,14 +278,13 @@ def _round(patterns: list[np.ndarray], x: np.ndarray, residual: np.ndarray, up: 
     first, one more pack of each pattern whose part is at least `up` (None: none) while all of its sequences
     are still left (no padding is added), and then, again largest first, of the patterns not rounded up yet,
     left or not, until at least `at_least` packs are fixed (their slots then hold what is left:
-    `trim_excess(..., swap=True)`). On large
-    depth-limited histograms rounding down alone leaves hundreds of sequences, which best fit packs well above
-    their LP, and the residual LPs that peel them off a few at a time take much of the time and still end tens
-    of packs above the bound; rounding up first leaves far fewer, and on the Wikipedia-style histograms
-    measured the packing ends within one pack of the bound (docs/results/packing-scale.md, "Rounding up, and a
-    smaller LP")."""
-    whole = np.floor(x + 1e-9).astype(np.int64)
-    fixed = int(whole.sum())
+    `trim_excess(..., swap=True)`). On large depth-limited histograms rounding down alone leaves hundreds of
+    sequences, which best fit packs well above their LP, and the residual LPs that peel them off a few at a
+    time take much of the time and still end tens of packs above the bound; rounding up first leaves far
+    fewer, and on the Wikipedia-style histograms measured the packing ends within one pack of the bound
+    (docs/results/packing-scale.md, "Rounding up, and a smaller LP")."""
+    floor = np.floor(x + 1e-9).astype(np.int64)
+    whole, fixed = floor.copy(), int(floor.sum())
     if up is None and fixed >= at_least:
         return whole
     up = math.inf if up is None else up
@@ -306,7 +303,7 @@ def _round(patterns: list[np.ndarray], x: np.ndarray, residual: np.ndarray, up: 
             left[items] -= need
             whole[j] += 1
             fixed += 1
-    rounded = whole > np.floor(x + 1e-9)
+    rounded = whole > floor
     for j in order:  # then the largest fractional parts not rounded up yet, left or not, up to `at_least`
         if fixed >= at_least or frac[j] <= 0:
             break

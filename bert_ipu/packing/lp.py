@@ -156,14 +156,18 @@ def _binding():
         return _Highs, HighsVarType
 
 
-def highs(integer: bool = False):
-    """A silent HiGHS instance for the packing LPs; integer=True: for a small integer program (`repack.py`),
-    returned with HiGHS' integer variable type, (instance, kInteger)."""
+def highs_integer():
+    """A silent HiGHS instance for a small integer program (`repack.py`), and HiGHS' integer variable type."""
     Highs, var_type = _binding()
     h = Highs()
     h.setOptionValue("output_flag", False)
-    if integer:
-        return h, var_type.kInteger
+    return h, var_type.kInteger
+
+
+def highs():
+    """A silent HiGHS instance for the packing LPs."""
+    h = _binding()[0]()
+    h.setOptionValue("output_flag", False)
     # Primal simplex: added columns keep the last solution feasible, so it restarts where it stopped
     # (dual simplex, HiGHS' default, was slower here; docs/results/packing-scale.md, "Long packs: heuristics
     # and the warm LP").
@@ -325,13 +329,13 @@ class ColumnGeneration:
             return x, y, value, bound, True, centre
         raise RuntimeError(f"column generation did not converge in {max_rounds} rounds")
 
-    def resolve(self, residual: np.ndarray, deadline=None, known=0):
+    def resolve(self, residual: np.ndarray, deadline=None):
         """The LP of `residual` (a histogram over the same pack length, no length that was not wanted at the
         start), from where the last solve stopped, to gap=0: (x, lp_value, bound, stopped)."""
         lengths = np.nonzero(self.index_of >= 0)[0]
         self.demand = residual[lengths - 1].astype(np.float64)
         self.lp.set_demand(self.demand)
-        x, _, value, bound, stopped, _ = self.run(deadline=deadline, gap=0, known=known)
+        x, _, value, bound, stopped, _ = self.run(deadline=deadline, gap=0)
         return x, value, bound, stopped
 
 
@@ -357,8 +361,8 @@ def solve_relaxation(histogram: np.ndarray, depth: int, patterns: list[np.ndarra
     patterns = list({tuple(p): p for p in patterns if len(p)}.values())
     centre, pre_bound = None, 0.0
     limited = depth < max_len // int(lengths.min())
-    if warm and limited and len(lengths) > COARSE_START_LENGTHS and demand.sum() >= COARSE_START_COPIES * len(lengths):
-        # (dense histograms only: COARSE_START_COPIES)
+    dense = demand.sum() >= COARSE_START_COPIES * len(lengths)
+    if warm and limited and len(lengths) > COARSE_START_LENGTHS and dense:
         # Many lengths: start from the support of the same LP on lengths rounded up to units of 2 tokens
         # (solved the same way, so recursively down to at most COARSE_START_LENGTHS lengths), each coarse
         # pattern expanded into the real lengths of its units (any choice fits: the rounded-up total does).

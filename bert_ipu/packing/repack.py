@@ -25,7 +25,7 @@ import time
 import numpy as np
 from scipy import sparse
 
-from .lp import highs
+from .lp import highs_integer
 from .mixture import Mixture
 
 INFEASIBLE = "infeasible"
@@ -58,7 +58,7 @@ def pack_into(histogram: np.ndarray, bins: int, depth: int, node_limit: int = NO
     upper = np.concatenate([demand, np.full(bins, float(max_len)), np.full(bins, float(depth))])
     cap = np.minimum(histogram[lengths - 1], np.minimum(max_len // lengths, depth))[of_length]
 
-    h, integer = highs(integer=True)
+    h, integer = highs_integer()
     h.setOptionValue("mip_max_nodes", int(node_limit))
     h.setOptionValue("mip_heuristic_run_rins", False)
     h.setOptionValue("mip_heuristic_run_rens", False)
