@@ -4,15 +4,21 @@ same sequence alone. Every rope type that is accepted keeps packed == alone."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from bert_ipu.engine import tensor
 from bert_ipu.models import plans
+from bert_ipu.engine.runtime import RANK0_REPORTS_S
 from bert_ipu.models.llama import PackedLlamaForCausalLM
 
-from training_helpers import run_cli
+from training_helpers import ROOT, run_cli
 
 
 def tiny_llama(intermediate_size=48, rope=None, positions=64) -> LlamaConfig:
@@ -126,8 +132,6 @@ def test_flex_training_off_cuda_is_one_line_and_writes_nothing(dataset, tmp_path
 def test_a_dead_worker_fails_the_job_instead_of_hanging():
     """A data job's worker that dies (killed, out of memory) raises BrokenProcessPool from `ordered_map` within
     seconds; `multiprocessing.Pool`, which create_pretraining_data used, waits forever for its result."""
-    import os
-    import time
     from concurrent.futures.process import BrokenProcessPool
 
     from bert_ipu.data.jobs import ordered_map, worker_pool
@@ -153,3 +157,31 @@ def test_a_launch_says_why_even_when_rank_0_was_stopped_first(tmp_path, capsys):
     (tmp_path / "0").write_text("error: mlp.gate_proj has 47 out features")
     print_errors(tmp_path)
     assert capsys.readouterr().err.splitlines() == ["error: mlp.gate_proj has 47 out features"]
+
+
+RANKS_FAIL = """
+import os, sys, time
+from bert_ipu.engine.runtime import RunError, report_error
+if os.environ["RANK"] == "0":
+    time.sleep(3)  # rank 0 reaches the error the ranks share last
+report_error(RunError("the model's num_attention_heads (2) does not divide"))
+sys.exit(2)
+"""
+
+
+def test_under_torchrun_rank_0_says_why_even_when_it_fails_last(tmp_path):
+    """Under torchrun itself (no launcher of ours to collect the lines) the agent stops every process once one
+    exits: rank 1 leaving first killed rank 0 before it printed (CI: three ranks exited, no line on stderr). The
+    other ranks now wait for rank 0 to report, and the agent's SIGTERM ends their wait."""
+    script = tmp_path / "fail.py"
+    script.write_text(RANKS_FAIL)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env.pop("WORLD_SIZE", None)
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3",
+                           str(script)], capture_output=True, text=True, env=env, timeout=300)
+    elapsed = time.perf_counter() - start
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error")]
+    assert errors == ["error: the model's num_attention_heads (2) does not divide"], proc.stderr[-2000:]
+    assert elapsed < RANK0_REPORTS_S, elapsed  # not waited out: stopped once rank 0 had failed

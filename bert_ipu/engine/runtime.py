@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
@@ -221,6 +222,9 @@ def finish(code: int) -> None:
     sys.exit(code)
 
 
+RANK0_REPORTS_S = 30.0
+"""how long, at most, a rank under torchrun waits for rank 0 to report the error they share (report_error)"""
+
 ERROR_DIR = "BERT_IPU_ERROR_DIR"
 """set by engine/launch.py for the processes it starts: a folder where each rank leaves its one-line error"""
 
@@ -241,3 +245,8 @@ def report_error(exc: BaseException) -> None:
         print(f"error: {exc}", file=sys.stderr, flush=True)
     elif getattr(exc, "local", False):
         print(f"error (rank {rank}): {exc}", file=sys.stderr, flush=True)
+    elif "TORCHELASTIC_RUN_ID" in os.environ:
+        # under torchrun the first process to exit makes the agent stop the others: a rank that leaves the run's
+        # error to rank 0 waits here (the agent's SIGTERM ends the wait), or rank 0 can be stopped before it says
+        # why the run failed (seen in CI: three ranks, no line)
+        time.sleep(RANK0_REPORTS_S)
