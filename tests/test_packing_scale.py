@@ -3,6 +3,8 @@ assignments equal the dense ones, CGHP's shortcuts and bucketed path stay valid,
 time limit, and bad input is one clear error."""
 
 import json
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -453,3 +455,20 @@ def test_the_stop_rule_of_large_lps_is_keyed_on_the_best_bound(monkeypatch, wiki
         assert np.array_equal(mixture.coverage(512), hist) and mixture.depth <= 3
         runs[weak] = (len(solved), mixture.n_packs)
     assert runs[True] == runs[False] == (2, 27_044)
+
+
+def test_the_bucketed_bound_spreads_its_duals_over_the_real_lengths(monkeypatch):
+    """The bucketed path proves its bound with the coarse LP's duals priced on the real lengths: spread
+    linearly between the buckets (`lp.interpolated`) they prove more than as a step (each length at its
+    bucket's dual), which on 105,556 two-humped lengths at 8,192 (benchmarks/packing_small.py seed 1, case
+    37) proved no more than the cheap bound, 32,446; spread, 32,509 (the LP's optimum is 32,621.95)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    from packing_small import random_case
+
+    rng = np.random.default_rng(1)
+    hist = [random_case(rng) for _ in range(38)][37]["histogram"]
+    monkeypatch.setattr(cghp_module, "EXACT_PRICING_SECONDS", 0.0)
+    result = cghp_module.cghp(hist, len(hist))
+    assert result.strategy == "bucketed"
+    assert lower_bound(hist, None) == 32_446 < 32_500 <= result.lower_bound <= 32_622
+    assert np.array_equal(result.mixture.coverage(len(hist)), hist)

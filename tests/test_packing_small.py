@@ -345,3 +345,46 @@ def test_a_deadline_that_stops_the_integer_program_is_reported(monkeypatch):
     assert not dive.time_limit_reached and dive.mixture.n_packs > dive.lower_bound
     result = cghp_module.cghp(hist, 16, deadline=time.perf_counter() + 2 * seconds + 1)  # the dive ends in time
     assert asked and result.mixture.n_packs > result.lower_bound and result.time_limit_reached
+
+
+# --- a small LP's duals spread over the real lengths (lp.coarse_bound) -------------------------------------------
+
+
+@SETTINGS
+@given(hist=histograms(max_len_range=(8, 64)), depth=st.sampled_from([None, 2, 3, 5]),
+       units=st.sampled_from([2, 3, 5, 8]))
+def test_the_coarse_bound_never_exceeds_the_lp_optimum(hist, depth, units):
+    """Farley's bound holds for any duals, so the coarse LP's duals spread over the real lengths bound the real
+    LP's optimum (solved to a 1e-9 gap) from below, at any unit size (here units of ceil(max_len / `units`)
+    tokens, small so that every example has units wider than a token)."""
+    from bert_ipu.packing import lp as lp_module
+
+    d = depth or len(hist)
+    lengths = np.nonzero(hist)[0] + 1
+    solver = lp_module.ColumnGeneration(hist[lengths - 1].astype(float), lengths, len(hist),
+                                        lp_module.Pricer(lengths, len(hist), d), [np.array([l]) for l in lengths])
+    optimum = solver.run(gap=1e-9, rel_gap=1e-12)[2]
+    assert lp_module.coarse_bound(hist, d, units=units) <= optimum + 1e-6
+
+
+def _two_humped_8192():
+    """benchmarks/packing_small.py seed 1, case 37: 105,556 two-humped lengths at 8,192 (3,084 distinct),
+    unlimited depth; its LP's optimum is 32,621.95 and the cheap bound 32,446."""
+    from packing_small import random_case
+
+    rng = np.random.default_rng(1)
+    return [random_case(rng) for _ in range(38)][37]["histogram"]
+
+
+def test_the_coarse_bound_is_close_to_a_large_lps_bound_at_once():
+    """On the case whose real LP took 42 s to prove its bound (32,621.95, 32,622 packs) the coarse LP's duals
+    spread over the lengths prove 32,618 (units of 32 tokens, 125 lengths), where the coarse LP's own value
+    (its duals as a step function of the length) proves 32,350 and the cheap bound 32,446; and a packing
+    stopped by a time limit long before the real LP ends reports it."""
+    from bert_ipu.packing import lp as lp_module
+
+    hist = _two_humped_8192()
+    assert lower_bound(hist, None) == 32_446
+    assert 32_617 < lp_module.coarse_bound(hist, len(hist)) <= 32_621.95 + 1e-6
+    result = pack(hist, "cghp", None, time_limit=2)
+    assert result.time_limit_reached and result.lower_bound_packs == 32_618

@@ -37,7 +37,8 @@ integer optimum is almost always ceil(LP) or ceil(LP) + 1. We
    proves there is none, raise the bound by one (`_settle`).
 
 `lower_bound = max(cheap bound, ceil(Farley bound))` comes with the result, so users see how far from
-optimal the packing is. Histograms whose exact pricing would be slow (long packs, many lengths) are solved
+optimal the packing is; with more than 600 distinct lengths also `lp.coarse_bound`, proven first from a small
+LP (its duals spread over the real lengths), so a large LP stopped by a deadline still reports a strong bound. Histograms whose exact pricing would be slow (long packs, many lengths) are solved
 on bucketed lengths (`_bucketed`), and a deadline stops any step with the best packing and bound so far.
 """
 
@@ -53,7 +54,7 @@ from .fill import FILL_WORDS, fill
 from .heuristics import lpfhp, run_lpfhp
 from .histogram import expand_histogram
 from .mixture import Mixture, trim_excess
-from .lp import COARSE_START_LENGTHS, Pricer, solve_relaxation
+from .lp import COARSE_START_LENGTHS, Pricer, coarse_bound, farley, interpolated, solve_relaxation
 from .planned import PLAN_ENOUGH, PLAN_MAX_PACKS, PLAN_MIN_DEPTH, planned
 from .repack import INFEASIBLE, MAX_VARIABLES, pack_into
 
@@ -182,8 +183,13 @@ def _cghp(histogram: np.ndarray, depth: int, steps: int | None, deadline: float 
             return CGHPResult(start, float(cheap), cheap, past(deadline), "planned" if used else "heuristic")
     if expensive:
         return _bucketed(histogram, depth, start, cheap, steps or DIVE_STEPS, deadline)
-    mixture, lp_bound, _, late = _exact(histogram, depth, start, cheap, steps or DIVE_STEPS, deadline)
-    return CGHPResult(mixture, lp_bound, max(cheap, math.ceil(lp_bound - 1e-6)), late, "exact")
+    # a large LP proves its bound last, and a small one most of it first (`coarse_bound`): reported even when
+    # the deadline stops the large one, and column generation ends once the LP's value rounded up meets it
+    coarse = coarse_bound(histogram, depth, deadline) if len(lengths) > COARSE_START_LENGTHS else 0.0
+    known = max(cheap, math.ceil(coarse - 1e-6))
+    mixture, lp_bound, _, late = _exact(histogram, depth, start, known, steps or DIVE_STEPS, deadline)
+    lp_bound = max(lp_bound, coarse)
+    return CGHPResult(mixture, lp_bound, max(known, math.ceil(lp_bound - 1e-6)), late, "exact")
 
 
 def _plannable(histogram: np.ndarray, depth: int, cheap: int, expensive: bool) -> bool:
@@ -357,9 +363,11 @@ def _bucketed(histogram, depth, start, cheap, steps, deadline) -> CGHPResult:
             np.minimum.at(smallest, rounded_up, present)              # in tokens
             down = smallest[coarse_lengths]                           # ascending too (buckets are)
             top = Pricer(down, max_len, depth).price(point, 0)[1]
-            farley = float(point @ coarse[coarse_lengths - 1]) / max(1.0, top)
-            lp_bound = max(lp_bound, farley)
-            lower = max(cheap, math.ceil(farley - 1e-6))
+            step = float(point @ coarse[coarse_lengths - 1]) / max(1.0, top)
+            # or the same duals spread linearly over the real lengths (as in `coarse_bound`), often stronger
+            spread = farley(histogram, depth, interpolated(histogram, coarse_lengths * g, point))
+            lp_bound = max(lp_bound, step, spread)
+            lower = max(cheap, math.ceil(lp_bound - 1e-6))
     return CGHPResult(start, lp_bound, lower, late, "bucketed")
 
 

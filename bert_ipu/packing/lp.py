@@ -399,6 +399,55 @@ def solve_relaxation(histogram: np.ndarray, depth: int, patterns: list[np.ndarra
     return patterns, x, value, max(bound, pre_bound if stopped else 0.0), stopped, point, solver
 
 
+# `coarse_bound`'s LP has at most this many lengths: units of ceil(max_len / COARSE_BOUND_UNITS) tokens.
+COARSE_BOUND_UNITS = 256
+
+
+def farley(histogram: np.ndarray, depth: int, y: np.ndarray) -> float:
+    """Farley's lower bound y.h / max(1, best pattern value under y) for duals y >= 0 per present length of
+    `histogram` (ascending): valid for any such y, as no pack holds more than the best pattern's value."""
+    lengths = np.nonzero(histogram)[0] + 1
+    top = Pricer(lengths, len(histogram), depth).price(y, 0)[1]
+    return float(y @ histogram[lengths - 1]) / max(1.0, top)
+
+
+def interpolated(histogram: np.ndarray, tokens: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Duals y given at lengths `tokens` (ascending) spread over the present lengths of `histogram`: linear in
+    between, 0 at length 0, the last value beyond the last."""
+    lengths = np.nonzero(histogram)[0] + 1
+    return np.interp(lengths, np.concatenate([[0], tokens]), np.concatenate([[0.0], np.maximum(y, 0.0)]))
+
+
+def coarse_bound(histogram: np.ndarray, depth: int, deadline=None, units: int = COARSE_BOUND_UNITS) -> float:
+    """A proven lower bound on the packs of `histogram`, from an LP of at most `units` lengths: every length
+    rounded *down* to units of g = ceil(max_len / units) tokens (shorter ones left
+    out), that LP's duals spread linearly over the real lengths (`interpolated`), and Farley's bound on the
+    real lengths under them (`farley`: priced exactly, so valid whatever the duals). 0.0 where g is 1 (the
+    real LP is that small) or the deadline stopped the LP.
+
+    Where the real LP is large and degenerate its own bound comes last: on 105,556 two-humped lengths at
+    8,192 (3,084 distinct) column generation took 42 s to prove 32,622 (its Farley bound was still 0.2% low
+    after 10 s), while this proves 32,618 in 0.2 s (units of 32 tokens, 125 lengths; the cheap bound is
+    32,446).
+    The step function (each length at its unit's dual) proves only the coarse LP's value, 32,350 there."""
+    max_len = len(histogram)
+    g = -(-max_len // units)
+    present = np.nonzero(histogram)[0] + 1
+    down = present // g
+    if g == 1 or not down.any():
+        return 0.0
+    coarse = np.zeros(max_len // g, dtype=np.int64)
+    np.add.at(coarse, down[down > 0] - 1, histogram[present[down > 0] - 1])
+    _, x, _, _, stopped, point, solver = solve_relaxation(coarse, depth, [], True, deadline, swaps=True,
+                                                           gap=1e-6)
+    if stopped or x is None:
+        return 0.0
+    tokens = (np.nonzero(coarse)[0] + 1) * g
+    duals = np.array(solver.lp.h.getSolution().row_dual)  # the coarse LP's own, optimal: one per coarse length
+    candidates = [duals] + ([point] if point is not None else [])
+    return max(farley(histogram, depth, interpolated(histogram, tokens, y)) for y in candidates)
+
+
 def _coarse_columns(histogram: np.ndarray, depth: int, deadline) -> list[np.ndarray]:
     """Patterns of the real lengths from the LP on lengths rounded up to units of 2 tokens (see
     `solve_relaxation`): every support pattern of the coarse LP with each unit replaced by the real lengths
