@@ -27,7 +27,7 @@ integer optimum is almost always ceil(LP) or ceil(LP) + 1. We
    first, fractional parts of at least 0.3 whose sequences are all still left; then the largest fractional
    parts until at least 1/8 of the LP's packs are fixed), fill their slots with real sequences (a slot the LP
    swapped holds a shorter one, an over-covered one is padding), and re-solve the LP of what is left from its
-   last basis (a fresh LP once less than 1/8 of the sequences is left), until a candidate meets the bound,
+   last basis (a fresh LP once less than half of the sequences is left), until a candidate meets the bound,
    the packs fixed plus the residual's bound cannot beat the best candidate, or 100 steps;
 5. every step's candidate is the packs fixed so far plus LPFHP best fit, or the fill where it takes fewer
    packs, on the rest; the best wins. A time-capped MIP over the generated patterns was tried here and never
@@ -76,8 +76,12 @@ DIVE_STEPS = 100
 DIVE_SHARE = 8
 # A residual of less than 1/FRESH_LP of the sequences the LP was built for gets a fresh LP over its own lengths:
 # re-solving the warm one, with every pattern of the full histogram, took 0.5 s where a fresh one took 0.08 s
-# (Wikipedia-style 2048, depth 3, 454 sequences left of 16M); on small histograms the warm one is faster.
-FRESH_LP = 8
+# (Wikipedia-style 2048, depth 3, 454 sequences left of 16M). From half, not 1/8: on the residuals a dive leaves
+# after its first step the warm LP's re-solves took 0.25-2 s each where a fresh one took 0.06-0.3 s, and the
+# fresh LPs' solutions rounded better (30,508 two-humped lengths at 4,096, depth 6: 6,687 packs, the bound, in
+# 14 s instead of 6,688 in 21 s; 240 random cases: three more at the bound, none worse;
+# docs/results/packing-scale.md, "A bound first, from a small LP").
+FRESH_LP = 2
 # From an LP bound of STOP_PACKS packs, iterated rounding stops at one pack above ceil(LP) (where the integer
 # optimum of cutting stock almost always is: it is ceil(LP) or ceil(LP) + 1), 0.0000125% of 8M packs: on
 # Wikipedia-style histograms the residual rounds that chased that last pack took much time and gained nothing
