@@ -389,7 +389,7 @@ def test_the_coarse_bound_is_close_to_a_large_lps_bound_at_once():
     # (6 s: best fit, the fill (1.3 s) and the coarse bound (0.2 s) come first, with room for a loaded machine;
     # the large LP's own bound is still below 32,618 after 10 s)
     result = pack(hist, "cghp", None, time_limit=6)
-    assert result.time_limit_reached and result.lower_bound_packs == 32_618
+    assert result.time_limit_reached and 32_618 <= result.lower_bound_packs <= 32_622  # (a far faster CPU may prove more)
 
 
 def test_a_small_histogram_the_plan_leaves_above_its_bound_is_solved_exactly():
