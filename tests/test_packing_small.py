@@ -390,17 +390,3 @@ def test_the_coarse_bound_is_close_to_a_large_lps_bound_at_once():
     # the large LP's own bound is still below 32,618 after 10 s)
     result = pack(hist, "cghp", None, time_limit=6)
     assert result.time_limit_reached and 32_618 <= result.lower_bound_packs <= 32_622  # (a far faster CPU may prove more)
-
-
-def test_a_small_histogram_the_plan_leaves_above_its_bound_is_solved_exactly():
-    """benchmarks/packing_small.py --max-sequences 3000 --seed 2, case 33: 1,151 log-normal lengths at 8,192,
-    depth 16 (890 distinct). Exact pricing is slow a round there, so CGHP returned the plan (here best fit's 631
-    packs, 0.3% above the bound) unchecked; below 2,000 packs the plan's tolerance is less than a pack, and the
-    exact path packs it at the bound, 629, which proves it optimal."""
-    from packing_small import random_case
-
-    rng = np.random.default_rng(2)
-    case = [random_case(rng, 3000) for _ in range(34)][33]
-    result = pack(case["histogram"], "cghp", case["depth"])
-    assert result.packs == result.lower_bound_packs == 629 and not result.time_limit_reached
-    assert np.array_equal(result.mixture.coverage(8192), case["histogram"]) and result.mixture.depth <= 16

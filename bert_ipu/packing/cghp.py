@@ -158,10 +158,9 @@ def _cghp(histogram: np.ndarray, depth: int, steps: int | None, deadline: float 
     Best fit (LPFHP) comes first: when it meets the cheap bound (tokens, long sequences, depth) it is
     optimal and returned at once. Under a depth limit where the token bound binds, with at most
     PLAN_MAX_PACKS packs, `planned` (an LP over class means realised with the real lengths) comes next on
-    long or sparse histograms, and is returned when it is within PLAN_ENOUGH of the cheap bound, or when exact
-    pricing would be slow and the bound is at least 1 / PLAN_ENOUGH packs. Otherwise a histogram whose exact
-    pricing is cheap, or that few packs, is solved exactly (`_exact`, with the best packing so far as the one
-    to beat), a larger one on bucketed lengths (`_bucketed`). `deadline` (a
+    long or sparse histograms, and is returned when exact pricing would be slow or it is within PLAN_ENOUGH
+    of the cheap bound. Otherwise a histogram whose exact pricing is cheap is solved exactly (`_exact`, with
+    the best packing so far as the one to beat), a larger one on bucketed lengths (`_bucketed`). `deadline` (a
     `time.perf_counter()` value): past it, the best packing and the best bound found so far are returned,
     with time_limit_reached set.
     """
@@ -181,18 +180,13 @@ def _cghp(histogram: np.ndarray, depth: int, steps: int | None, deadline: float 
             start = filled
             if start.n_packs <= cheap:
                 return CGHPResult(start, float(cheap), cheap, False, "filled")
-    # below 1 / PLAN_ENOUGH packs (2,000) the plan's tolerance is less than a pack: a plan above the bound is
-    # no better than any other miss, and exact column generation, slow a round, needs few rounds there (1,151
-    # log-normal lengths at 8,192, depth 16: the plan and best fit 631 packs, the exact path 629, the bound, in
-    # 3.3 s)
-    exact_pays = plannable and cheap * PLAN_ENOUGH < 1
     if plannable:
         plan = planned(histogram, depth, deadline)
         used = plan.n_packs < start.n_packs
         start = plan if used else start
-        if (expensive and not exact_pays) or start.n_packs <= cheap * (1 + PLAN_ENOUGH) or past(deadline):
+        if expensive or start.n_packs <= cheap * (1 + PLAN_ENOUGH) or past(deadline):
             return CGHPResult(start, float(cheap), cheap, past(deadline), "planned" if used else "heuristic")
-    if expensive and not exact_pays:
+    if expensive:
         return _bucketed(histogram, depth, start, cheap, steps or DIVE_STEPS, deadline)
     # a large LP proves its bound last, and a small one most of it first (`coarse_bound`): reported even when
     # the deadline stops the large one, and column generation ends once the LP's value rounded up meets it
