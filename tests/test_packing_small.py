@@ -107,6 +107,13 @@ def test_the_benchmark_reports_every_case_and_the_worst(tmp_path):
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 5 and all(r["packs"] >= r["bound"] >= 1 and r["sequences"] <= 2000 for r in rows)
     assert "worst time" in proc.stdout.splitlines()[-1]
+    ranges = tmp_path / "ranges.jsonl"
+    proc = subprocess.run([sys.executable, "benchmarks/packing_small.py", "--family", "ranges", "--cases", "3",
+                           "--max-sequences", "1000", "--cap", "20", "--json", str(ranges)],
+                          cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    rows = [json.loads(line) for line in ranges.read_text().splitlines()]
+    assert len(rows) == 3 and all(r["packs"] >= r["bound"] >= 1 and 500 <= r["sequences"] <= 1000 for r in rows)
 
 
 
