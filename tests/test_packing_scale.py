@@ -3,8 +3,6 @@ assignments equal the dense ones, CGHP's shortcuts and bucketed path stay valid,
 time limit, and bad input is one clear error."""
 
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -462,11 +460,9 @@ def test_the_bucketed_bound_spreads_its_duals_over_the_real_lengths(monkeypatch)
     linearly between the buckets (`lp.interpolated`) they prove more than as a step (each length at its
     bucket's dual), which on 105,556 two-humped lengths at 8,192 (benchmarks/packing_small.py seed 1, case
     37) proved no more than the cheap bound, 32,446; spread, 32,509 (the LP's optimum is 32,621.95)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-    from packing_small import random_case
+    from test_packing_small import two_humped_8192
 
-    rng = np.random.default_rng(1)
-    hist = [random_case(rng) for _ in range(38)][37]["histogram"]
+    hist = two_humped_8192()
     monkeypatch.setattr(cghp_module, "EXACT_PRICING_SECONDS", 0.0)
     result = cghp_module.cghp(hist, len(hist))
     assert result.strategy == "bucketed"

@@ -99,20 +99,17 @@ def test_the_benchmark_reports_every_case_and_the_worst(tmp_path):
     """benchmarks/packing_small.py at toy sizes: a JSON row per case, each packing at or above its bound."""
     import subprocess
 
-    out = tmp_path / "small.jsonl"
-    proc = subprocess.run([sys.executable, "benchmarks/packing_small.py", "--cases", "5", "--seed", "1",
-                           "--max-sequences", "2000", "--cap", "20", "--json", str(out)],
-                          cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    def run(name, *args):
+        out = tmp_path / f"{name}.jsonl"
+        proc = subprocess.run([sys.executable, "benchmarks/packing_small.py", *args, "--cap", "20", "--json", str(out)],
+                              cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        return proc, [json.loads(line) for line in out.read_text().splitlines()]
+
+    proc, rows = run("mixed", "--cases", "5", "--seed", "1", "--max-sequences", "2000")
     assert len(rows) == 5 and all(r["packs"] >= r["bound"] >= 1 and r["sequences"] <= 2000 for r in rows)
     assert "worst time" in proc.stdout.splitlines()[-1]
-    ranges = tmp_path / "ranges.jsonl"
-    proc = subprocess.run([sys.executable, "benchmarks/packing_small.py", "--family", "ranges", "--cases", "3",
-                           "--max-sequences", "1000", "--cap", "20", "--json", str(ranges)],
-                          cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    rows = [json.loads(line) for line in ranges.read_text().splitlines()]
+    _, rows = run("ranges", "--family", "ranges", "--cases", "3", "--max-sequences", "1000")
     assert len(rows) == 3 and all(r["packs"] >= r["bound"] >= 1 and 500 <= r["sequences"] <= 1000 for r in rows)
 
 
@@ -374,7 +371,7 @@ def test_the_coarse_bound_never_exceeds_the_lp_optimum(hist, depth, units):
     assert lp_module.coarse_bound(hist, d, units=units) <= optimum + 1e-6
 
 
-def _two_humped_8192():
+def two_humped_8192():
     """benchmarks/packing_small.py seed 1, case 37: 105,556 two-humped lengths at 8,192 (3,084 distinct),
     unlimited depth; its LP's optimum is 32,621.95 and the cheap bound 32,446."""
     from packing_small import random_case
@@ -390,7 +387,7 @@ def test_the_coarse_bound_is_close_to_a_large_lps_bound_at_once():
     stopped by a time limit long before the real LP ends reports it."""
     from bert_ipu.packing import lp as lp_module
 
-    hist = _two_humped_8192()
+    hist = two_humped_8192()
     assert lower_bound(hist, None) == 32_446
     assert 32_617 < lp_module.coarse_bound(hist, len(hist)) <= 32_621.95 + 1e-6
     # (6 s: best fit, the fill (1.3 s) and the coarse bound (0.2 s) come first, with room for a loaded machine;

@@ -5,8 +5,6 @@ same sequence alone. Every rope type that is accepted keeps packed == alone."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 
 import pytest
@@ -14,11 +12,11 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from bert_ipu.engine import tensor
-from bert_ipu.models import plans
 from bert_ipu.engine.runtime import RANK0_REPORTS_S
+from bert_ipu.models import plans
 from bert_ipu.models.llama import PackedLlamaForCausalLM
 
-from training_helpers import ROOT, run_cli
+from training_helpers import run_cli
 
 
 def tiny_llama(intermediate_size=48, rope=None, positions=64) -> LlamaConfig:
@@ -175,11 +173,8 @@ def test_under_torchrun_rank_0_says_why_even_when_it_fails_last(tmp_path):
     other ranks now wait for rank 0 to report, and the agent's SIGTERM ends their wait."""
     script = tmp_path / "fail.py"
     script.write_text(RANKS_FAIL)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    env.pop("WORLD_SIZE", None)
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3",
-                           str(script)], capture_output=True, text=True, env=env, timeout=300)
+    proc = run_cli(nproc=3, script=str(script), check=False)
     elapsed = time.perf_counter() - start
     assert proc.returncode != 0
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error")]

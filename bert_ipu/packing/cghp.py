@@ -55,7 +55,7 @@ from .fill import FILL_WORDS, fill
 from .heuristics import lpfhp, run_lpfhp
 from .histogram import expand_histogram
 from .mixture import Mixture, trim_excess
-from .lp import COARSE_START_LENGTHS, Pricer, coarse_bound, farley, interpolated, solve_relaxation
+from .lp import COARSE_START_LENGTHS, coarse_bound, farley, interpolated, solve_relaxation
 from .planned import PLAN_ENOUGH, PLAN_MAX_PACKS, PLAN_MIN_DEPTH, planned
 from .repack import INFEASIBLE, MAX_VARIABLES, pack_into
 
@@ -367,8 +367,9 @@ def _bucketed(histogram, depth, start, cheap, steps, deadline) -> CGHPResult:
             smallest = np.full(units + 1, max_len + 1, dtype=np.int64)
             np.minimum.at(smallest, rounded_up, present)              # in tokens
             down = smallest[coarse_lengths]                           # ascending too (buckets are)
-            top = Pricer(down, max_len, depth).price(point, 0)[1]
-            step = float(point @ coarse[coarse_lengths - 1]) / max(1.0, top)
+            at_down = np.zeros(max_len, dtype=np.int64)               # each bucket's sequences at its smallest
+            at_down[down - 1] = coarse[coarse_lengths - 1]
+            step = farley(at_down, depth, point)
             # or the same duals spread linearly over the real lengths (as in `coarse_bound`), often stronger
             spread = farley(histogram, depth, interpolated(histogram, coarse_lengths * g, point))
             lp_bound = max(lp_bound, step, spread)

@@ -420,16 +420,15 @@ def interpolated(histogram: np.ndarray, tokens: np.ndarray, y: np.ndarray) -> np
 
 def coarse_bound(histogram: np.ndarray, depth: int, deadline=None, units: int = COARSE_BOUND_UNITS) -> float:
     """A proven lower bound on the packs of `histogram`, from an LP of at most `units` lengths: every length
-    rounded *down* to units of g = ceil(max_len / units) tokens (shorter ones left
-    out), that LP's duals spread linearly over the real lengths (`interpolated`), and Farley's bound on the
-    real lengths under them (`farley`: priced exactly, so valid whatever the duals). 0.0 where g is 1 (the
-    real LP is that small) or the deadline stopped the LP.
+    rounded *down* to units of g = ceil(max_len / units) tokens (shorter ones left out), that LP's duals spread
+    linearly over the real lengths (`interpolated`), and Farley's bound on the real lengths under them
+    (`farley`: priced exactly, so valid whatever the duals). 0.0 where g is 1 (the real LP is that small) or
+    the deadline stopped the LP.
 
     Where the real LP is large and degenerate its own bound comes last: on 105,556 two-humped lengths at
     8,192 (3,084 distinct) column generation took 42 s to prove 32,622 (its Farley bound was still 0.2% low
     after 10 s), while this proves 32,618 in 0.2 s (units of 32 tokens, 125 lengths; the cheap bound is
-    32,446).
-    The step function (each length at its unit's dual) proves only the coarse LP's value, 32,350 there."""
+    32,446). The step function (each length at its unit's dual) proves only the coarse LP's value, 32,350."""
     max_len = len(histogram)
     g = -(-max_len // units)
     present = np.nonzero(histogram)[0] + 1
