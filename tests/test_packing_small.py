@@ -279,6 +279,17 @@ def test_pack_into_finds_a_packing_exactly_when_one_exists(hist, depth, extra):
         assert (found.pack_lengths() <= max_len).all() and found.depth <= d
 
 
+def test_a_tiny_infeasible_packing_is_proven_so():
+    """9 sequences at 10 tokens need 6 packs (hypothesis found it): at a flat 200 branch-and-bound nodes
+    `pack_into` decided nothing for 5 packs; a model this small now gets more nodes and proves it impossible."""
+    from bert_ipu.packing.repack import INFEASIBLE, pack_into
+
+    hist = np.array([0, 0, 2, 1, 1, 1, 0, 1, 1, 1])
+    assert brute_force_min_packs(expand_histogram(hist).tolist(), 10, 10) == 6
+    assert pack_into(hist, 5, 10) is INFEASIBLE
+    assert pack_into(hist, 6, 10).n_packs <= 6
+
+
 def test_the_dive_a_pack_above_the_bound_is_closed_by_the_integer_program():
     """268 two-humped lengths at 4,096, depth 16 (benchmarks/packing_small.py, seed 0, case 0): every dive ended
     at 19 packs against a bound of 18 (LP 17.66); the integer program finds 18, so the packing is optimal, and
