@@ -229,8 +229,8 @@ def test_depth_limited_cghp_with_many_lengths_starts_from_the_coarse_lp(monkeypa
     seen = []
     real = lp_module._coarse_columns
 
-    def spy(histogram, depth, deadline):
-        seen.append(real(histogram, depth, deadline))
+    def spy(histogram, depth, deadline, *rest):
+        seen.append(real(histogram, depth, deadline, *rest))
         return seen[-1]
     monkeypatch.setattr(lp_module, "_coarse_columns", spy)
     result = pack(hist, "cghp", 3)

@@ -405,3 +405,64 @@ def test_the_coarse_bound_is_close_to_a_large_lps_bound_at_once():
     # the large LP's own bound is still below 32,618 after 10 s)
     result = pack(hist, "cghp", None, time_limit=6)
     assert result.time_limit_reached and 32_618 <= result.lower_bound_packs <= 32_622  # (a far faster CPU may prove more)
+
+
+# --- patience: past an effort budget, within 0.1% of the bound (effort.py) ------------------------------------
+
+
+def tight_8192():
+    """benchmarks/packing_small.py --family ranges --max-sequences 60000 seed 1, case 22: 52,601 lengths uniform
+    in 2%-53% of 8,192 (4,264 distinct), unlimited depth. Its LP is large and degenerate: without a time limit
+    CGHP ran past 30 s pushing the last packs out of it (14,600 packs against 14,596 at 30 s)."""
+    from packing_small import ranges_case
+
+    rng = np.random.default_rng(1)
+    return [ranges_case(rng, 60_000) for _ in range(23)][22]["histogram"]
+
+
+def test_past_its_patience_cghp_stops_within_a_tenth_of_a_percent_of_its_bound(monkeypatch):
+    """Effort is counted in estimated seconds from HiGHS' iterations and the pricing rounds, not a clock: once
+    it passes the patience the LP and the dive stop within 0.1% of the bound, here in about 2 s; and a machine
+    made slower (every pricing round 20 ms late) packs the same histogram the same way."""
+    from bert_ipu.packing import lp as lp_module
+
+    hist = tight_8192()
+    result = pack(hist, "cghp", None, time_limit=120)
+    assert not result.time_limit_reached
+    assert result.lower_bound_packs <= result.packs <= result.lower_bound_packs * 1.001
+    assert np.array_equal(result.mixture.coverage(len(hist)), hist)
+    real = lp_module.Pricer.price
+
+    def slow(self, *args):
+        time.sleep(0.02)
+        return real(self, *args)
+    monkeypatch.setattr(lp_module.Pricer, "price", slow)
+    again = pack(hist, "cghp", None, time_limit=120)
+    assert np.array_equal(again.mixture.flat, result.mixture.flat)
+    assert np.array_equal(again.mixture.counts, result.mixture.counts)
+
+
+def test_patience_relaxes_nothing_below_two_thousand_packs(monkeypatch):
+    """0.1% of fewer than 2,000 packs is less than two packs, and a less converged LP costs one there: with the
+    patience spent at once, the 1,317 log-normal lengths at 4,096, depth 6 (`test_a_sparse_histogram_...`)
+    still pack at their bound, 508 (509 when the LP stopped within 0.05% of it)."""
+    from packing_small import random_case
+
+    from bert_ipu.packing import effort as effort_module
+
+    monkeypatch.setattr(effort_module, "RELAX_AFTER", 0.0)
+    rng = np.random.default_rng(5)
+    hist = [random_case(rng, 3000) for _ in range(3)][2]["histogram"]
+    result = pack(hist, "cghp", 6, time_limit=60)
+    assert result.packs == result.lower_bound_packs == 508
+
+
+def test_effort_relaxes_only_past_its_patience_and_from_two_thousand_packs():
+    from bert_ipu.packing.effort import Effort
+
+    effort = Effort(patience=2.0, packs=5_000)
+    assert effort.slack() < 0 and not effort.accepts(5_000, 5_000)  # patience left: nothing relaxes
+    effort.spent = 2.5
+    assert effort.slack() == pytest.approx(2.5) and effort.accepts(5_004, 5_000) and not effort.accepts(5_006, 5_000)
+    small = Effort(patience=0.0, packs=1_999, spent=1.0)
+    assert small.slack() < 0 and not small.accepts(2_000, 1_999)  # 0.1% of it is a pack: no

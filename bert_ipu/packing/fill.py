@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from .bounds import past
+from .effort import FILL_WORD_SECONDS, spend
 from .mixture import Mixture
 
 # The most bitset work `fill` spends before it gives up, in 64-bit words shifted and or-ed (an operation on a
@@ -99,6 +100,7 @@ def fill(histogram: np.ndarray, depth: int, budget: float = FILL_WORDS,
     patterns, counts, spent = [], [], 0
     while left.any():
         if spent > budget or past(deadline):
+            spend(spent * FILL_WORD_SECONDS)
             return None
         top = int(np.nonzero(left)[0][-1]) + 1
         left[top - 1] -= 1
@@ -119,4 +121,5 @@ def fill(histogram: np.ndarray, depth: int, budget: float = FILL_WORDS,
         left[used - 1] -= need * repeat
         patterns.append(pattern.tolist())
         counts.append(repeat)
+    spend(spent * FILL_WORD_SECONDS)
     return Mixture.from_lists(patterns, counts)

@@ -19,6 +19,7 @@ import numpy as np
 from scipy import sparse
 
 from .bounds import past
+from .effort import SIMPLEX_WORK_PER_SECOND, effort, spend
 from .heuristics import lpfhp
 
 # A pattern prices out when its dual value exceeds 1 by more than this; HiGHS' default tolerances are 1e-7.
@@ -50,6 +51,18 @@ COARSE_VARIANTS = 27        # real-length combinations tried per coarse pattern
 PRUNE_RC = 0.05
 PRUNE_COLUMNS = 3
 
+# The LPs of the coarse start (`_coarse_columns`) are only a start: each stops after this share of the call's
+# patience (`effort.Effort`).
+COARSE_SHARE = 0.35
+
+
+def pricing_seconds(n_lengths: int, max_len: int, depth: int, shortest: int) -> float:
+    """A rough estimate of one exact pricing round (measured on this project's CPU): the capacity loop of
+    the unlimited recursion, or depth x lengths vector operations over the capacities."""
+    if depth >= max_len // shortest:
+        return max_len * (3e-6 + n_lengths * 2e-9)
+    return depth * n_lengths * (1e-6 + max_len * 1e-9)
+
 
 class Pricer:
     """Exact pricing: the best patterns under duals y, with at most `depth` items of total length <= L."""
@@ -58,6 +71,7 @@ class Pricer:
         self.lengths = lengths  # lengths with demand > 0, ascending
         self.max_len = max_len
         self.depth = min(depth, max_len // int(lengths.min()))
+        self.seconds = pricing_seconds(len(lengths), max_len, self.depth, int(lengths.min()))
 
     def price(self, y: np.ndarray, n_columns: int) -> tuple[list[np.ndarray], float]:
         """Up to n_columns improving patterns (as length arrays), and the best pattern's value.
@@ -68,6 +82,7 @@ class Pricer:
         the classic one-dimensional recursion over capacity is used instead, which is much cheaper.
         """
         L, D = self.max_len, self.depth
+        spend(self.seconds)
         useful = y > 0
         lens, vals, idx = self.lengths[useful], y[useful], np.nonzero(useful)[0]
         if len(vals) > 1:
@@ -244,6 +259,7 @@ class MasterLP:
             self.h.setOptionValue("simplex_strategy", 4)
             self.dual_next = False
         status = self.h.getModelStatus()
+        spend(self.h.getInfo().simplex_iteration_count * len(self.demand) / SIMPLEX_WORK_PER_SECOND)
         if self.h.modelStatusToString(status) == "Time limit reached":
             return None
         if self.h.modelStatusToString(status) != "Optimal":
@@ -277,7 +293,7 @@ class ColumnGeneration:
         self.lp.add(patterns)
 
     def run(self, max_rounds=1000, alpha=0.5, gap=0.5, rel_gap=1e-6, centre=None, deadline=None, give_up=False,
-            known=0):
+            known=0, budget=math.inf):
         """Returns (x, y, lp_value, bound, stopped, point): the restricted LP's solution over `patterns`, its
         duals and value, the bound, whether `deadline` stopped the loop (then `bound` is the best proven so
         far and x may be the previous round's, over the first len(x) patterns, or None), and the dual point
@@ -293,10 +309,14 @@ class ColumnGeneration:
         a dive needs. Where the LP's optimum is just above an integer this goes on past a half-pack gap (2,250
         lengths at 128, depth 16: stopped at 342.01 against a bound of 341.66, the dive ended one pack above
         342, the optimum), and elsewhere it stops well before it.
+
+        Once the call's patience is spent (`Effort`), it also stops within `Effort.slack()` packs of the bound
+        (or `known`); and after `budget` estimated seconds of its own it stops where it is (`stopped` False).
         """
         demand, pricer, index_of, lp, patterns = self.demand, self.pricer, self.index_of, self.lp, self.patterns
         bound = 0.0 if centre is None else float(centre @ demand) / max(1.0, pricer.price(centre, 0)[1])
-        x = None
+        x, counted = None, effort()
+        began = counted.spent
         for _ in range(max_rounds):
             solved = lp.solve(deadline)
             if solved is None:  # HiGHS stopped at the deadline: the last round's x covers the first len(x) patterns
@@ -315,7 +335,8 @@ class ColumnGeneration:
                     break
                 a = 0.0  # mis-price: fall back to the LP's own duals
             if not new or value - bound <= max(gap, rel_gap * value) or (
-                    gap == 0 and max(math.ceil(bound - INTEGER_TOL), known) >= math.ceil(value - INTEGER_TOL)):
+                    gap == 0 and max(math.ceil(bound - INTEGER_TOL), known) >= math.ceil(value - INTEGER_TOL)) or (
+                    value - max(bound, known) <= counted.slack()) or counted.spent - began > budget:
                 return x, y, value, bound, False, centre
             if past(deadline):
                 return x, y, value, bound, True, centre
@@ -348,10 +369,11 @@ def column_generation(demand, lengths, max_len, pricer, patterns, max_rounds=100
 
 
 def solve_relaxation(histogram: np.ndarray, depth: int, patterns: list[np.ndarray], warm: bool, deadline,
-                     swaps: bool = False, gap: float = 0.5, known: int = 0):
+                     swaps: bool = False, gap: float = 0.5, known: int = 0, budget: float = math.inf):
     """Column generation on `histogram` (may be a residual). Returns (patterns, x, value, bound, stopped,
     point, solver): `solver` is the `ColumnGeneration` kept warm for residuals (None if the deadline stopped
-    the warm start); `swaps` as in `MasterLP`."""
+    the warm start); `swaps` as in `MasterLP`; `known`, a bound proven otherwise, and `budget` (estimated
+    seconds) as in `ColumnGeneration.run`."""
     max_len = len(histogram)
     lengths = np.nonzero(histogram)[0] + 1
     demand = histogram[lengths - 1].astype(np.float64)
@@ -370,7 +392,7 @@ def solve_relaxation(histogram: np.ndarray, depth: int, patterns: list[np.ndarra
         # far above it, from where exact column generation spent many ever slower rounds. It replaces the
         # unlimited-depth warm start (with both, CGHP was slower than with this alone). At unlimited depth it
         # did not help (docs/results/packing-scale.md, "Where the time went, and the coarse start").
-        patterns += _coarse_columns(histogram, depth, deadline)
+        patterns += _coarse_columns(histogram, depth, deadline, known)
         # and without swap columns: from these columns they made the LP slower (Wikipedia-style 2048 at depth 3:
         # 2.8 s instead of 1.9 s) for the same packs
         warm, swaps = False, False
@@ -395,7 +417,8 @@ def solve_relaxation(histogram: np.ndarray, depth: int, patterns: list[np.ndarra
     if centre is not None:
         patterns += pricer.price(centre, len(lengths))[0]
     solver = ColumnGeneration(demand, lengths, max_len, pricer, patterns, swaps=swaps)
-    x, _, value, bound, stopped, point = solver.run(centre=centre, deadline=deadline, gap=gap, known=known)
+    x, _, value, bound, stopped, point = solver.run(centre=centre, deadline=deadline, gap=gap, known=known,
+                                                    budget=budget)
     return patterns, x, value, max(bound, pre_bound if stopped else 0.0), stopped, point, solver
 
 
@@ -447,7 +470,7 @@ def coarse_bound(histogram: np.ndarray, depth: int, deadline=None, units: int = 
     return max(farley(histogram, depth, interpolated(histogram, tokens, y)) for y in candidates)
 
 
-def _coarse_columns(histogram: np.ndarray, depth: int, deadline) -> list[np.ndarray]:
+def _coarse_columns(histogram: np.ndarray, depth: int, deadline, known: int = 0) -> list[np.ndarray]:
     """Patterns of the real lengths from the LP on lengths rounded up to units of 2 tokens (see
     `solve_relaxation`): every support pattern of the coarse LP with each unit replaced by the real lengths
     of that unit, all combinations up to COARSE_VARIANTS a pattern (beyond that, a staircase: the first i
@@ -462,7 +485,11 @@ def _coarse_columns(histogram: np.ndarray, depth: int, deadline) -> list[np.ndar
     up = np.minimum(-(-present // g), max_len // g)
     coarse = np.zeros(max_len // g, dtype=np.int64)
     np.add.at(coarse, up - 1, histogram[present - 1])
-    patterns, x, *_ = solve_relaxation(coarse, depth, [], True, deadline)
+    # (the rounded-up histogram needs at least as many packs as the real one: `known` bounds it too; and each
+    # level's LP stops after COARSE_SHARE of the call's patience: at 1,766 uniform lengths at 4,096, depth 4,
+    # the level of 883 lengths took 4.5 s, and 1.5 s stopped gave the real LP as good a start)
+    patterns, x, *_ = solve_relaxation(coarse, depth, [], True, deadline, known=known,
+                                       budget=COARSE_SHARE * effort().patience)
     if x is None:
         return []
     options: dict[int, list[int]] = {}
