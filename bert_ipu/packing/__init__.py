@@ -18,7 +18,7 @@ Algorithms (all work on the length histogram, not on the sequences):
   spfhp   shortest-pack-first histogram packing (Krell et al.)
   lpfhp   longest-pack-first histogram packing (Krell et al.)
   nnlshp  non-negative least-squares histogram packing, depth <= 3 (Krell et al.)
-  cghp    column-generation histogram packing: LP-optimal up to rounding, with a proven lower bound (ours)
+  cghp    column-generation histogram packing: at or near its proven lower bound (ours)
 """
 
 from __future__ import annotations

@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "bound over no packing, and the gap to the proven lower bound on packs.",
         epilog="Algorithms: none (one sequence per row), sort (sorted batches padded to their longest), "
                "greedy (shuffle + concatenate), spfhp, lpfhp, nnlshp (depth <= 3) from Krell et al., and "
-               "cghp (column generation, LP-optimal up to rounding). 'gap to LB' compares packs with the best "
+               "cghp (column generation, at or near its proven lower bound). 'gap to LB' compares packs with the best "
                "lower bound proven in this run for the same depth limit (cghp proves the LP bound).")
     src = p.add_argument_group("input (one of)")
     src.add_argument("--histogram", metavar="FILE.json",

@@ -57,7 +57,7 @@ from .fill import FILL_WORDS, fill
 from .heuristics import lpfhp, run_lpfhp
 from .histogram import expand_histogram
 from .mixture import Mixture, trim_excess
-from .effort import effort, start as start_effort
+from .effort import counting, effort
 from .lp import COARSE_START_LENGTHS, coarse_bound, farley, interpolated, pricing_seconds, solve_relaxation
 from .planned import PLAN_ENOUGH, PLAN_MAX_PACKS, PLAN_MIN_DEPTH, planned
 from .repack import INFEASIBLE, MAX_VARIABLES, pack_into
@@ -121,8 +121,8 @@ def cghp(histogram: np.ndarray, depth: int, steps: int | None = None, deadline: 
     """Pack `histogram` with at most `depth` sequences a pack; see the module docstring: `_cghp`, then, on a
     small histogram still above its bound, `_settle`. Its effort is counted (`effort.py`): past its patience
     the LPs and the dive stop within 0.1% of the bound."""
-    start_effort(int(histogram.sum()))
-    return _settle(_cghp(histogram, depth, steps, deadline), histogram, depth, deadline)
+    with counting(int(histogram.sum())):
+        return _settle(_cghp(histogram, depth, steps, deadline), histogram, depth, deadline)
 
 
 def _settle(result: CGHPResult, histogram: np.ndarray, depth: int, deadline) -> CGHPResult:
@@ -221,8 +221,9 @@ def _exact(histogram, depth, start, cheap, steps, deadline):
     `trim_excess(..., swap=True)`), and re-solves the LP of what is left from where it stopped
     (`ColumnGeneration.resolve`; a fresh LP once less than 1/FRESH_LP of the sequences is left). Every step
     yields a candidate: the packs fixed so far plus best fit (or the fill) on the rest; the best candidate wins.
-    The dive stops when a candidate meets the full problem's bound (up to `_slack`), when the packs fixed plus
-    the residual's proven bound cannot beat the best candidate, after `steps` steps, or at the deadline.
+    The dive stops when a candidate meets the full problem's bound (up to `_slack`), or past the call's
+    patience is within 0.1% of the best bound known (`effort.Effort.accepts`), when the packs fixed plus the
+    residual's proven bound cannot beat the best candidate, after `steps` steps, or at the deadline.
     Returns (mixture, LP bound of the full problem, the dual point that proved it (per present length, or
     None), stopped)."""
     max_len = len(histogram)
@@ -237,9 +238,9 @@ def _exact(histogram, depth, start, cheap, steps, deadline):
     # depth it bought nothing on Wikipedia-512 and cost an extra residual LP (docs/results/packing-scale.md,
     # "Rounding up, and a smaller LP")
     up = ROUND_UP if depth < max_len // int(np.nonzero(histogram)[0][0] + 1) else None
-    counted = effort()  # past its patience, a packing within 0.1% of the bound is enough
+    counted = effort()  # past its patience, a packing within 0.1% of the bound known is enough
     for _ in range(steps):
-        if x is None or best_packs <= target or counted.accepts(best_packs, max(cheap, lp_bound)):
+        if x is None or best_packs <= target or counted.accepts(best_packs):
             break
         whole = _round(patterns, x, residual, up, max(1, int((value or 0) / DIVE_SHARE)))
         used = np.nonzero(whole)[0]
@@ -254,7 +255,7 @@ def _exact(histogram, depth, start, cheap, steps, deadline):
         tail = _pack_rest(residual, depth)
         if fixed_packs + tail.n_packs < best_packs:
             best, best_packs = fixed + [tail], fixed_packs + tail.n_packs
-        if late or best_packs <= target or counted.accepts(best_packs, max(cheap, lp_bound)):
+        if late or best_packs <= target or counted.accepts(best_packs):
             break
         # (the residual LPs run to their own bound: stopping them at the residual's cheap bound, as the first
         # one stops at the full problem's, left them less converged and cost packs, e.g. 27,044 instead of

@@ -14,16 +14,17 @@ and once that passes its patience, RELAX_AFTER estimated seconds and as many aga
 - column generation also stops where its value is within RELAXED_GAP of the best bound known (in packs of the
   whole problem, residuals of the dive included);
 - CGHP's dive stops at a packing within GOAL_GAP of the bound;
-- (and each LP of the coarse start stops after a share of the patience, `lp.COARSE_SHARE`).
 
-Both only from 2,000 packs, where 0.05% is at least a pack: below that 0.1% is less than two packs, and a less
-converged LP cost one (1,317 log-normal lengths at 4,096, depth 6: 509 instead of 508, the bound). A count, not
-a clock: the same histogram packs the same way on any machine and under any load. `start` is called by
-`cghp.cghp`; LPs solved outside a packing call (tests, `planned` on its own) never relax.
+and, from the start, each LP of the coarse start stops after a share of the patience (`lp.COARSE_SHARE`): it is
+only a start. All three only from 2,000 packs, where 0.05% is at least a pack: below that 0.1% is less than two
+packs, and a less converged LP cost one (1,317 log-normal lengths at 4,096, depth 6: 509 instead of 508, the
+bound). A count, not a clock: the same histogram packs the same way on any machine and under any load (with the
+same HiGHS). `cghp.cghp` counts inside `counting`; LPs solved outside a packing call never relax.
 """
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import math
 from dataclasses import dataclass
@@ -53,20 +54,31 @@ class Effort:
         slack = RELAXED_GAP * self.packs
         return slack if self.relaxed and slack >= 1 else -1.0
 
-    def accepts(self, packs: int, bound: float) -> bool:
-        """Whether a packing of `packs` is good enough to stop at: within GOAL_GAP of `bound`, once relaxed
-        (and, as `slack`, from 2,000 packs)."""
-        return self.slack() >= 0 and packs <= bound * (1 + GOAL_GAP)
+    def accepts(self, packs: int) -> bool:
+        """Whether a packing of `packs` is good enough to stop at: within GOAL_GAP of `packs`, the best bound
+        known on the real histogram (not a rounded-up one's), once relaxed (and, as `slack`, from 2,000
+        packs)."""
+        return self.slack() >= 0 and packs <= self.packs * (1 + GOAL_GAP)
+
+    def budget(self, share: float) -> float:
+        """`share` of the patience as one step's budget of estimated seconds, from 2,000 packs (as `slack`);
+        below, no budget."""
+        return share * self.patience if RELAXED_GAP * self.packs >= 1 else math.inf
 
 
 _EFFORT: contextvars.ContextVar[Effort | None] = contextvars.ContextVar("packing_effort", default=None)
 
 
-def start(sequences: int) -> Effort:
-    """Count the effort of the packing call that starts now, in this thread (`effort()` returns it)."""
+@contextlib.contextmanager
+def counting(sequences: int):
+    """Count the effort of the packing call that runs inside (in this thread: `effort()` returns it), and
+    forget it after, so that LPs solved outside a call never relax."""
     counted = Effort(patience=RELAX_AFTER * (1 + sequences / 1e6))
-    _EFFORT.set(counted)
-    return counted
+    token = _EFFORT.set(counted)
+    try:
+        yield counted
+    finally:
+        _EFFORT.reset(token)
 
 
 def effort() -> Effort:

@@ -52,7 +52,7 @@ PRUNE_RC = 0.05
 PRUNE_COLUMNS = 3
 
 # The LPs of the coarse start (`_coarse_columns`) are only a start: each stops after this share of the call's
-# patience (`effort.Effort`).
+# patience (`effort.Effort.budget`: from 2,000 packs).
 COARSE_SHARE = 0.35
 
 
@@ -352,7 +352,8 @@ class ColumnGeneration:
 
     def resolve(self, residual: np.ndarray, deadline=None):
         """The LP of `residual` (a histogram over the same pack length, no length that was not wanted at the
-        start), from where the last solve stopped, to gap=0: (x, lp_value, bound, stopped)."""
+        start), from where the last solve stopped, to gap=0 (or the call's slack, as `run`): (x, lp_value,
+        bound, stopped)."""
         lengths = np.nonzero(self.index_of >= 0)[0]
         self.demand = residual[lengths - 1].astype(np.float64)
         self.lp.set_demand(self.demand)
@@ -419,7 +420,8 @@ def solve_relaxation(histogram: np.ndarray, depth: int, patterns: list[np.ndarra
     solver = ColumnGeneration(demand, lengths, max_len, pricer, patterns, swaps=swaps)
     x, _, value, bound, stopped, point = solver.run(centre=centre, deadline=deadline, gap=gap, known=known,
                                                     budget=budget)
-    return patterns, x, value, max(bound, pre_bound if stopped else 0.0), stopped, point, solver
+    # (the unlimited LP's bound also bounds the limited problem, however each ended)
+    return patterns, x, value, max(bound, pre_bound), stopped, point, solver
 
 
 # `coarse_bound`'s LP has at most this many lengths: units of ceil(max_len / COARSE_BOUND_UNITS) tokens.
@@ -465,7 +467,8 @@ def coarse_bound(histogram: np.ndarray, depth: int, deadline=None, units: int = 
     if stopped or x is None:
         return 0.0
     tokens = (np.nonzero(coarse)[0] + 1) * g
-    duals = np.array(solver.lp.h.getSolution().row_dual)  # the coarse LP's own, optimal: one per coarse length
+    duals = np.array(solver.lp.h.getSolution().row_dual)  # the coarse LP's own (optimal, unless the call's slack
+    # stopped it: Farley's bound holds anyway): one per coarse length
     candidates = [duals] + ([point] if point is not None else [])
     return max(farley(histogram, depth, interpolated(histogram, tokens, y)) for y in candidates)
 
@@ -489,7 +492,7 @@ def _coarse_columns(histogram: np.ndarray, depth: int, deadline, known: int = 0)
     # level's LP stops after COARSE_SHARE of the call's patience: at 1,766 uniform lengths at 4,096, depth 4,
     # the level of 883 lengths took 4.5 s, and 1.5 s stopped gave the real LP as good a start)
     patterns, x, *_ = solve_relaxation(coarse, depth, [], True, deadline, known=known,
-                                       budget=COARSE_SHARE * effort().patience)
+                                       budget=effort().budget(COARSE_SHARE))
     if x is None:
         return []
     options: dict[int, list[int]] = {}
