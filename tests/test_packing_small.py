@@ -488,3 +488,26 @@ def test_outside_a_packing_call_nothing_relaxes():
 
     pack(tight_8192(), "cghp", None, time_limit=120)
     assert effort().patience == math.inf and effort().slack() < 0
+
+
+def test_past_its_patience_a_residual_lp_stops_within_the_slack_of_its_cheap_bound():
+    """The dive's residual LPs measure the call's slack against their own cheap bound too (`floor`), not only
+    against their Farley bound, which converges last: with the patience spent and a floor the LP already
+    meets, column generation stops after its first round; without, it goes on."""
+    from bert_ipu.packing import lp as lp_module
+    from bert_ipu.packing.effort import counting
+
+    rng = np.random.default_rng(0)
+    hist = np.bincount(rng.integers(100, 900, 3000) - 1, minlength=2048)
+    lengths = np.nonzero(hist)[0] + 1
+
+    def rounds(floor):
+        solver = lp_module.ColumnGeneration(hist[lengths - 1].astype(float), lengths, 2048,
+                                            lp_module.Pricer(lengths, 2048, 2048), [np.array([l]) for l in lengths])
+        solves, real = [], solver.lp.solve
+        solver.lp.solve = lambda deadline=None: solves.append(1) or real(deadline)
+        with counting(int(hist.sum())) as counted:
+            counted.patience, counted.packs = -1.0, 10_000.0  # relaxed, a slack of 5 packs
+            solver.run(gap=0, floor=floor, max_rounds=3, give_up=True)
+        return len(solves)
+    assert rounds(floor=10**9) == 1 < rounds(floor=0)

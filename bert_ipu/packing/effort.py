@@ -12,7 +12,7 @@ of its bound, without a time limit (issue "Trust, third pass", item 14). So each
 and once that passes its patience, RELAX_AFTER estimated seconds and as many again per million sequences:
 
 - column generation also stops where its value is within RELAXED_GAP of the best bound known (in packs of the
-  whole problem, residuals of the dive included);
+  whole problem; for the dive's residual LPs, of their own Farley or cheap bound);
 - CGHP's dive stops at a packing within GOAL_GAP of the bound;
 
 and, from the start, each LP of the coarse start stops after a share of the patience (`lp.COARSE_SHARE`): it is

@@ -293,7 +293,7 @@ class ColumnGeneration:
         self.lp.add(patterns)
 
     def run(self, max_rounds=1000, alpha=0.5, gap=0.5, rel_gap=1e-6, centre=None, deadline=None, give_up=False,
-            known=0, budget=math.inf):
+            known=0, budget=math.inf, floor=0):
         """Returns (x, y, lp_value, bound, stopped, point): the restricted LP's solution over `patterns`, its
         duals and value, the bound, whether `deadline` stopped the loop (then `bound` is the best proven so
         far and x may be the previous round's, over the first len(x) patterns, or None), and the dual point
@@ -311,7 +311,8 @@ class ColumnGeneration:
         342, the optimum), and elsewhere it stops well before it.
 
         Once the call's patience is spent (`Effort`), it also stops within `Effort.slack()` packs of the bound
-        (or `known`); and after `budget` estimated seconds of its own it stops where it is (`stopped` False).
+        (or `known`, or `floor`: a bound for this test only, as a residual's cheap bound); and after `budget`
+        estimated seconds of its own it stops where it is (`stopped` False).
         """
         demand, pricer, index_of, lp, patterns = self.demand, self.pricer, self.index_of, self.lp, self.patterns
         bound = 0.0 if centre is None else float(centre @ demand) / max(1.0, pricer.price(centre, 0)[1])
@@ -336,7 +337,7 @@ class ColumnGeneration:
                 a = 0.0  # mis-price: fall back to the LP's own duals
             if not new or value - bound <= max(gap, rel_gap * value) or (
                     gap == 0 and max(math.ceil(bound - INTEGER_TOL), known) >= math.ceil(value - INTEGER_TOL)) or (
-                    value - max(bound, known) <= counted.slack()) or counted.spent - began > budget:
+                    value - max(bound, known, floor) <= counted.slack()) or counted.spent - began > budget:
                 return x, y, value, bound, False, centre
             if past(deadline):
                 return x, y, value, bound, True, centre
@@ -350,14 +351,14 @@ class ColumnGeneration:
             return x, y, value, bound, True, centre
         raise RuntimeError(f"column generation did not converge in {max_rounds} rounds")
 
-    def resolve(self, residual: np.ndarray, deadline=None):
+    def resolve(self, residual: np.ndarray, deadline=None, floor=0):
         """The LP of `residual` (a histogram over the same pack length, no length that was not wanted at the
         start), from where the last solve stopped, to gap=0 (or the call's slack, as `run`): (x, lp_value,
         bound, stopped)."""
         lengths = np.nonzero(self.index_of >= 0)[0]
         self.demand = residual[lengths - 1].astype(np.float64)
         self.lp.set_demand(self.demand)
-        x, _, value, bound, stopped, _ = self.run(deadline=deadline, gap=0)
+        x, _, value, bound, stopped, _ = self.run(deadline=deadline, gap=0, floor=floor)
         return x, value, bound, stopped
 
 
@@ -370,7 +371,7 @@ def column_generation(demand, lengths, max_len, pricer, patterns, max_rounds=100
 
 
 def solve_relaxation(histogram: np.ndarray, depth: int, patterns: list[np.ndarray], warm: bool, deadline,
-                     swaps: bool = False, gap: float = 0.5, known: int = 0, budget: float = math.inf):
+                     swaps: bool = False, gap: float = 0.5, known: int = 0, budget: float = math.inf, floor=0):
     """Column generation on `histogram` (may be a residual). Returns (patterns, x, value, bound, stopped,
     point, solver): `solver` is the `ColumnGeneration` kept warm for residuals (None if the deadline stopped
     the warm start); `swaps` as in `MasterLP`; `known`, a bound proven otherwise, and `budget` (estimated
@@ -419,7 +420,7 @@ def solve_relaxation(histogram: np.ndarray, depth: int, patterns: list[np.ndarra
         patterns += pricer.price(centre, len(lengths))[0]
     solver = ColumnGeneration(demand, lengths, max_len, pricer, patterns, swaps=swaps)
     x, _, value, bound, stopped, point = solver.run(centre=centre, deadline=deadline, gap=gap, known=known,
-                                                    budget=budget)
+                                                    budget=budget, floor=floor)
     # (the unlimited LP's bound also bounds the limited problem, however each ended)
     return patterns, x, value, max(bound, pre_bound), stopped, point, solver
 
