@@ -270,7 +270,7 @@ def _exact(histogram, depth, start, cheap, steps, deadline):
             built_for = int(residual.sum())
         else:
             x, value, bound, late = solver.resolve(residual, deadline, floor)
-        bound = max(bound, cheap_lower_bound(residual, depth))
+        bound = max(bound, floor)
         if fixed_packs + math.ceil(bound - 1e-6) >= best_packs:  # this dive can no longer gain a pack
             break
     return Mixture.concat(best), lp_bound, point, late

@@ -48,11 +48,15 @@ class Effort:
     def relaxed(self) -> bool:
         return self.spent > self.patience
 
+    @property
+    def large(self) -> bool:
+        """From 2,000 packs: RELAXED_GAP of the problem is at least a pack, and anything here may relax."""
+        return RELAXED_GAP * self.packs >= 1
+
     def slack(self) -> float:
         """Packs column generation may leave between its value and the bound: RELAXED_GAP of the problem once
-        the patience is spent, where that is at least a pack; else -1 (none)."""
-        slack = RELAXED_GAP * self.packs
-        return slack if self.relaxed and slack >= 1 else -1.0
+        the patience is spent, on a large problem; else -1 (none)."""
+        return RELAXED_GAP * self.packs if self.relaxed and self.large else -1.0
 
     def accepts(self, packs: int) -> bool:
         """Whether a packing of `packs` is good enough to stop at: within GOAL_GAP of `packs`, the best bound
@@ -61,9 +65,8 @@ class Effort:
         return self.slack() >= 0 and packs <= self.packs * (1 + GOAL_GAP)
 
     def budget(self, share: float) -> float:
-        """`share` of the patience as one step's budget of estimated seconds, from 2,000 packs (as `slack`);
-        below, no budget."""
-        return share * self.patience if RELAXED_GAP * self.packs >= 1 else math.inf
+        """`share` of the patience as one step's budget of estimated seconds on a large problem; else none."""
+        return share * self.patience if self.large else math.inf
 
 
 _EFFORT: contextvars.ContextVar[Effort | None] = contextvars.ContextVar("packing_effort", default=None)

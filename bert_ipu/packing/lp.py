@@ -374,8 +374,8 @@ def solve_relaxation(histogram: np.ndarray, depth: int, patterns: list[np.ndarra
                      swaps: bool = False, gap: float = 0.5, known: int = 0, budget: float = math.inf, floor=0):
     """Column generation on `histogram` (may be a residual). Returns (patterns, x, value, bound, stopped,
     point, solver): `solver` is the `ColumnGeneration` kept warm for residuals (None if the deadline stopped
-    the warm start); `swaps` as in `MasterLP`; `known`, a bound proven otherwise, and `budget` (estimated
-    seconds) as in `ColumnGeneration.run`."""
+    the warm start); `swaps` as in `MasterLP`; `known`, a bound proven otherwise, `budget` (estimated
+    seconds) and `floor` as in `ColumnGeneration.run`."""
     max_len = len(histogram)
     lengths = np.nonzero(histogram)[0] + 1
     demand = histogram[lengths - 1].astype(np.float64)
