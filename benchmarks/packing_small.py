@@ -89,12 +89,12 @@ def main() -> None:
         gap = result.packs / result.lower_bound_packs - 1
         row = dict(case, case=i, distinct=int((h > 0).sum()), packs=result.packs,
                    bound=result.lower_bound_packs, gap=gap, seconds=seconds,
-                   capped=result.time_limit_reached, strategy=getattr(result, "strategy", ""),
+                   capped=result.time_limit_reached, strategy=result.strategy,
                    meets=seconds <= GOAL_SECONDS and gap <= GOAL_GAP + 1e-12 and not result.time_limit_reached)
         rows.append(row)
         print(f"{i:>4} {case['sequences']:>8,} {case['max_len']:>5} {row['distinct']:>8} {case['kind']:<12} "
               f"{case['depth'] or 'inf':>5} {result.packs:>7,} {result.lower_bound_packs:>7,} {gap:>7.3%} "
-              f"{seconds:>8.2f}  {'CAPPED ' if row['capped'] else ''}{'' if row['meets'] else 'MISS'}",
+              f"{seconds:>8.2f}  {result.strategy:<9} {'CAPPED ' if row['capped'] else ''}{'' if row['meets'] else 'MISS'}",
               flush=True)
         if args.json:
             with open(args.json, "a") as f:

@@ -95,6 +95,9 @@ def test_the_slow_sft_case_packs_at_its_bound_at_once():
     print(f"packed in {time.perf_counter() - start:.2f} s")  # a figure for the log, not an assertion
 
 
+STRATEGIES = {"heuristic", "filled", "planned", "exact", "bucketed", "integer"}
+
+
 def test_the_benchmark_reports_every_case_and_the_worst(tmp_path):
     """benchmarks/packing_small.py at toy sizes: a JSON row per case, each packing at or above its bound."""
     import subprocess
@@ -108,6 +111,7 @@ def test_the_benchmark_reports_every_case_and_the_worst(tmp_path):
 
     proc, rows = run("mixed", "--cases", "5", "--seed", "1", "--max-sequences", "2000")
     assert len(rows) == 5 and all(r["packs"] >= r["bound"] >= 1 and r["sequences"] <= 2000 for r in rows)
+    assert all(r["strategy"] in STRATEGIES for r in rows)  # which path of CGHP packed each (it was always "")
     assert "worst time" in proc.stdout.splitlines()[-1]
     _, rows = run("ranges", "--family", "ranges", "--cases", "3", "--max-sequences", "1000")
     assert len(rows) == 3 and all(r["packs"] >= r["bound"] >= 1 and 500 <= r["sequences"] <= 1000 for r in rows)
@@ -391,7 +395,7 @@ def two_humped_8192():
     return [random_case(rng) for _ in range(38)][37]["histogram"]
 
 
-def test_the_coarse_bound_is_close_to_a_large_lps_bound_at_once():
+def test_the_coarse_bound_is_close_to_a_large_lps_bound_at_once(monkeypatch):
     """On the case whose real LP took 42 s to prove its bound (32,621.95, 32,622 packs) the coarse LP's duals
     spread over the lengths prove 32,618 (units of 32 tokens, 125 lengths), where the coarse LP's own value
     (its duals as a step function of the length) proves 32,350 and the cheap bound 32,446; and a packing
@@ -402,7 +406,11 @@ def test_the_coarse_bound_is_close_to_a_large_lps_bound_at_once():
     assert lower_bound(hist, None) == 32_446
     assert 32_617 < lp_module.coarse_bound(hist, len(hist)) <= 32_621.95 + 1e-6
     # (6 s: best fit, the fill (1.3 s) and the coarse bound (0.2 s) come first, with room for a loaded machine;
-    # the large LP's own bound is still below 32,618 after 10 s)
+    # the large LP's own bound is still below 32,618 after 10 s; on the exact path: fine buckets pack this
+    # histogram in about 2 s)
+    from bert_ipu.packing import cghp as cghp_module
+
+    monkeypatch.setattr(cghp_module, "FINE_PRICING_SECONDS", math.inf)
     result = pack(hist, "cghp", None, time_limit=6)
     assert result.time_limit_reached and 32_618 <= result.lower_bound_packs <= 32_622  # (a far faster CPU may prove more)
 
@@ -437,6 +445,7 @@ def test_past_its_patience_cghp_stops_within_a_tenth_of_a_percent_of_its_bound(m
             calls.append(counted)
             yield counted
     monkeypatch.setattr(cghp_module, "counting", recorded)
+    monkeypatch.setattr(cghp_module, "FINE_PRICING_SECONDS", math.inf)  # the exact path (fine buckets take it)
     hist = tight_8192()
     result = pack(hist, "cghp", None, time_limit=120)
     (counted,) = calls
@@ -511,3 +520,74 @@ def test_past_its_patience_a_residual_lp_stops_within_the_slack_of_its_cheap_bou
             solver.run(gap=0, floor=floor, max_rounds=3, give_up=True)
         return len(solves)
     assert rounds(floor=10**9) == 1 < rounds(floor=0)
+
+
+def _recording_counting(monkeypatch):
+    """Every `Effort` that `cghp` counts, in order (the effort is forgotten when a call returns)."""
+    import contextlib
+
+    from bert_ipu.packing import cghp as cghp_module
+
+    calls, real_counting = [], cghp_module.counting
+
+    @contextlib.contextmanager
+    def recorded(sequences):
+        with real_counting(sequences) as counted:
+            calls.append(counted)
+            yield counted
+    monkeypatch.setattr(cghp_module, "counting", recorded)
+    return calls
+
+
+def test_a_large_histogram_with_slow_pricing_packs_on_fine_buckets_within_its_patience(monkeypatch):
+    """9,685 lengths uniform in 11-49% of 8,192 (2,955 distinct), depth 16 (`--family ranges` seed 1, case 9),
+    whose exact column generation spent its whole patience and 5 s to 2,886 packs (bound 2,884): on lengths in
+    units of 4 tokens it packs within 0.1% of the bound proven on the real lengths (2,885), and never relaxes."""
+    from packing_small import ranges_case
+
+    calls = _recording_counting(monkeypatch)
+    rng = np.random.default_rng(1)
+    hist = [ranges_case(rng, 60_000) for _ in range(10)][9]["histogram"]
+    result = pack(hist, "cghp", 16, time_limit=120)
+    (counted,) = calls
+    assert result.strategy == "bucketed" and not counted.relaxed and not result.time_limit_reached
+    assert result.lower_bound_packs <= result.packs <= result.lower_bound_packs * 1.001
+    assert np.array_equal(result.mixture.coverage(len(hist)), hist)
+
+
+def test_a_fine_packing_above_the_goal_is_the_start_of_exact_column_generation(monkeypatch):
+    """Where the fine buckets' packing is not within the goal of the bound (here made 0), exact column
+    generation goes on from it, and never ends with more packs."""
+    from bert_ipu.packing import cghp as cghp_module
+    from bert_ipu.packing import effort as effort_module
+
+    monkeypatch.setattr(effort_module, "GOAL_GAP", 0.0)
+    tried, starts = [], []
+    real_bucketed, real_exact = cghp_module._bucketed, cghp_module._exact
+    monkeypatch.setattr(cghp_module, "_bucketed", lambda *a, **k: tried.append(real_bucketed(*a, **k)) or tried[-1])
+    monkeypatch.setattr(cghp_module, "_exact", lambda h, d, start, *a: starts.append(start) or real_exact(h, d, start, *a))
+    hist = tight_8192()
+    result = pack(hist, "cghp", None, time_limit=120)
+    (fine,) = tried
+    assert fine.mixture.n_packs > fine.lower_bound and result.strategy == "exact"
+    assert starts[-1] is fine.mixture and result.packs <= fine.mixture.n_packs
+    assert np.array_equal(result.mixture.coverage(len(hist)), hist)
+
+
+def test_a_start_within_the_goal_is_kept_where_exact_pricing_would_be_slow(monkeypatch):
+    """29,593 lengths uniform in 6-32% of 4,096, depth 16 (`--family ranges` seed 4, case 13): the plan packs
+    within 0.1% of the bound, and is kept without any LP over the lengths (exact column generation took 3.7 s
+    there for the same packs)."""
+    from packing_small import ranges_case
+
+    from bert_ipu.packing import cghp as cghp_module
+
+    rng = np.random.default_rng(4)
+    hist = [ranges_case(rng, 60_000) for _ in range(14)][13]["histogram"]
+    forbidden = lambda *a, **k: pytest.fail("no LP over the lengths was needed")  # noqa: E731
+    monkeypatch.setattr(cghp_module, "_bucketed", forbidden)
+    monkeypatch.setattr(cghp_module, "_exact", forbidden)
+    result = pack(hist, "cghp", 16, time_limit=120)
+    assert result.strategy == "planned"
+    assert result.lower_bound_packs <= result.packs <= result.lower_bound_packs * 1.001
+    assert np.array_equal(result.mixture.coverage(len(hist)), hist)

@@ -41,6 +41,7 @@ class PackingResult:
     lower_bound_packs: int
     seconds: float
     time_limit_reached: bool = False  # the time limit stopped the search: best packing and bound so far
+    strategy: str = ""  # CGHP only: which of its paths made the packing (`cghp.CGHPResult.strategy`)
 
     @property
     def max_len(self) -> int:
@@ -130,7 +131,7 @@ def pack(histogram, algorithm: str, max_sequences_per_pack: int | None = None, *
         max_sequences_per_pack = 1
     bound = lower_bound(histogram, max_sequences_per_pack)
     start = time.perf_counter()
-    computed, late = None, False
+    computed, late, strategy = None, False, ""
     if algorithm == "none":
         mixture = baselines.none(histogram)
     elif algorithm == "sort":
@@ -146,10 +147,12 @@ def pack(histogram, algorithm: str, max_sequences_per_pack: int | None = None, *
     else:
         solved = _cghp(histogram, depth, deadline=deadline)
         mixture, bound, late = solved.mixture, max(bound, solved.lower_bound), solved.time_limit_reached
+        strategy = solved.strategy
     seconds = time.perf_counter() - start
     if computed is None:
         computed = mixture.n_packs * max_len
-    return PackingResult(algorithm, histogram, max_sequences_per_pack, mixture, computed, bound, seconds, late)
+    return PackingResult(algorithm, histogram, max_sequences_per_pack, mixture, computed, bound, seconds, late,
+                         strategy)
 
 
 def auto_depth(histogram, algorithm: str = "cghp") -> int:

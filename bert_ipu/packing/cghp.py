@@ -40,7 +40,9 @@ integer optimum is almost always ceil(LP) or ceil(LP) + 1. We
 optimal the packing is; with more than 600 distinct lengths also `lp.coarse_bound`, proven first from a small
 LP (its duals spread over the real lengths), so a large LP stopped by a deadline still reports a strong bound.
 Histograms whose exact pricing would be slow (long packs, many lengths) are solved on bucketed lengths
-(`_bucketed`), and a deadline stops any step with the best packing and bound so far. Each call counts its
+(`_bucketed`); large ones (from 2,000 packs) whose pricing is slowish (FINE_PRICING_SECONDS) keep a start
+already within 0.1% of the bound, or are first packed on finer buckets, kept within 0.1% of the bound, else
+the start of the dive. A deadline stops any step with the best packing and bound so far. Each call counts its
 work (`effort.py`, deterministic): past its patience, from 2,000 packs, the LPs stop within 0.05% of the bound
 and the dive at a packing within 0.1% of it.
 """
@@ -69,6 +71,14 @@ from .repack import INFEASIBLE, MAX_VARIABLES, pack_into
 EXACT_PRICING_SECONDS = 0.1
 GRID = 4096           # bucketed: lengths in units of ceil(max_len / GRID) tokens ...
 BUCKET_STEP = 1 / 128  # ... and buckets at most 1/128 of their length wide
+# A large histogram (from 2,000 packs, `effort.Effort.large`) whose exact pricing would still cost more than
+# FINE_PRICING_SECONDS a round is first packed on lengths in units of ceil(max_len / FINE_GRID) tokens (no
+# wider buckets), and that packing is kept where it is within 0.1% of the bound (`effort.Effort.near`); else
+# exact column generation goes on from it. On 43 such random histograms exact column generation took up to
+# 21 s (12 of them over 5 s), the fine bucketed one at most 2.8 s, mostly with the same packs or fewer
+# (docs/results/packing-scale.md, "Fine buckets first on large histograms").
+FINE_PRICING_SECONDS = 0.06
+FINE_GRID = 2048
 ROUND_UP = 0.3              # under a depth limit the dive also rounds up fractional parts from this size (`_round`)
 # The most steps of a dive (`_exact`): each fixes at least one pack and re-solves the residual's LP warm. A
 # count, not a clock, so that the same histogram always packs the same way. On the 80 histograms of
@@ -169,22 +179,28 @@ def _cghp(histogram: np.ndarray, depth: int, steps: int | None, deadline: float 
     if start.n_packs <= cheap or late:
         return CGHPResult(start, float(cheap), cheap, late, "heuristic")
     lengths = np.nonzero(histogram)[0] + 1
-    expensive = pricing_seconds(len(lengths), max_len, depth, int(lengths[0])) > EXACT_PRICING_SECONDS
+    pricing = pricing_seconds(len(lengths), max_len, depth, int(lengths[0]))
+    expensive = pricing > EXACT_PRICING_SECONDS
     plannable = _plannable(histogram, depth, cheap, expensive)
-    if not (expensive or plannable):
+    made = "heuristic"  # what made `start`
+    # fine buckets first (FINE_PRICING_SECONDS), where exact column generation would be slow
+    fine = not expensive and pricing > FINE_PRICING_SECONDS and max_len > FINE_GRID and counted.large
+    if not (expensive or plannable or fine):
         # the fill: not where the plan or bucketed lengths take over (long packs, or a depth limit with full
-        # packs and many lengths): there it met no bound on the long-context cases and cost 1-2.4 s
+        # packs and many lengths): there it met no bound on the long-context cases and cost 1-2.4 s; nor on
+        # large histograms that fine buckets take first, where it met no bound in 43 random cases and cost up
+        # to 1 s (105,556 two-humped lengths at 8,192)
         filled = fill(histogram, depth, deadline=deadline)
         if filled is not None and filled.n_packs < start.n_packs:
-            start = filled
+            start, made = filled, "filled"
             if start.n_packs <= cheap:
                 return CGHPResult(start, float(cheap), cheap, False, "filled")
     if plannable:
         plan = planned(histogram, depth, deadline)
         used = plan.n_packs < start.n_packs
-        start = plan if used else start
+        start, made = (plan, "planned") if used else (start, made)
         if expensive or start.n_packs <= cheap * (1 + PLAN_ENOUGH) or past(deadline):
-            return CGHPResult(start, float(cheap), cheap, past(deadline), "planned" if used else "heuristic")
+            return CGHPResult(start, float(cheap), cheap, past(deadline), made)
     if expensive:
         return _bucketed(histogram, depth, start, cheap, steps or DIVE_STEPS, deadline)
     # a large LP proves its bound last, and a small one most of it first (`coarse_bound`): reported even when
@@ -192,6 +208,15 @@ def _cghp(histogram: np.ndarray, depth: int, steps: int | None, deadline: float 
     coarse = coarse_bound(histogram, depth, deadline) if len(lengths) > COARSE_START_LENGTHS else 0.0
     known = max(cheap, math.ceil(coarse - 1e-6))
     counted.packs = known
+    if fine and not past(deadline):
+        if counted.near(start.n_packs):  # (the plan often is)
+            return CGHPResult(start, max(coarse, cheap), known, False, made)
+        tried = _bucketed(histogram, depth, start, known, steps or DIVE_STEPS, deadline, FINE_GRID, 0.0)
+        coarse, known = max(coarse, tried.lp_bound), max(known, tried.lower_bound)
+        counted.packs = known
+        if counted.near(tried.mixture.n_packs) or tried.time_limit_reached:
+            return replace(tried, lp_bound=coarse, lower_bound=known)
+        start = tried.mixture  # (never more packs than `start`)
     mixture, lp_bound, _, late = _exact(histogram, depth, start, known, steps or DIVE_STEPS, deadline)
     lp_bound = max(lp_bound, coarse)
     return CGHPResult(mixture, lp_bound, max(known, math.ceil(lp_bound - 1e-6)), late, "exact")
@@ -330,30 +355,31 @@ def _round(patterns: list[np.ndarray], x: np.ndarray, residual: np.ndarray, up: 
     return whole
 
 
-def _bucket_edges(units: int) -> np.ndarray:
-    """Upper edges of the length buckets, in units: every unit up to 1 / BUCKET_STEP, then buckets at most
-    BUCKET_STEP of their length wide; the last edge is `units`."""
+def _bucket_edges(units: int, step: float = BUCKET_STEP) -> np.ndarray:
+    """Upper edges of the length buckets, in units: every unit up to 1 / step, then buckets at most `step` of
+    their length wide (0: every unit); the last edge is `units`."""
     edges, u = [], 1
     while u < units:
         edges.append(u)
-        u = max(u + 1, int(u * (1 + BUCKET_STEP)))
+        u = max(u + 1, int(u * (1 + step)))
     edges.append(units)
     return np.array(edges, dtype=np.int64)
 
 
-def _bucketed(histogram, depth, start, cheap, steps, deadline) -> CGHPResult:
-    """Column generation on a coarser histogram: lengths rounded *up* to units of g = ceil(max_len / GRID)
-    tokens and then to buckets at most 1/128 wide, so pricing costs the same at any pack length. A packing of
-    the rounded-up lengths is a packing of the real ones (each real sequence takes a slot of its bucket).
+def _bucketed(histogram, depth, start, cheap, steps, deadline, grid=GRID, step=BUCKET_STEP) -> CGHPResult:
+    """Column generation on a coarser histogram: lengths rounded *up* to units of g = ceil(max_len / grid)
+    tokens and then to buckets at most `step` of their length wide (0: units only), so pricing costs the same
+    at any pack length. A packing of the rounded-up lengths is a packing of the real ones (each real sequence
+    takes a slot of its bucket). `cheap`: a bound proven on the real histogram.
 
     The rounded-up instance's LP bound is no bound for the real one. The bound reported is proven on the
     real one: Farley's bound y.h / max(1, best pattern value under y) holds for any duals y >= 0, and here
     the best pattern is priced on the lengths rounded *down* to their bucket's smallest (a relaxation: every
     real pattern stays feasible), with y the coarse LP's best duals; or the cheap bound if that is larger."""
     max_len = len(histogram)
-    g = -(-max_len // GRID)
+    g = -(-max_len // grid)
     units = max_len // g
-    edges = _bucket_edges(units)
+    edges = _bucket_edges(units, step)
     present = np.nonzero(histogram)[0] + 1
     # unit length of each present length; a length above units x g tokens (max_len not a multiple of g) is
     # clamped to a whole pack of units: it packs alone in the coarse instance, as it would really (every other

@@ -58,11 +58,14 @@ class Effort:
         the patience is spent, on a large problem; else -1 (none)."""
         return RELAXED_GAP * self.packs if self.relaxed and self.large else -1.0
 
+    def near(self, packs: int) -> bool:
+        """Whether a packing of `packs` is within GOAL_GAP of `packs`, the best bound known on the real
+        histogram (not a rounded-up one's), on a large problem (from 2,000 packs, as `slack`)."""
+        return self.large and packs <= self.packs * (1 + GOAL_GAP)
+
     def accepts(self, packs: int) -> bool:
-        """Whether a packing of `packs` is good enough to stop at: within GOAL_GAP of `packs`, the best bound
-        known on the real histogram (not a rounded-up one's), once relaxed (and, as `slack`, from 2,000
-        packs)."""
-        return self.slack() >= 0 and packs <= self.packs * (1 + GOAL_GAP)
+        """Whether a packing of `packs` is good enough to stop at: `near` the bound, once relaxed."""
+        return self.relaxed and self.near(packs)
 
     def budget(self, share: float) -> float:
         """`share` of the patience as one step's budget of estimated seconds on a large problem; else none."""
