@@ -40,7 +40,7 @@ integer optimum is almost always ceil(LP) or ceil(LP) + 1. We
 optimal the packing is; with more than 600 distinct lengths also `lp.coarse_bound`, proven first from a small
 LP (its duals spread over the real lengths), so a large LP stopped by a deadline still reports a strong bound.
 Histograms whose exact pricing would be slow (long packs, many lengths) are solved on bucketed lengths
-(`_bucketed`); large ones (from 2,000 packs) whose pricing is slowish (FINE_PRICING_SECONDS) keep a start
+(`_bucketed`); large ones (from 1,000 packs) whose pricing is slowish (FINE_PRICING_SECONDS) keep a start
 already within 0.1% of the bound, or are first packed on finer buckets, kept within 0.1% of the bound, else
 the start of the dive. A deadline stops any step with the best packing and bound so far. Each call counts its
 work (`effort.py`, deterministic): past its patience, from 2,000 packs, the LPs stop within 0.05% of the bound
@@ -71,11 +71,12 @@ from .repack import INFEASIBLE, MAX_VARIABLES, pack_into
 EXACT_PRICING_SECONDS = 0.1
 GRID = 4096           # bucketed: lengths in units of ceil(max_len / GRID) tokens ...
 BUCKET_STEP = 1 / 128  # ... and buckets at most 1/128 of their length wide
-# A large histogram (from 2,000 packs, `effort.Effort.large`) whose exact pricing would still cost more than
-# FINE_PRICING_SECONDS a round is first packed on lengths in units of ceil(max_len / FINE_GRID) tokens (no
-# wider buckets), and that packing is kept where it is within 0.1% of the bound (`effort.Effort.near`); else
-# exact column generation goes on from it. On 43 such random histograms exact column generation took up to
-# 21 s (12 of them over 5 s), the fine bucketed one at most 2.8 s, mostly with the same packs or fewer
+# A large histogram (from 1,000 packs, where 0.1% is a pack: `effort.Effort.tolerant`) whose exact pricing
+# would still cost more than FINE_PRICING_SECONDS a round keeps the best packing so far if it is within 0.1% of
+# the bound known (`effort.Effort.near`); else it is first packed on lengths in units of ceil(max_len /
+# FINE_GRID) tokens (no wider buckets), kept where it is within 0.1% of the bound; else exact column generation
+# goes on from it. On 43 such random histograms from 2,000 packs exact column generation took up to 21 s (16
+# of them over 5 s), the fine bucketed one at most 2.8 s, mostly with the same packs or fewer
 # (docs/results/packing-scale.md, "Fine buckets first on large histograms").
 FINE_PRICING_SECONDS = 0.06
 FINE_GRID = 2048
@@ -184,7 +185,7 @@ def _cghp(histogram: np.ndarray, depth: int, steps: int | None, deadline: float 
     plannable = _plannable(histogram, depth, cheap, expensive)
     made = "heuristic"  # what made `start`
     # fine buckets first (FINE_PRICING_SECONDS), where exact column generation would be slow
-    fine = not expensive and pricing > FINE_PRICING_SECONDS and max_len > FINE_GRID and counted.large
+    fine = not expensive and pricing > FINE_PRICING_SECONDS and max_len > FINE_GRID and counted.tolerant
     if not (expensive or plannable or fine):
         # the fill: not where the plan or bucketed lengths take over (long packs, or a depth limit with full
         # packs and many lengths): there it met no bound on the long-context cases and cost 1-2.4 s; nor on
