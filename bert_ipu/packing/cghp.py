@@ -9,8 +9,9 @@ over all feasible patterns p (a_lp = copies of length l in p), is tight for hist
 integer optimum is almost always ceil(LP) or ceil(LP) + 1. We
 
 0. run LPFHP (best fit) first and return it at once when it meets the cheap bound (Martello and Toth's L2,
-   depth): at unlimited depth on long-context data it usually does; else the minimum-slack fill (`fill.py`),
-   returned when it meets the bound: on small, sparse histograms it usually does;
+   depth): at unlimited depth on long-context data it usually does; else (except where the plan, bucketed
+   lengths or fine buckets take over, below) the minimum-slack fill (`fill.py`), returned when it meets the
+   bound: on small, sparse histograms it usually does;
 1. start from the patterns of LPFHP and, under a depth limit, from the duals of the unlimited-depth LP
    (full histogram only, at most 30 rounds), or with more than 600 distinct lengths (and at least 8
    sequences a length) from the support of the same LP on lengths rounded up to 2-token units
@@ -40,11 +41,11 @@ integer optimum is almost always ceil(LP) or ceil(LP) + 1. We
 optimal the packing is; with more than 600 distinct lengths also `lp.coarse_bound`, proven first from a small
 LP (its duals spread over the real lengths), so a large LP stopped by a deadline still reports a strong bound.
 Histograms whose exact pricing would be slow (long packs, many lengths) are solved on bucketed lengths
-(`_bucketed`); large ones (from 1,000 packs) whose pricing is slowish (FINE_PRICING_SECONDS) keep a start
-already within 0.1% of the bound, or are first packed on finer buckets, kept within 0.1% of the bound, else
-the start of the dive. A deadline stops any step with the best packing and bound so far. Each call counts its
-work (`effort.py`, deterministic): past its patience, from 2,000 packs, the LPs stop within 0.05% of the bound
-and the dive at a packing within 0.1% of it.
+(`_bucketed`); large ones (from 1,000 packs, L > 2,048) whose pricing is slowish (0.06-0.1 s a round:
+FINE_PRICING_SECONDS) keep a start already within 0.1% of the bound, or are first packed on finer buckets,
+kept within 0.1% of the bound, else the start of the dive. A deadline stops any step with the best packing
+and bound so far. Each call counts its work (`effort.py`, deterministic): past its patience, from 2,000 packs,
+the LPs stop within 0.05% of the bound and the dive at a packing within 0.1% of it.
 """
 
 from __future__ import annotations
@@ -75,8 +76,9 @@ BUCKET_STEP = 1 / 128  # ... and buckets at most 1/128 of their length wide
 # would still cost more than FINE_PRICING_SECONDS a round keeps the best packing so far if it is within 0.1% of
 # the bound known (`effort.Effort.near`); else it is first packed on lengths in units of ceil(max_len /
 # FINE_GRID) tokens (no wider buckets), kept where it is within 0.1% of the bound; else exact column generation
-# goes on from it. On 43 such random histograms from 2,000 packs exact column generation took up to 21 s (16
-# of them over 5 s), the fine bucketed one at most 2.8 s, mostly with the same packs or fewer
+# goes on from it. On 43 such random histograms (of at least 2,000 packs) exact column generation took up to
+# 21 s (16 of them over 5 s), the fine bucketed one at most 2.8 s, mostly with the same packs or fewer; from
+# 1,000 packs it took 1,336 packs from 22 s to 0.3 s, the plan being within a pack
 # (docs/results/packing-scale.md, "Fine buckets first on large histograms").
 FINE_PRICING_SECONDS = 0.06
 FINE_GRID = 2048
@@ -111,13 +113,14 @@ def _slack(lp_bound: float) -> int:
 @dataclass(frozen=True)
 class CGHPResult:
     mixture: Mixture
-    lp_bound: float   # Farley's bound on the LP relaxation of the full problem (<= the LP optimum)
+    lp_bound: float   # Farley's bound on the LP relaxation of the full problem (<= the LP optimum), or the
+                      # cheap bound where that is larger (it bounds the integer optimum, not the LP's)
     lower_bound: int  # proven: no packing with this depth limit uses fewer packs
     time_limit_reached: bool = False
-    strategy: str = "exact"  # "heuristic": best fit (met the cheap bound, or the plan did not beat it);
-                             # "filled": the minimum-slack fill (`fill.py`) met the cheap bound;
-                             # "planned" (`planned.py`); "exact"; "bucketed"; "integer": a small
-                             # histogram packed at its bound by the integer program of `repack.py`
+    strategy: str = "exact"  # what made the packing returned: "heuristic": best fit; "filled": the
+                             # minimum-slack fill (`fill.py`); "planned" (`planned.py`); "exact": the dive
+                             # on column generation; "bucketed": the dive on bucketed lengths; "integer": a
+                             # small histogram packed at its bound by the integer program of `repack.py`
 
 
 def _as_matrix(patterns: list[np.ndarray]) -> np.ndarray:
@@ -168,7 +171,10 @@ def _cghp(histogram: np.ndarray, depth: int, steps: int | None, deadline: float 
     PLAN_MAX_PACKS packs, `planned` (an LP over class means realised with the real lengths) comes next on
     long or sparse histograms, and is returned when exact pricing would be slow or it is within PLAN_ENOUGH
     of the cheap bound. Otherwise a histogram whose exact pricing is cheap is solved exactly (`_exact`, with
-    the best packing so far as the one to beat), a larger one on bucketed lengths (`_bucketed`). `deadline` (a
+    the best packing so far as the one to beat), a larger one on bucketed lengths (`_bucketed`). In between
+    (from 1,000 packs, pricing above FINE_PRICING_SECONDS, L > FINE_GRID) the best packing so far is kept if
+    it is within 0.1% of the bound known, else fine buckets (units of ceil(L / FINE_GRID) tokens) come first,
+    kept if within 0.1% of the bound, else the start of `_exact`; each dive gets `steps` steps. `deadline` (a
     `time.perf_counter()` value): past it, the best packing and the best bound found so far are returned,
     with time_limit_reached set.
     """
@@ -203,7 +209,8 @@ def _cghp(histogram: np.ndarray, depth: int, steps: int | None, deadline: float 
         if expensive or start.n_packs <= cheap * (1 + PLAN_ENOUGH) or past(deadline):
             return CGHPResult(start, float(cheap), cheap, past(deadline), made)
     if expensive:
-        return _bucketed(histogram, depth, start, cheap, steps or DIVE_STEPS, deadline)
+        result = _bucketed(histogram, depth, start, cheap, steps or DIVE_STEPS, deadline)
+        return result if result.mixture is not start else replace(result, strategy=made)
     # a large LP proves its bound last, and a small one most of it first (`coarse_bound`): reported even when
     # the deadline stops the large one, and column generation ends once the LP's value rounded up meets it
     coarse = coarse_bound(histogram, depth, deadline) if len(lengths) > COARSE_START_LENGTHS else 0.0
@@ -212,15 +219,17 @@ def _cghp(histogram: np.ndarray, depth: int, steps: int | None, deadline: float 
     if fine and not past(deadline):
         if counted.near(start.n_packs):  # (the plan often is)
             return CGHPResult(start, max(coarse, cheap), known, False, made)
-        tried = _bucketed(histogram, depth, start, known, steps or DIVE_STEPS, deadline, FINE_GRID, 0.0)
+        tried = _bucketed(histogram, depth, start, cheap, steps or DIVE_STEPS, deadline, FINE_GRID, 0.0)
         coarse, known = max(coarse, tried.lp_bound), max(known, tried.lower_bound)
         counted.packs = known
-        if counted.near(tried.mixture.n_packs) or tried.time_limit_reached:
-            return replace(tried, lp_bound=coarse, lower_bound=known)
-        start = tried.mixture  # (never more packs than `start`)
+        if tried.mixture is not start:  # (never more packs than `start`)
+            start, made = tried.mixture, "bucketed"
+        if counted.near(start.n_packs) or tried.time_limit_reached:
+            return CGHPResult(start, coarse, known, tried.time_limit_reached, made)
     mixture, lp_bound, _, late = _exact(histogram, depth, start, known, steps or DIVE_STEPS, deadline)
     lp_bound = max(lp_bound, coarse)
-    return CGHPResult(mixture, lp_bound, max(known, math.ceil(lp_bound - 1e-6)), late, "exact")
+    return CGHPResult(mixture, lp_bound, max(known, math.ceil(lp_bound - 1e-6)), late,
+                      "exact" if mixture.n_packs < start.n_packs else made)
 
 
 def _plannable(histogram: np.ndarray, depth: int, cheap: int, expensive: bool) -> bool:
@@ -402,10 +411,10 @@ def _bucketed(histogram, depth, start, cheap, steps, deadline, grid=GRID, step=B
             down = smallest[coarse_lengths]                           # ascending too (buckets are)
             at_down = np.zeros(max_len, dtype=np.int64)               # each bucket's sequences at its smallest
             at_down[down - 1] = coarse[coarse_lengths - 1]
-            step = farley(at_down, depth, point)
+            rounded_down = farley(at_down, depth, point)
             # or the same duals spread linearly over the real lengths (as in `coarse_bound`), often stronger
             spread = farley(histogram, depth, interpolated(histogram, coarse_lengths * g, point))
-            lp_bound = max(lp_bound, step, spread)
+            lp_bound = max(lp_bound, rounded_down, spread)
             lower = max(cheap, math.ceil(lp_bound - 1e-6))
     return CGHPResult(start, lp_bound, lower, late, "bucketed")
 

@@ -13,13 +13,16 @@ and once that passes its patience, RELAX_AFTER estimated seconds and as many aga
 
 - column generation also stops where its value is within RELAXED_GAP of the best bound known (in packs of the
   whole problem; for the dive's residual LPs, of their own Farley or cheap bound);
-- CGHP's dive stops at a packing within GOAL_GAP of the bound;
+- CGHP's dive stops at a packing within GOAL_GAP of the bound (`accepts`);
 
 and, from the start, each LP of the coarse start stops after a share of the patience (`lp.COARSE_SHARE`): it is
 only a start. All three only from 2,000 packs, where 0.05% is at least a pack: below that 0.1% is less than
 two packs, and a less converged LP cost one (1,317 log-normal lengths at 4,096, depth 6: 509 instead of 508,
 the bound). A count, not a clock: the same histogram packs the same way on any machine and under any load
 (with the same HiGHS). `cghp.cghp` counts inside `counting`; LPs solved outside a packing call never relax.
+
+`near` (within GOAL_GAP of the bound, from 1,000 packs, where that is a pack: `tolerant`) is also what CGHP
+keeps at once, patience or not, where exact pricing would be slowish (`cghp.FINE_PRICING_SECONDS`).
 """
 
 from __future__ import annotations
@@ -65,9 +68,10 @@ class Effort:
         return GOAL_GAP * self.packs >= 1
 
     def near(self, packs: int) -> bool:
-        """Whether a packing of `packs` is within GOAL_GAP of `packs`, the best bound known on the real
-        histogram (not a rounded-up one's), where that is at least a pack (`tolerant`)."""
-        return self.tolerant and packs <= self.packs * (1 + GOAL_GAP)
+        """Whether a packing of `packs` packs is within GOAL_GAP of `self.packs`, the best bound known on the
+        real histogram (not a rounded-up one's), where that is at least a pack (`tolerant`). (With a margin
+        for rounding: 1,000 x 1.001 is 1000.9999999999999 in floating point.)"""
+        return self.tolerant and packs <= self.packs * (1 + GOAL_GAP) + 1e-9
 
     def accepts(self, packs: int) -> bool:
         """Whether a packing of `packs` is good enough for the dive to stop at: `near` the bound, once relaxed,
