@@ -94,7 +94,8 @@ def main() -> None:
         rows.append(row)
         print(f"{i:>4} {case['sequences']:>8,} {case['max_len']:>5} {row['distinct']:>8} {case['kind']:<12} "
               f"{case['depth'] or 'inf':>5} {result.packs:>7,} {result.lower_bound_packs:>7,} {gap:>7.3%} "
-              f"{seconds:>8.2f}  {result.strategy:<9} {'CAPPED ' if row['capped'] else ''}{'' if row['meets'] else 'MISS'}",
+              f"{seconds:>8.2f}  {result.strategy:<9} "
+              f"{'CAPPED ' if row['capped'] else ''}{'' if row['meets'] else 'MISS'}",
               flush=True)
         if args.json:
             with open(args.json, "a") as f:

@@ -428,14 +428,11 @@ def tight_8192():
     return [ranges_case(rng, 60_000) for _ in range(23)][22]["histogram"]
 
 
-def test_past_its_patience_cghp_stops_within_a_tenth_of_a_percent_of_its_bound(monkeypatch):
-    """Effort is counted in estimated seconds from HiGHS' iterations and the pricing rounds, not a clock: once
-    it passes the patience the LP and the dive stop within 0.1% of the bound, here soon after (about 2 s); and
-    a machine made slower (every pricing round 20 ms late) packs the same histogram the same way."""
+def _recording_counting(monkeypatch):
+    """Every `Effort` that `cghp` counts, in order (the effort is forgotten when a call returns)."""
     import contextlib
 
     from bert_ipu.packing import cghp as cghp_module
-    from bert_ipu.packing import lp as lp_module
 
     calls, real_counting = [], cghp_module.counting
 
@@ -445,6 +442,17 @@ def test_past_its_patience_cghp_stops_within_a_tenth_of_a_percent_of_its_bound(m
             calls.append(counted)
             yield counted
     monkeypatch.setattr(cghp_module, "counting", recorded)
+    return calls
+
+
+def test_past_its_patience_cghp_stops_within_a_tenth_of_a_percent_of_its_bound(monkeypatch):
+    """Effort is counted in estimated seconds from HiGHS' iterations and the pricing rounds, not a clock: once
+    it passes the patience the LP and the dive stop within 0.1% of the bound, here soon after (about 2 s); and
+    a machine made slower (every pricing round 20 ms late) packs the same histogram the same way."""
+    from bert_ipu.packing import cghp as cghp_module
+    from bert_ipu.packing import lp as lp_module
+
+    calls = _recording_counting(monkeypatch)
     monkeypatch.setattr(cghp_module, "FINE_PRICING_SECONDS", math.inf)  # the exact path (fine buckets take it)
     hist = tight_8192()
     result = pack(hist, "cghp", None, time_limit=120)
@@ -524,23 +532,6 @@ def test_past_its_patience_a_residual_lp_stops_within_the_slack_of_its_cheap_bou
             solver.run(gap=0, floor=floor, max_rounds=3, give_up=True)
         return len(solves)
     assert rounds(floor=10**9) == 1 < rounds(floor=0)
-
-
-def _recording_counting(monkeypatch):
-    """Every `Effort` that `cghp` counts, in order (the effort is forgotten when a call returns)."""
-    import contextlib
-
-    from bert_ipu.packing import cghp as cghp_module
-
-    calls, real_counting = [], cghp_module.counting
-
-    @contextlib.contextmanager
-    def recorded(sequences):
-        with real_counting(sequences) as counted:
-            calls.append(counted)
-            yield counted
-    monkeypatch.setattr(cghp_module, "counting", recorded)
-    return calls
 
 
 def test_a_large_histogram_with_slow_pricing_packs_on_fine_buckets_within_its_patience(monkeypatch):

@@ -209,8 +209,7 @@ def _cghp(histogram: np.ndarray, depth: int, steps: int | None, deadline: float 
         if expensive or start.n_packs <= cheap * (1 + PLAN_ENOUGH) or past(deadline):
             return CGHPResult(start, float(cheap), cheap, past(deadline), made)
     if expensive:
-        result = _bucketed(histogram, depth, start, cheap, steps or DIVE_STEPS, deadline)
-        return result if result.mixture is not start else replace(result, strategy=made)
+        return _bucketed(histogram, depth, start, cheap, steps or DIVE_STEPS, deadline, made=made)
     # a large LP proves its bound last, and a small one most of it first (`coarse_bound`): reported even when
     # the deadline stops the large one, and column generation ends once the LP's value rounded up meets it
     coarse = coarse_bound(histogram, depth, deadline) if len(lengths) > COARSE_START_LENGTHS else 0.0
@@ -219,11 +218,10 @@ def _cghp(histogram: np.ndarray, depth: int, steps: int | None, deadline: float 
     if fine and not past(deadline):
         if counted.near(start.n_packs):  # (the plan often is)
             return CGHPResult(start, max(coarse, cheap), known, False, made)
-        tried = _bucketed(histogram, depth, start, cheap, steps or DIVE_STEPS, deadline, FINE_GRID, 0.0)
+        tried = _bucketed(histogram, depth, start, cheap, steps or DIVE_STEPS, deadline, FINE_GRID, 0.0, made)
         coarse, known = max(coarse, tried.lp_bound), max(known, tried.lower_bound)
         counted.packs = known
-        if tried.mixture is not start:  # (never more packs than `start`)
-            start, made = tried.mixture, "bucketed"
+        start, made = tried.mixture, tried.strategy  # (never more packs than `start`)
         if counted.near(start.n_packs) or tried.time_limit_reached:
             return CGHPResult(start, coarse, known, tried.time_limit_reached, made)
     mixture, lp_bound, _, late = _exact(histogram, depth, start, known, steps or DIVE_STEPS, deadline)
@@ -376,11 +374,13 @@ def _bucket_edges(units: int, step: float = BUCKET_STEP) -> np.ndarray:
     return np.array(edges, dtype=np.int64)
 
 
-def _bucketed(histogram, depth, start, cheap, steps, deadline, grid=GRID, step=BUCKET_STEP) -> CGHPResult:
+def _bucketed(histogram, depth, start, cheap, steps, deadline, grid=GRID, step=BUCKET_STEP,
+              made="heuristic") -> CGHPResult:
     """Column generation on a coarser histogram: lengths rounded *up* to units of g = ceil(max_len / grid)
     tokens and then to buckets at most `step` of their length wide (0: units only), so pricing costs the same
     at any pack length. A packing of the rounded-up lengths is a packing of the real ones (each real sequence
-    takes a slot of its bucket). `cheap`: a bound proven on the real histogram.
+    takes a slot of its bucket). `cheap`: a bound proven on the real histogram; `made`: what made `start`,
+    the strategy reported where the bucketed packing does not beat it.
 
     The rounded-up instance's LP bound is no bound for the real one. The bound reported is proven on the
     real one: Farley's bound y.h / max(1, best pattern value under y) holds for any duals y >= 0, and here
@@ -403,7 +403,7 @@ def _bucketed(histogram, depth, start, cheap, steps, deadline, grid=GRID, step=B
         mixture, _, point, late = _exact(coarse, depth, coarse_start, cheap_lower_bound(coarse, depth), steps,
                                          deadline)
         if mixture.n_packs < start.n_packs:
-            start = _realise(mixture, histogram, present, rounded_up)
+            start, made = _realise(mixture, histogram, present, rounded_up), "bucketed"
         if point is not None:
             coarse_lengths = np.nonzero(coarse)[0] + 1               # the rows of `point`, ascending
             smallest = np.full(units + 1, max_len + 1, dtype=np.int64)
@@ -416,7 +416,7 @@ def _bucketed(histogram, depth, start, cheap, steps, deadline, grid=GRID, step=B
             spread = farley(histogram, depth, interpolated(histogram, coarse_lengths * g, point))
             lp_bound = max(lp_bound, rounded_down, spread)
             lower = max(cheap, math.ceil(lp_bound - 1e-6))
-    return CGHPResult(start, lp_bound, lower, late, "bucketed")
+    return CGHPResult(start, lp_bound, lower, late, made)
 
 
 def _realise(coarse: Mixture, histogram, present, rounded_up) -> Mixture:
