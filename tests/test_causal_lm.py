@@ -170,9 +170,9 @@ def test_varlen_refuses_what_flash_attention_refuses(flash_stand_in):
     q = torch.randn(16, 2, 8)
     cu = torch.tensor([0, 10, 16], dtype=torch.int32)
     with pytest.raises(RuntimeError, match="only support fp16 and bf16"):
-        flash_stand_in(q, q, q, cu, cu, 16, 16)
+        flash_stand_in(q, q, q, cu, 16)
     with pytest.raises(RuntimeError, match="longer than max_seqlen_q"):
-        flash_stand_in(*(q.bfloat16(),) * 3, cu, cu, 8, 8)
+        flash_stand_in(*(q.bfloat16(),) * 3, cu, 8)
     with pytest.raises(ValueError, match="head dimensions that are multiples of 8 up to 256, and this model's is 4"):
         attention.check_head_dim("varlen", 4, "cuda")
 

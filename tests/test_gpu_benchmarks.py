@@ -73,8 +73,8 @@ def test_bad_arguments_are_one_line(argv):
 
 
 def test_gpu_measure_smoke_stage_runs_every_script(tmp_path):
-    """`gpu_measure.sh smoke`: the profile (with the HF baseline, varlen skipped with its reason off CUDA) and the
-    Llama benchmark at toy sizes, through the same shell script a GPU session runs; an unknown stage is one line
+    """`gpu_measure.sh smoke`: the profile (with the HF baseline, varlen skipped with its reason off CUDA), the
+    Llama benchmark and the layer benchmark at toy sizes, through the same shell script a GPU session runs; an unknown stage is one line
     and exit 2."""
     env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "PY": sys.executable, "OUT": str(tmp_path)}
     proc = subprocess.run(["bash", "benchmarks/gpu_measure.sh", "smoke"], cwd=ROOT, env=env, capture_output=True,
@@ -84,6 +84,8 @@ def test_gpu_measure_smoke_stage_runs_every_script(tmp_path):
     assert {r["algorithm"] for r in rows} == {"none", "sort", "cghp", "hf"}
     llama = [json.loads(line) for line in (tmp_path / "smoke_llama.jsonl").read_text().splitlines()]
     assert [r["variant"] for r in llama] == ["mask", "hf-sdpa"] and not any(r["loss_off"] for r in llama)
+    layer = [json.loads(line) for line in (tmp_path / "smoke_layer.jsonl").read_text().splitlines()]
+    assert [r["variant"] for r in layer] == ["mask", "dense", "none"] and all(r["ms_per_layer"] > 0 for r in layer)
     bad = subprocess.run(["bash", "benchmarks/gpu_measure.sh", "nope"], cwd=ROOT, env=env, capture_output=True,
                          text=True)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "unknown stage" in bad.stderr

@@ -162,9 +162,9 @@ def test_varlen_makes_sequences_contiguous_and_puts_them_back(varlen_on_cpu):
     assert rel(wrong.mlm_logits, out.mlm_logits) > 1e-3
 
 
-def test_flex_and_varlen_say_they_apply_no_attention_dropout(varlen_on_cpu):
-    """Their kernels have no attention-probability dropout: training with it set warns (it used to be dropped
-    silently), evaluation and the mask backend do not."""
+def test_flex_says_it_applies_no_attention_dropout(varlen_on_cpu):
+    """FlexAttention's kernel has no attention-probability dropout: training with it set warns (it used to be
+    dropped silently); evaluation, the mask backend and varlen (flash attention applies it) do not."""
     import warnings
 
     from bert_ipu.models import attention as modeling
@@ -172,32 +172,41 @@ def test_flex_and_varlen_say_they_apply_no_attention_dropout(varlen_on_cpu):
     _, ours = models(torch.float32, attention_probs_dropout_prob=0.1)
     instances = random_instances(np.random.default_rng(0), 3, 6, 20, ours.config.vocab_size)
     inputs = {k: v for k, v in packed_batch(instances, [[0, 1, 2]], LAYOUT).items() if k in MODEL_INPUTS}
-    for backend, training, warns in [("varlen", True, True), ("varlen", False, False), ("mask", True, False)]:
+    for backend, training, warns in [("flex", True, True), ("flex", False, False), ("varlen", True, False),
+                                     ("mask", True, False)]:
         modeling.warn_no_attention_dropout.cache_clear()
         ours.bert.attention_backend = backend
         ours.train(training)
-        with warnings.catch_warnings(record=True) as caught, torch.autocast("cpu", dtype=torch.bfloat16):
+        with warnings.catch_warnings(record=True) as caught, torch.autocast("cpu", dtype=torch.bfloat16), \
+                torch.no_grad():
             warnings.simplefilter("always")
             ours(**inputs)
         assert any(issubclass(w.category, RuntimeWarning) and "dropout" in str(w.message) for w in caught) == warns
 
 
-def test_varlen_options_fit_both_torch_signatures():
-    """torch's varlen_attn took `is_causal` (no `scale`) before it took `window_size` and `scale`; the GPU
-    machine's torch may have either."""
-    from bert_ipu.models.attention import _varlen_options
+def test_varlen_applies_attention_dropout(varlen_on_cpu):
+    """varlen hands the kernel the model's attention dropout when training (flash attention applies it, as SDPA
+    does for the mask backend) and none in evaluation; the stand-in applies it as the kernel does (with it 0.5 the
+    attention output moves by far more than bf16 rounding) and refuses a probability of 1."""
+    from bert_ipu.models import attention as modeling
 
-    def new(q, k, v, cu_q, cu_k, max_q, max_k, *, return_aux=None, scale=None, window_size=(-1, -1)):
-        pass
-
-    def old(q, k, v, cu_q, cu_k, max_q, max_k, is_causal=False, return_aux=None):
-        pass
-
-    assert _varlen_options(new, True, 0.125, 64) == {"window_size": (-1, 0), "scale": 0.125}
-    assert _varlen_options(new, False, None, 64) == {"window_size": (-1, -1), "scale": None}
-    assert _varlen_options(old, True, 0.125, 64) == {"is_causal": True}  # 0.125 = 64 ** -0.5, the default
-    with pytest.raises(ValueError, match="takes no scale"):
-        _varlen_options(old, False, 0.5, 64)
+    _, ours = models(torch.float32, attention_probs_dropout_prob=0.3)
+    ours.bert.attention_backend = "varlen"
+    instances = random_instances(np.random.default_rng(0), 3, 6, 20, ours.config.vocab_size)
+    inputs = {k: v for k, v in packed_batch(instances, [[0, 1, 2]], LAYOUT).items() if k in MODEL_INPUTS}
+    for training in (True, False):
+        varlen_on_cpu.calls.clear()
+        ours.train(training)
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            ours(**inputs)
+        assert varlen_on_cpu.calls and {c["dropout_p"] for c in varlen_on_cpu.calls} == {0.3 if training else 0.0}
+    q, k, v = torch.randn(3, 24, 2, 8, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 10, 24], dtype=torch.int32)
+    plain = varlen_on_cpu(q, k, v, cu, 24).float()
+    dropped = varlen_on_cpu(q, k, v, cu, 24, dropout_p=0.5).float()
+    assert rel(dropped, plain) > 0.1
+    with pytest.raises(RuntimeError, match="dropout probability"):
+        varlen_on_cpu(q, k, v, cu, 24, dropout_p=1.0)
 
 
 def test_flex_with_heads_narrower_than_16_is_refused_on_cuda():

@@ -14,13 +14,13 @@ speed, in where they run and in what they need of the layout:
     reference  the same mask built with plain PyTorch ops (no custom op needed)
     flex       FlexAttention with a document block mask, compiled on GPU, where it skips fully masked blocks.
                Forward only on the CPU (PyTorch has no FlexAttention backward there)
-    varlen     CUDA only: flash attention over cumulative sequence lengths (`torch.nn.attention.varlen`), half
-               precision. It needs every sequence's tokens contiguous (`Backend.contiguous`): a model whose
+    varlen     CUDA only: flash attention over cumulative sequence lengths (`aten._flash_attention_forward`, with
+               its attention dropout), half precision. It needs every sequence's tokens contiguous (`Backend.contiguous`): a model whose
                layout scatters them (BERT pretraining's MLM-first / [CLS]-last) permutes each pack once with
                `contiguous_order` and back
 
-flex and varlen apply no attention-probability dropout (their kernels have none); training with it set warns
-once. Adding a backend is one `register(Backend(...))`: its name then works in every config, model and
+flex applies no attention-probability dropout (its kernel has none); training with it set warns once. varlen
+applies it (flash attention's own dropout). Adding a backend is one `register(Backend(...))`: its name then works in every config, model and
 profile (`BACKENDS` is the one list of names).
 
 Sequence parallelism (DeepSpeed-Ulysses) wraps any backend from outside the model: `sequence_parallel(group)`
@@ -176,8 +176,8 @@ def _flex_attention(device: torch.device):
 def warn_no_attention_dropout(p: float) -> None:
     import warnings
 
-    warnings.warn(f"attention dropout {p} is not applied by the flex and varlen attention backends (their kernels "
-                  "have none); use mask or reference to train with it, or set it to 0", RuntimeWarning, stacklevel=3)
+    warnings.warn(f"attention dropout {p} is not applied by the flex attention backend (its kernel has none); use "
+                  "mask, reference or varlen to train with it, or set it to 0", RuntimeWarning, stacklevel=3)
 
 
 class FlexAttention:
@@ -232,9 +232,7 @@ class Varlen:
         self.causal = causal
 
     def __call__(self, q, k, v, dropout_p: float = 0.0, scale: float | None = None) -> torch.Tensor:
-        if dropout_p > 0:
-            warn_no_attention_dropout(dropout_p)
-        return varlen_attention(q, k, v, self, scale)
+        return varlen_attention(q, k, v, self, dropout_p, scale)
 
 
 def _build_varlen(sequence_ids, dtype, causal, slots):
@@ -248,8 +246,23 @@ def _build_varlen(sequence_ids, dtype, causal, slots):
 register(Backend("varlen", _build_varlen, cuda_only=True, contiguous=True, skips_masked=True, half_only=True,
                  summary="flash attention over cumulative sequence lengths (CUDA)"))
 
-# The varlen kernel: None = torch's flash attention (`torch.nn.attention.varlen.varlen_attn`, CUDA only); the
-# CPU tests set a `FlashStandIn`, which refuses what flash attention refuses and records what it is given.
+
+def flash_varlen(q, k, v, cu, max_len: int, *, dropout_p: float = 0.0, causal: bool = False,
+                 scale: float | None = None) -> torch.Tensor:
+    """Flash attention over cumulative lengths `cu` (int32), CUDA only: (T, H, D) queries and (T, H_kv, D) keys
+    and values, H_kv dividing H (grouped-query attention in the kernel), half precision -> (T, H, D).
+
+    torch's own op (`aten._flash_attention_forward`, what SDPA's flash path and `varlen_attn` call): it applies
+    attention-probability dropout, which `torch.nn.attention.varlen.varlen_attn` does not take, and replays the
+    same dropout in its backward from the RNG state it returns; it has autograd, a meta function and an
+    inductor fallback, so a compiled step keeps it whole."""
+    return torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, max_len, max_len, dropout_p, causal, False,
+                                                   scale=scale)[0]
+
+
+# The varlen kernel, called as `kernel(q, k, v, cu, max_len, dropout_p=, causal=, scale=)`: None = `flash_varlen`
+# (CUDA only); the CPU tests set a `FlashStandIn`, which refuses what flash attention refuses and records what it
+# is given.
 VARLEN_KERNEL = None
 
 HALF = (torch.float16, torch.bfloat16)
@@ -275,24 +288,19 @@ def varlen_dtype(q: torch.Tensor) -> torch.dtype:
     return dtype
 
 
-def varlen_attention(q, k, v, attention: Varlen, scale: float | None = None) -> torch.Tensor:
+def varlen_attention(q, k, v, attention: Varlen, dropout_p: float = 0.0, scale: float | None = None) -> torch.Tensor:
     """(B, heads, S, D) queries and (B, kv_heads, S, D) keys, values -> (B, heads, S, D), attending within the
-    segments of `attention` (tokens in sequence order: see `contiguous_order`). The inputs go to the kernel as
-    (B * S, heads, D) in the autocast dtype: one copy where a tensor is in another dtype or layout (RoPE's
-    float32 q and k), none for a projection's (B, S, heads, D) output; keys and values keep their heads where
-    the kernel takes grouped-query attention."""
+    segments of `attention` (tokens in sequence order: see `contiguous_order`), with attention-probability
+    dropout `dropout_p`. The inputs go to the kernel as (B * S, heads, D) in the autocast dtype: one copy where a
+    tensor is in another dtype or layout (RoPE's float32 q and k), none for a projection's (B, S, heads, D)
+    output; keys and values keep their fewer heads (the kernel takes grouped-query attention)."""
     B, H, S, D = q.shape
+    if H % k.shape[1]:
+        raise ValueError(f"varlen attention: {k.shape[1]} key/value heads do not divide {H} query heads")
     dtype = varlen_dtype(q)
-    kernel = VARLEN_KERNEL
-    if kernel is None:
-        from torch.nn.attention.varlen import varlen_attn as kernel
-    options = _varlen_options(kernel, attention.causal, scale, D)
-    if k.shape[1] != H and "enable_gqa" not in options:
-        k, v = repeat_kv(k, H), repeat_kv(v, H)
-    elif k.shape[1] != H:
-        options = options | {"enable_gqa": True}
+    kernel = flash_varlen if VARLEN_KERNEL is None else VARLEN_KERNEL
     flat = [tokens_major(x, dtype).view(B * S, x.shape[1], D) for x in (q, k, v)]
-    out = kernel(*flat, attention.cu, attention.cu, attention.max_len, attention.max_len, **options)
+    out = kernel(*flat, attention.cu, attention.max_len, dropout_p=dropout_p, causal=attention.causal, scale=scale)
     return out.view(B, S, H, D).transpose(1, 2)
 
 
@@ -305,76 +313,57 @@ def tokens_major(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.empty(y.shape, dtype=dtype, device=y.device).copy_(y)
 
 
-@functools.cache  # once per kernel and layer shape, not inspect.signature in every layer of every step
-def _varlen_options(kernel, causal: bool, scale: float | None, head_dim: int) -> dict:
-    """Keyword arguments for both signatures torch has had: `window_size` and `scale` (2.12's docs), or
-    `is_causal` without `scale` (earlier releases); `enable_gqa` (False: the caller sets it) where the kernel
-    takes fewer key/value heads. The caller must not change the returned dict."""
-    import inspect
-
-    params = inspect.signature(kernel).parameters
-    if "window_size" in params:
-        options = {"window_size": (-1, 0) if causal else (-1, -1)}
-    else:
-        options = {"is_causal": causal}
-    if "scale" in params:
-        options["scale"] = scale
-    elif scale is not None and abs(scale - head_dim ** -0.5) > 1e-12:
-        raise ValueError(f"this torch's varlen_attn takes no scale, and the model needs {scale}; use another "
-                         "attention backend or a newer torch")
-    if "enable_gqa" in params:
-        options["enable_gqa"] = False
-    return options
-
-
-def reference_varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, window_size=(-1, -1),
-                          enable_gqa=False):
-    """What `torch.nn.attention.varlen.varlen_attn` computes, in plain PyTorch (SDPA with a block-diagonal
-    mask over the flattened tokens). (T, H, D) queries, (T, H_kv, D) keys and values -> (T, H, D)."""
+def reference_varlen_attn(q, k, v, cu, max_len, *, dropout_p=0.0, causal=False, scale=None):
+    """What `flash_varlen` computes, in plain PyTorch (SDPA with a block-diagonal mask over the flattened tokens;
+    its dropout is drawn from torch's generator, not flash attention's, so only its statistics match). (T, H, D)
+    queries, (T, H_kv, D) keys and values -> (T, H, D)."""
     T = q.shape[0]
-    segment = torch.searchsorted(cu_q[1:].long(), torch.arange(T, device=q.device), right=True)
+    segment = torch.searchsorted(cu[1:].long(), torch.arange(T, device=q.device), right=True)
     allowed = segment[:, None] == segment[None, :]
-    if window_size == (-1, 0):
+    if causal:
         allowed = allowed & torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
-    if enable_gqa:
-        k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))
-    out = F.scaled_dot_product_attention(*(x.transpose(0, 1)[None] for x in (q, k, v)), attn_mask=allowed, scale=scale)
+    k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))
+    out = F.scaled_dot_product_attention(*(x.transpose(0, 1)[None] for x in (q, k, v)), attn_mask=allowed,
+                                         dropout_p=dropout_p, scale=scale)
     return out[0].transpose(0, 1)
 
 
 class FlashStandIn:
     """A strict CPU stand-in for flash attention's varlen kernel (`VARLEN_KERNEL`): it refuses what the CUDA
     kernel refuses, with the kernel's words (float32 or float64 inputs, mixed dtypes, head dimensions it has no
-    kernel for, int64 or unsorted cumulative lengths, a `max_len` shorter than a segment, which flash attention
-    would silently cut), records what it is handed (`calls`: dtype, heads, segments, max_len, tokens), and
-    computes what it computes: float32 accumulation of half-precision inputs, the output in their dtype. So CI
-    fails where the GPU would."""
+    kernel for, key/value heads that do not divide the query heads, int64 or unsorted cumulative lengths, a
+    `max_len` shorter than a segment, which flash attention would silently cut, a dropout outside [0, 1)),
+    records what it is handed (`calls`: dtype, heads, segments, max_len, tokens, dropout), and computes what it
+    computes: float32 accumulation of half-precision inputs, the output in their dtype. So CI fails where the
+    GPU would."""
 
     def __init__(self):
         self.calls: list[dict] = []
 
-    def __call__(self, q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, window_size=(-1, -1), enable_gqa=False):
+    def __call__(self, q, k, v, cu, max_len, *, dropout_p=0.0, causal=False, scale=None):
         if q.dtype not in HALF or k.dtype != q.dtype or v.dtype != q.dtype:
             raise RuntimeError("FlashAttention only support fp16 and bf16 data type")
         D = q.shape[-1]
         if D % FLASH_HEAD_DIMS[0] or D > FLASH_HEAD_DIMS[1]:
             raise RuntimeError(f"FlashAttention forward only supports head dimension at most 256 (a multiple of 8), "
                                f"got {D}")
-        if cu_q.dtype != torch.int32 or cu_k.dtype != torch.int32:
+        if q.shape[1] % k.shape[1] or v.shape[1] != k.shape[1]:
+            raise RuntimeError("Number of heads in key/value must divide number of heads in query")
+        if cu.dtype != torch.int32:
             raise RuntimeError("cu_seqlens_q must have dtype int32")
-        if k.shape[1] != q.shape[1] and not enable_gqa:
-            raise ValueError("Expect query and key/value to have the same number of heads; set enable_gqa=True")
-        lengths = cu_q.diff()
-        if (lengths < 0).any() or int(cu_q[-1]) != q.shape[0]:
+        if not 0.0 <= dropout_p < 1.0:
+            raise RuntimeError(f"dropout probability has to be in [0, 1), got {dropout_p}")
+        lengths = cu.diff()
+        if (lengths < 0).any() or int(cu[-1]) != q.shape[0]:
             raise RuntimeError("cu_seqlens_q must be non-decreasing and end at the number of tokens")
-        if int(lengths.max()) > max_q:
-            raise RuntimeError(f"a segment of {int(lengths.max())} tokens is longer than max_seqlen_q {max_q}: flash "
-                               "attention would attend over its first max_seqlen_q tokens only")
+        if int(lengths.max()) > max_len:
+            raise RuntimeError(f"a segment of {int(lengths.max())} tokens is longer than max_seqlen_q {max_len}: "
+                               "flash attention would attend over its first max_seqlen_q tokens only")
         self.calls.append({"dtype": q.dtype, "heads": q.shape[1], "kv_heads": k.shape[1], "head_dim": D,
-                           "segments": len(cu_q) - 1, "nonempty": int((lengths > 0).sum()), "max_len": max_q,
-                           "tokens": q.shape[0]})
-        out = reference_varlen_attn(q.float(), k.float(), v.float(), cu_q, cu_k, max_q, max_k, scale=scale,
-                                    window_size=window_size, enable_gqa=enable_gqa)
+                           "segments": len(cu) - 1, "nonempty": int((lengths > 0).sum()), "max_len": max_len,
+                           "tokens": q.shape[0], "dropout_p": dropout_p})
+        out = reference_varlen_attn(q.float(), k.float(), v.float(), cu, max_len, dropout_p=dropout_p,
+                                    causal=causal, scale=scale)
         return out.to(q.dtype)
 
 
