@@ -17,7 +17,7 @@
 #            part under its own cap: the GPU tests (no host sync in a step; compiled and CUDA-graph steps equal
 #            eager; varlen and flex), where a BERT-large layer's time goes per attention variant
 #            (benchmarks/bert_layer.py), the training application (BERT-large 512 packed, compiled; mask, then
-#            varlen), packed Llama-1.1B at 8K against transformers' padding-free path, then (time permitting) the
+#            varlen; flex after the tests), packed Llama-1.1B at 8K against transformers' padding-free path, then (time permitting) the
 #            application with CUDA graphs, the profile's compiled rows (and the application's step, --engine)
 #            against transformers compiled, then Llama at 8K and 32K with CUDA graphs and the chunked loss.
 #            QUICK=part,part picks parts; DATA=folder a dataset carried into the call
@@ -112,7 +112,7 @@ APP="$PY run_pretraining.py --config pretrain_large_512_packed_gpu --overwrite t
      data.dataset=${DATA:-/tmp/builtin_512_packed}"
 
 stage_quick() {
-    local start=$SECONDS deadline=${DEADLINE:-380} parts=${QUICK:-tests,layer,app,app_varlen,llama,cudagraphs,profile,llama_next}
+    local start=$SECONDS deadline=${DEADLINE:-380} parts=${QUICK:-layer,app,app_varlen,tests,app_flex,llama,cudagraphs,profile,llama_next}
     part() {  # NAME CAP COMMAND...: skipped when not asked for or when fewer than 25 s are left
         local name=$1 cap=$2; shift 2
         [[ ",$parts," == *",$name,"* ]] || return 0
@@ -129,6 +129,7 @@ stage_quick() {
     part app_varlen 130 $APP output_dir=/tmp/app_varlen model.attention_backend=varlen
     part tests 100 $PY -m pytest -q -rs -p no:cacheprovider -n 4 --timeout 150 -k "cuda or gpu_step" \
         tests/test_gpu_step.py tests/test_causal_lm.py tests/test_modeling.py
+    part app_flex 130 $APP output_dir=/tmp/app_flex model.attention_backend=flex
     part llama 150 $PY benchmarks/llama_long_context.py --model 1b --pack-length 8192 --steps 3 --rounds 3 \
         --variants varlen varlen+compile flex hf-flex hf-sdpa --json "$OUT/quick_llama.jsonl"
     part cudagraphs 110 $APP output_dir=/tmp/app_cudagraphs train.compile=cudagraphs
@@ -138,7 +139,7 @@ stage_quick() {
     part llama_next 200 $PY benchmarks/llama_long_context.py --model 1b --pack-length 8192 32768 --steps 3 \
         --rounds 3 --loss-chunk 2048 --variants varlen+compile varlen+cudagraphs hf-flex \
         --json "$OUT/quick_llama_next.jsonl"
-    for run in app_compile app_varlen app_cudagraphs; do  # the application's own metrics rows
+    for run in app_compile app_varlen app_flex app_cudagraphs; do  # the application's own metrics rows
         [ -f "/tmp/$run/metrics.jsonl" ] && cp "/tmp/$run/metrics.jsonl" "$OUT/quick_${run}_metrics.jsonl"
     done
     echo "== quick done at $((SECONDS - start)) s"

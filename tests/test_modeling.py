@@ -162,6 +162,35 @@ def test_varlen_makes_sequences_contiguous_and_puts_them_back(varlen_on_cpu):
     assert rel(wrong.mlm_logits, out.mlm_logits) > 1e-3
 
 
+def test_flex_attends_over_contiguous_sequences():
+    """flex skips a block only where all its tokens belong to other sequences, which needs each sequence's tokens
+    contiguous: BERT pretraining's MLM-first / [CLS]-last layout scatters them, so the model hands flex (as varlen)
+    each pack in sequence order, and the numbers stay the mask backend's (test_attention_backends_agree). Without
+    the permutation no block of the pack below could be skipped."""
+    from bert_ipu.models import attention as modeling
+
+    seen = []
+    original = modeling.attention_for
+
+    def recording(ids, name, *args, **kwargs):
+        seen.append((name, ids.clone()))
+        return original(ids, name, *args, **kwargs)
+
+    modeling.attention_for = recording
+    try:
+        with torch.no_grad():
+            _, _, _, out, packed = run_both(torch.float32, GROUPINGS["shuffled"], backend="flex")
+    finally:
+        modeling.attention_for = original
+    (name, ids), = seen
+    key = torch.where(ids > 0, ids, K + 1)
+    assert name == "flex" and (key[:, 1:] >= key[:, :-1]).all()
+    raw = packed["sequence_ids"]
+    raw_key = torch.where(raw > 0, raw, K + 1)
+    assert not (raw_key[:, 1:] >= raw_key[:, :-1]).all()  # the layout itself is not in sequence order
+    assert torch.equal(ids.sort(1).values, raw.sort(1).values)
+
+
 def test_flex_says_it_applies_no_attention_dropout(varlen_on_cpu):
     """FlexAttention's kernel has no attention-probability dropout: training with it set warns (it used to be
     dropped silently); evaluation, the mask backend and varlen (flash attention applies it) do not."""
@@ -207,6 +236,30 @@ def test_varlen_applies_attention_dropout(varlen_on_cpu):
     assert rel(dropped, plain) > 0.1
     with pytest.raises(RuntimeError, match="dropout probability"):
         varlen_on_cpu(q, k, v, cu, 24, dropout_p=1.0)
+
+
+@CUDA
+def test_flash_varlen_applies_dropout_on_cuda():
+    """The real kernel (`flash_varlen`, aten's flash attention over cumulative lengths): with dropout its output
+    moves, the same seed draws the same mask (so the backward's replay is the forward's), gradients reach q, k
+    and v with grouped-query attention (2 key/value heads for 8 query heads), and without dropout it equals the
+    reference within bf16 rounding."""
+    from bert_ipu.models.attention import flash_varlen, reference_varlen_attn
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(96, 8, 64, device="cuda", generator=g).bfloat16().requires_grad_()
+    k, v = (torch.randn(96, 2, 64, device="cuda", generator=g).bfloat16().requires_grad_() for _ in range(2))
+    cu = torch.tensor([0, 40, 41, 96], dtype=torch.int32, device="cuda")
+    plain = flash_varlen(q, k, v, cu, 96)
+    expected = reference_varlen_attn(q.float(), k.float(), v.float(), cu, 96)
+    torch.testing.assert_close(plain.float(), expected, rtol=2e-2, atol=2e-2)
+    torch.manual_seed(1)
+    dropped = flash_varlen(q, k, v, cu, 96, dropout_p=0.5)
+    torch.manual_seed(1)
+    again = flash_varlen(q, k, v, cu, 96, dropout_p=0.5)
+    assert torch.equal(dropped, again) and rel(dropped.float(), plain.float()) > 0.1
+    dropped.float().square().sum().backward()
+    assert all(t.grad is not None and t.grad.isfinite().all() and t.grad.abs().sum() > 0 for t in (q, k, v))
 
 
 def test_flex_with_heads_narrower_than_16_is_refused_on_cuda():

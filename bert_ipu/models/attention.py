@@ -12,12 +12,14 @@ speed, in where they run and in what they need of the layout:
 
     mask       the custom op's additive (B, 1, S, S) mask + SDPA (default; built by `make`; a CPU backward)
     reference  the same mask built with plain PyTorch ops (no custom op needed)
-    flex       FlexAttention with a document block mask, compiled on GPU, where it skips fully masked blocks.
-               Forward only on the CPU (PyTorch has no FlexAttention backward there)
-    varlen     CUDA only: flash attention over cumulative sequence lengths (`aten._flash_attention_forward`, with
-               its attention dropout), half precision. It needs every sequence's tokens contiguous (`Backend.contiguous`): a model whose
-               layout scatters them (BERT pretraining's MLM-first / [CLS]-last) permutes each pack once with
-               `contiguous_order` and back
+    flex       FlexAttention with a document block mask, compiled on GPU, where it skips fully masked blocks:
+               blocks of one sequence only exist where its tokens are contiguous, so a model whose layout
+               scatters them permutes each pack as for varlen. Forward only on the CPU (PyTorch has no
+               FlexAttention backward there)
+    varlen     CUDA only: flash attention over cumulative sequence lengths (`aten._flash_attention_forward`,
+               with its attention dropout), half precision. It needs every sequence's tokens contiguous
+               (`Backend.contiguous`): a model whose layout scatters them (BERT pretraining's MLM-first /
+               [CLS]-last) permutes each pack once with `contiguous_order` and back
 
 flex applies no attention-probability dropout (its kernel has none); training with it set warns once. varlen
 applies it (flash attention's own dropout). Adding a backend is one `register(Backend(...))`: its name then works in every config, model and
@@ -51,7 +53,8 @@ class Backend:
     build: Callable
     cuda_only: bool = False       # no kernel off CUDA
     cpu_backward: bool = True     # trains on the CPU (flex: forward only there)
-    contiguous: bool = False      # needs each sequence's tokens contiguous, in id order, then padding
+    contiguous: bool = False      # wants each sequence's tokens contiguous, in id order, then padding: needs them
+                                  # (varlen), or skips masked blocks only then (flex)
     skips_masked: bool = False    # on CUDA its time grows with each document's square, not the whole pack's
     half_only: bool = False       # computes in float16 / bfloat16 only (flash attention): needs autocast
     summary: str = ""
@@ -206,7 +209,8 @@ class FlexAttention:
 
 
 register(Backend("flex", lambda ids, dtype, causal, slots: FlexAttention(ids, causal), cpu_backward=False,
-                 skips_masked=True, summary="FlexAttention with a document block mask (compiled on GPU)"))
+                 skips_masked=True, contiguous=True,
+                 summary="FlexAttention with a document block mask (compiled on GPU)"))
 
 
 # --- varlen ------------------------------------------------------------------------------------------------

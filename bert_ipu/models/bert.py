@@ -21,7 +21,7 @@ Packed inputs, per micro-batch of B packs of length S (see bert_ipu/data/layout.
 contiguous features, start/end logits per feature masked to its own candidate positions.
 
 Attention is any backend of bert_ipu/models/attention.py (`attention_backend`: mask, reference, flex, varlen),
-all giving the same numbers. A backend that needs each sequence's tokens contiguous (varlen) gets them: the
+all giving the same numbers. A backend that wants each sequence's tokens contiguous (varlen, flex) gets them: the
 pretraining layout puts the MLM tokens first and the [CLS] tokens last, so `PackedBertModel` permutes each
 pack's tokens once into sequence order (a stable sort of the sequence ids, static shapes) before the encoder
 and back after it; the heads still read the first M and last K slots. Attention in a bidirectional encoder
@@ -184,12 +184,14 @@ class PackedBertModel(nn.Module):
         `input_ids` is the previous stage's hidden state (B, S, H) and passes straight to the layers."""
         hidden = input_ids if self.embeddings is None else self.embeddings(input_ids, position_ids, token_type_ids)
         slots = self.slots or sequence_ids.shape[1]
-        # lengths per id: the same before and after a reorder
-        attention = attn.attention_for(sequence_ids, self.attention_backend, hidden.dtype, slots=slots)
-        if attn.backend(self.attention_backend).contiguous:  # sequences made contiguous for the encoder, and back
-            order, inverse = attn.contiguous_order(sequence_ids, slots)
-            return attn.take(self.encoder(attn.take(hidden, order), attention), inverse)
-        return self.encoder(hidden, attention)
+        if not attn.backend(self.attention_backend).contiguous:
+            return self.encoder(hidden, attn.attention_for(sequence_ids, self.attention_backend, hidden.dtype,
+                                                           slots=slots))
+        # sequences made contiguous for the encoder (the attention built on the reordered ids), and back
+        order, inverse = attn.contiguous_order(sequence_ids, slots)
+        attention = attn.attention_for(sequence_ids.gather(1, order), self.attention_backend, hidden.dtype,
+                                       slots=slots)
+        return attn.take(self.encoder(attn.take(hidden, order), attention), inverse)
 
 
 # --- heads -------------------------------------------------------------------------------------------------
