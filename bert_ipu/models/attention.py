@@ -300,7 +300,8 @@ def varlen_attention(q, k, v, attention: Varlen, dropout_p: float = 0.0, scale: 
     output; keys and values keep their fewer heads (the kernel takes grouped-query attention)."""
     B, H, S, D = q.shape
     if H % k.shape[1]:
-        raise ValueError(f"varlen attention: {k.shape[1]} key/value heads do not divide {H} query heads")
+        raise ValueError(f"varlen attention: {k.shape[1]} key/value heads do not divide {H} query heads; give the "
+                         "model a num_key_value_heads that divides num_attention_heads")
     dtype = varlen_dtype(q)
     kernel = flash_varlen if VARLEN_KERNEL is None else VARLEN_KERNEL
     flat = [tokens_major(x, dtype).view(B * S, x.shape[1], D) for x in (q, k, v)]
