@@ -8,7 +8,9 @@ split by kind (matrix products, attention, inductor's fused element-wise kernels
         --variants mask none --iters 2 --no-compile                          # CPU smoke
 
 A layer's cost is what the whole model multiplies by its depth; the application's step minus 24 of these is
-the embeddings, the heads, the loss, the optimizer and the loader. Variants (each the model's own backend where
+the embeddings, the heads, the loss, the optimizer and the loader. Kernel kinds: `attention` (flash,
+memory-efficient, cuDNN), `template` (inductor's Triton templates: compiled FlexAttention), `gemm`, `fused`
+(inductor's element-wise kernels), `other`. Variants (each the model's own backend where
 one exists):
 
 - `mask`: the mask backend (an additive (B, 1, S, S) mask and SDPA, which picks its kernel: memory-efficient
@@ -103,8 +105,12 @@ class Layers(torch.nn.Module):
         return x
 
 
-KINDS = (("gemm", ("gemm", "xmma", "cutlass", "nvjet", "cublas", "sm90_", "sm80_")),
-         ("attention", ("fmha", "flash", "attention", "attn", "flex", "cudnn")),
+# kernel kinds by name, first match wins: attention kernels first (flash's names carry `cutlass::bfloat16_t`,
+# memory-efficient attention's are `fmha_cutlassF...`, cuDNN's `...sdpa_sm90...`: all would read as matrix
+# products), then inductor's templates (compiled FlexAttention: `triton_tem_fused_...`)
+KINDS = (("attention", ("fmha", "flash", "sdpa", "attention", "attn", "cudnn")),
+         ("template", ("triton_tem",)),
+         ("gemm", ("gemm", "xmma", "cutlass", "nvjet", "cublas", "sm90_", "sm80_")),
          ("fused", ("triton_",)))
 
 
@@ -204,6 +210,8 @@ def main(argv=None) -> int:
         except Exception as e:  # a variant that cannot run here is a row that says so
             row = {"variant": variant, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"}
         rows.append(row)
+        if args.json:  # after every variant: a part stopped by its time cap keeps the rows it has
+            args.json.write_text("".join(json.dumps(r) + "\n" for r in rows))
         if "error" in row:
             print(f"{variant:>14}  failed: {row['error']}", flush=True)
             continue
@@ -213,8 +221,6 @@ def main(argv=None) -> int:
               f"(first step {row['first_s']:.1f} s)  kernels ms a layer: {split}", flush=True)
         for name, v in row.get("top", []):
             print(f"{'':>16}{v:8.3f}  {name}")
-    if args.json:
-        args.json.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return 1 if any("error" in r for r in rows) else 0
 
 

@@ -16,11 +16,11 @@
 #   quick    one short device call for issues 37 and 38, by priority under DEADLINE seconds (default 380), each
 #            part under its own cap: the GPU tests (no host sync in a step; compiled and CUDA-graph steps equal
 #            eager; varlen and flex), where a BERT-large layer's time goes per attention variant
-#            (benchmarks/bert_layer.py), the training application (BERT-large 512 packed, compiled; mask, then
-#            varlen; flex after the tests), packed Llama-1.1B at 8K against transformers' padding-free path, then (time permitting) the
-#            application with CUDA graphs, the profile's compiled rows (and the application's step, --engine)
-#            against transformers compiled, then Llama at 8K and 32K with CUDA graphs and the chunked loss.
-#            QUICK=part,part picks parts; DATA=folder a dataset carried into the call
+#            (benchmarks/bert_layer.py), the training application (BERT-large 512 packed: the step compiled, then
+#            each layer compiled, then varlen, then flex), packed Llama-1.1B at 8K against transformers'
+#            padding-free path, then (time permitting) the application with CUDA graphs, the profile's compiled
+#            rows (and the application's step, --engine) against transformers compiled, then Llama at 8K and 32K
+#            with CUDA graphs and the chunked loss. QUICK=part,part picks parts; DATA=folder a dataset carried in
 #
 # Each stage writes under ${OUT:-runs/gpu}/STAGE* and prints a short table last. PY is the Python with torch
 # (default python3). On the device machine: `setup` first in every fresh machine (it installs the wheels that
@@ -106,13 +106,13 @@ stage_smoke() {
 
 # the training application as a user runs it on one GPU: the GPU config's global batch of 1024 packs (32
 # micro-batches of 32 an update, so the optimizer step is amortised as in a real run), 5 updates, a row each;
-# DATA: a built dataset carried into the call (else the built-in corpus is made first, about a minute)
+# DATA: a built dataset carried into the call (else the first part that needs it makes the built-in corpus: seconds)
 APP="$PY run_pretraining.py --config pretrain_large_512_packed_gpu --overwrite train.max_steps=${APP_STEPS:-5}
      train.log_every=1 train.validate_every=null train.checkpoint_every=null train.report_to=none
      data.dataset=${DATA:-/tmp/builtin_512_packed}"
 
 stage_quick() {
-    local start=$SECONDS deadline=${DEADLINE:-380} parts=${QUICK:-layer,app,app_varlen,tests,app_flex,llama,cudagraphs,profile,llama_next}
+    local start=$SECONDS deadline=${DEADLINE:-380} parts=${QUICK:-tests,layer,app,app_layers,app_varlen,app_flex,llama,cudagraphs,profile,llama_next}
     part() {  # NAME CAP COMMAND...: skipped when not asked for or when fewer than 25 s are left
         local name=$1 cap=$2; shift 2
         [[ ",$parts," == *",$name,"* ]] || return 0
@@ -124,11 +124,12 @@ stage_quick() {
         echo "== $name rc=$rc ends at $((SECONDS - start)) s"
         { grep -v "^\s*$" "$OUT/quick_$name.log" | grep -v "Warning\|warn(" | tail -n "${TAILN:-14}" | cut -c1-200; } || true
     }
-    part layer 150 $PY benchmarks/bert_layer.py --json "$OUT/quick_layer.jsonl"
-    part app 130 $APP output_dir=/tmp/app_compile
-    part app_varlen 130 $APP output_dir=/tmp/app_varlen model.attention_backend=varlen
     part tests 100 $PY -m pytest -q -rs -p no:cacheprovider -n 4 --timeout 150 -k "cuda or gpu_step" \
         tests/test_gpu_step.py tests/test_causal_lm.py tests/test_modeling.py
+    part layer 150 $PY benchmarks/bert_layer.py --json "$OUT/quick_layer.jsonl"
+    part app 130 $APP output_dir=/tmp/app_compile
+    part app_layers 100 $APP output_dir=/tmp/app_layers train.compile=layers
+    part app_varlen 130 $APP output_dir=/tmp/app_varlen model.attention_backend=varlen
     part app_flex 130 $APP output_dir=/tmp/app_flex model.attention_backend=flex
     part llama 150 $PY benchmarks/llama_long_context.py --model 1b --pack-length 8192 --steps 3 --rounds 3 \
         --variants varlen varlen+compile flex hf-flex hf-sdpa --json "$OUT/quick_llama.jsonl"
@@ -139,7 +140,7 @@ stage_quick() {
     part llama_next 200 $PY benchmarks/llama_long_context.py --model 1b --pack-length 8192 32768 --steps 3 \
         --rounds 3 --loss-chunk 2048 --variants varlen+compile varlen+cudagraphs hf-flex \
         --json "$OUT/quick_llama_next.jsonl"
-    for run in app_compile app_varlen app_flex app_cudagraphs; do  # the application's own metrics rows
+    for run in app_compile app_layers app_varlen app_flex app_cudagraphs; do  # the application's own metrics rows
         [ -f "/tmp/$run/metrics.jsonl" ] && cp "/tmp/$run/metrics.jsonl" "$OUT/quick_${run}_metrics.jsonl"
     done
     echo "== quick done at $((SECONDS - start)) s"

@@ -17,13 +17,14 @@ def losses(out):
     return [row["loss"] for row in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "loss" in row]
 
 
-def test_the_compiled_step_trains_as_the_eager_step(dataset, tmp_path):
-    """Forward, loss and backward under torch.compile (static shapes): the same losses, update by update, as the
-    eager step, within float32 rounding (fused kernels sum in another order: 1e-4 relative over 4 LAMB updates of a
-    model whose loss is about 10), the same validation accuracy."""
+@pytest.mark.parametrize("mode", ["compile", "layers"])
+def test_the_compiled_step_trains_as_the_eager_step(dataset, tmp_path, mode):
+    """Forward, loss and backward under torch.compile (static shapes; the whole step, or each layer alone): the
+    same losses, update by update, as the eager step, within float32 rounding (fused kernels sum in another order:
+    1e-4 relative over 4 LAMB updates of a model whose loss is about 10), the same validation accuracy."""
     common = ["train.max_steps=4", "train.validate_every=4", "train.checkpoint_every=4", "train.optimizer=lamb"]
     eager = main(tiny(dataset, tmp_path / "eager", *common), progress=False)
-    compiled = main(tiny(dataset, tmp_path / "compiled", *common, "train.compile=compile"), progress=False)
+    compiled = main(tiny(dataset, tmp_path / "compiled", *common, f"train.compile={mode}"), progress=False)
     a, b = losses(tmp_path / "eager"), losses(tmp_path / "compiled")
     assert len(a) == len(b) == 4
     # a mean per masked token plus one per sequence: about ln(vocab) + ln(2) at the start, not a sum (the rows once
@@ -63,3 +64,37 @@ def test_a_train_step_returns_its_sums_on_the_device_it_ran_on(dataset, tmp_path
     assert isinstance(sums, torch.Tensor) and sums.dtype == torch.float64 and sums.shape == (len(task.stat_names),)
     assert torch.isfinite(sums).all() and sums[0] > 0
     assert isinstance(engine.clip(1.0), torch.Tensor)
+
+
+def test_compiled_layers_share_one_compilation():
+    """train.compile=layers compiles every layer of the stack on its own, and dynamo compiles one graph for all of
+    them (their weights are inputs, not constants): 6 layers, one forward graph; recompiling per layer would
+    multiply the compile time by the depth and, past dynamo's recompile limit, silently fall back to eager. The
+    outputs and gradients are eager's."""
+    from torch._dynamo.utils import counters
+    from transformers import BertConfig
+
+    from bert_ipu.engine.parallel import compile_layers
+    from bert_ipu.models.bert import PackedBertForPreTraining
+
+    config = BertConfig(hidden_size=32, num_hidden_layers=6, num_attention_heads=2, intermediate_size=64,
+                        vocab_size=100, max_position_embeddings=64, hidden_dropout_prob=0.0,
+                        attention_probs_dropout_prob=0.0)
+    torch.manual_seed(0)
+    eager = PackedBertForPreTraining(config, 2, attention_backend="reference")
+    compiled = PackedBertForPreTraining(config, 2, attention_backend="reference")
+    compiled.load_state_dict(eager.state_dict())
+    ids = torch.tensor([[1] * 20 + [2] * 10 + [0] * 2] * 2)
+    inputs = dict(input_ids=torch.randint(0, 100, (2, 32)), position_ids=torch.arange(32).repeat(2, 1) % 20,
+                  token_type_ids=torch.zeros(2, 32, dtype=torch.long), sequence_ids=ids,
+                  masked_lm_labels=torch.randint(0, 100, (2, 8)),
+                  next_sentence_labels=torch.zeros(2, 2, dtype=torch.long),
+                  next_sentence_weights=torch.ones(2, 2))
+    torch._dynamo.reset()
+    counters.clear()
+    compile_layers(compiled)
+    for model in (eager, compiled):
+        model(**inputs).loss.backward()
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    for (name, a), b in zip(eager.named_parameters(), compiled.parameters()):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-6, msg=name)

@@ -74,8 +74,8 @@ def test_bad_arguments_are_one_line(argv):
 
 def test_gpu_measure_smoke_stage_runs_every_script(tmp_path):
     """`gpu_measure.sh smoke`: the profile (with the HF baseline, varlen skipped with its reason off CUDA), the
-    Llama benchmark and the layer benchmark at toy sizes, through the same shell script a GPU session runs; an unknown stage is one line
-    and exit 2."""
+    Llama and the layer benchmarks at toy sizes, through the same shell script a GPU session runs; an unknown
+    stage is one line and exit 2."""
     env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "PY": sys.executable, "OUT": str(tmp_path)}
     proc = subprocess.run(["bash", "benchmarks/gpu_measure.sh", "smoke"], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=600)
@@ -89,3 +89,26 @@ def test_gpu_measure_smoke_stage_runs_every_script(tmp_path):
     bad = subprocess.run(["bash", "benchmarks/gpu_measure.sh", "nope"], cwd=ROOT, env=env, capture_output=True,
                          text=True)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "unknown stage" in bad.stderr
+
+
+def test_the_layer_benchmark_files_each_kernel_under_its_kind():
+    """benchmarks/bert_layer.py's kernel split, on kernel names as torch.profiler reports them on an H100/H200:
+    flash, memory-efficient and cuDNN attention carry matrix-product words in their names (cutlass, sm90) and must
+    still count as attention; compiled FlexAttention is an inductor template."""
+    spec = importlib.util.spec_from_file_location("bert_layer", ROOT / "benchmarks" / "bert_layer.py")
+    layer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(layer)
+    names = {
+        "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 128, 4, false, false, "
+        "cutlass::bfloat16_t, Flash_kernel_traits<64, 128, 128, 4, cutlass::bfloat16_t> >, true>(Flash_fwd_params)":
+            "attention",
+        "fmha_cutlassB_bf16_aligned_64x64_k64_sm80(PyTorchMemEffAttention::AttentionBackwardKernel<...>)": "attention",
+        "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3_64x64x64_4x1x1": "attention",
+        "triton_tem_fused_0": "template",
+        "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off":
+            "gemm",
+        "nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NTN": "gemm",
+        "triton_per_fused_add_native_layer_norm_1": "fused",
+        "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>": "other",
+    }
+    assert {n: layer.kind_of(n) for n in names} == names

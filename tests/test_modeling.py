@@ -163,12 +163,20 @@ def test_varlen_makes_sequences_contiguous_and_puts_them_back(varlen_on_cpu):
 
 
 def test_flex_attends_over_contiguous_sequences():
-    """flex skips a block only where all its tokens belong to other sequences, which needs each sequence's tokens
+    """flex skips a tile only where all its tokens belong to other sequences, which needs each sequence's tokens
     contiguous: BERT pretraining's MLM-first / [CLS]-last layout scatters them, so the model hands flex (as varlen)
-    each pack in sequence order, and the numbers stay the mask backend's (test_attention_backends_agree). Without
-    the permutation no block of the pack below could be skipped."""
+    each pack in sequence order, and the numbers stay the mask backend's (test_attention_backends_agree). On packs
+    of 512 tokens holding 3 sequences, the block mask of the ids the model hands flex skips tiles (37.5% measured),
+    while one over the layout as stored skips none."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
     from bert_ipu.models import attention as modeling
 
+    layout = PackLayout(pack_len=512, mlm_slots=80, max_sequences_per_pack=K)
+    _, ours = models(torch.float32, max_position_embeddings=512)
+    ours.bert.attention_backend = "flex"
+    instances = random_instances(np.random.default_rng(0), 6, 120, 170, ours.config.vocab_size)
+    inputs = {k: v for k, v in packed_batch(instances, [[0, 1, 2], [3, 4, 5]], layout).items() if k in MODEL_INPUTS}
     seen = []
     original = modeling.attention_for
 
@@ -179,16 +187,35 @@ def test_flex_attends_over_contiguous_sequences():
     modeling.attention_for = recording
     try:
         with torch.no_grad():
-            _, _, _, out, packed = run_both(torch.float32, GROUPINGS["shuffled"], backend="flex")
+            ours(**inputs)
     finally:
         modeling.attention_for = original
     (name, ids), = seen
+    raw = inputs["sequence_ids"]
     key = torch.where(ids > 0, ids, K + 1)
     assert name == "flex" and (key[:, 1:] >= key[:, :-1]).all()
-    raw = packed["sequence_ids"]
-    raw_key = torch.where(raw > 0, raw, K + 1)
-    assert not (raw_key[:, 1:] >= raw_key[:, :-1]).all()  # the layout itself is not in sequence order
     assert torch.equal(ids.sort(1).values, raw.sort(1).values)
+
+    def sparsity(i):
+        mask = create_block_mask(lambda b, h, q, kv: i[b, q] == i[b, kv], i.shape[0], None, 512, 512, device="cpu")
+        return mask.sparsity()
+
+    assert sparsity(ids) > 20 and sparsity(raw) == 0
+
+
+def test_reordering_backends_refuse_sequence_parallelism():
+    """Under sequence parallelism each rank holds a share of every row: reordering that share into sequence order
+    would leave the gathered row out of order (varlen's segments wrong), so the model refuses, in one line, before
+    any collective."""
+    from bert_ipu.models import attention as modeling
+
+    _, ours = models(torch.float32)
+    ours.bert.attention_backend = "flex"
+    instances = random_instances(np.random.default_rng(0), 3, 6, 20, ours.config.vocab_size)
+    inputs = {k: v for k, v in packed_batch(instances, [[0, 1, 2]], LAYOUT).items() if k in MODEL_INPUTS}
+    with modeling.sequence_parallel(object()), torch.no_grad():
+        with pytest.raises(ValueError, match="reorders each pack into sequence order, which a share of each row"):
+            ours(**inputs)
 
 
 def test_flex_says_it_applies_no_attention_dropout(varlen_on_cpu):
@@ -238,28 +265,63 @@ def test_varlen_applies_attention_dropout(varlen_on_cpu):
         varlen_on_cpu(q, k, v, cu, 24, dropout_p=1.0)
 
 
+def test_flash_varlen_traces_forward_and_backward_on_the_meta_device():
+    """The real kernel's call (`flash_varlen`: aten's flash attention over cumulative lengths, its schema and
+    autograd) checked without a GPU: on the meta device, with grouped-query attention (2 key/value heads for 8 query
+    heads), dropout and causal masking, the output and every gradient have their inputs' shapes; a wrong argument
+    order or count, or a schema that moved, fails here before it fails on a GPU."""
+    from bert_ipu.models.attention import flash_varlen
+
+    for causal in (False, True):
+        q = torch.empty(96, 8, 64, device="meta", dtype=torch.bfloat16, requires_grad=True)
+        k, v = (torch.empty(96, 2, 64, device="meta", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+        cu = torch.empty(4, device="meta", dtype=torch.int32)
+        out = flash_varlen(q, k, v, cu, 96, dropout_p=0.1, causal=causal, scale=0.125)
+        assert out.shape == q.shape and out.dtype == torch.bfloat16
+        out.sum().backward()
+        assert q.grad.shape == q.shape and k.grad.shape == k.shape and v.grad.shape == v.shape
+
+
 @CUDA
-def test_flash_varlen_applies_dropout_on_cuda():
-    """The real kernel (`flash_varlen`, aten's flash attention over cumulative lengths): with dropout its output
-    moves, the same seed draws the same mask (so the backward's replay is the forward's), gradients reach q, k
-    and v with grouped-query attention (2 key/value heads for 8 query heads), and without dropout it equals the
-    reference within bf16 rounding."""
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_varlen_applies_dropout_on_cuda(causal):
+    """The real kernel (`flash_varlen`) with grouped-query attention (2 key/value heads for 8 query heads): without
+    dropout its output and the gradients of q, k and v are the float32 reference's within bf16 rounding (the
+    key/value gradients summed over their query heads); with dropout the output moves, the same seed draws the same
+    mask, and the backward replays the forward's mask: the output is linear in v, so sum(v.grad * v) equals the
+    loss sum(out * G) only if the backward's mask is the forward's."""
     from bert_ipu.models.attention import flash_varlen, reference_varlen_attn
 
     g = torch.Generator(device="cuda").manual_seed(0)
-    q = torch.randn(96, 8, 64, device="cuda", generator=g).bfloat16().requires_grad_()
-    k, v = (torch.randn(96, 2, 64, device="cuda", generator=g).bfloat16().requires_grad_() for _ in range(2))
+
+    def leaves():
+        q = torch.randn(96, 8, 64, device="cuda", generator=g).bfloat16()
+        k, v = (torch.randn(96, 2, 64, device="cuda", generator=g).bfloat16() for _ in range(2))
+        return [t.requires_grad_() for t in (q, k, v)]
+
     cu = torch.tensor([0, 40, 41, 96], dtype=torch.int32, device="cuda")
-    plain = flash_varlen(q, k, v, cu, 96)
-    expected = reference_varlen_attn(q.float(), k.float(), v.float(), cu, 96)
-    torch.testing.assert_close(plain.float(), expected, rtol=2e-2, atol=2e-2)
+    q, k, v = leaves()
+    G = torch.randn(96, 8, 64, device="cuda", generator=g)
+    (flash_varlen(q, k, v, cu, 96, causal=causal).float() * G).sum().backward()
+    q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
+    expected = reference_varlen_attn(q32, k32, v32, cu, 96, causal=causal)
+    (expected * G).sum().backward()
+    torch.testing.assert_close(flash_varlen(q, k, v, cu, 96, causal=causal).float(), expected.detach(),
+                               rtol=2e-2, atol=2e-2)
+    for got, want in ((q.grad, q32.grad), (k.grad, k32.grad), (v.grad, v32.grad)):
+        assert rel(got.float(), want) < 3e-2
+    q, k, v = leaves()
+    plain = flash_varlen(q, k, v, cu, 96, causal=causal)
     torch.manual_seed(1)
-    dropped = flash_varlen(q, k, v, cu, 96, dropout_p=0.5)
+    dropped = flash_varlen(q, k, v, cu, 96, dropout_p=0.5, causal=causal)
     torch.manual_seed(1)
-    again = flash_varlen(q, k, v, cu, 96, dropout_p=0.5)
+    again = flash_varlen(q, k, v, cu, 96, dropout_p=0.5, causal=causal)
     assert torch.equal(dropped, again) and rel(dropped.float(), plain.float()) > 0.1
-    dropped.float().square().sum().backward()
-    assert all(t.grad is not None and t.grad.isfinite().all() and t.grad.abs().sum() > 0 for t in (q, k, v))
+    loss = (dropped.float() * G).sum()
+    loss.backward()
+    scale = (G.abs() * dropped.float().abs()).sum().item()
+    assert abs((v.grad.float() * v.float()).sum().item() - loss.item()) <= 2e-2 * scale
+    assert all(t.grad.isfinite().all() for t in (q, k))
 
 
 def test_flex_with_heads_narrower_than_16_is_refused_on_cuda():

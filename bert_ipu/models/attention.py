@@ -22,14 +22,14 @@ speed, in where they run and in what they need of the layout:
                [CLS]-last) permutes each pack once with `contiguous_order` and back
 
 flex applies no attention-probability dropout (its kernel has none); training with it set warns once. varlen
-applies it (flash attention's own dropout). Adding a backend is one `register(Backend(...))`: its name then works in every config, model and
-profile (`BACKENDS` is the one list of names).
+applies it (flash attention's own dropout). Adding a backend is one `register(Backend(...))`: its name then
+works in every config, model and profile (`BACKENDS` is the one list of names).
 
 Sequence parallelism (DeepSpeed-Ulysses) wraps any backend from outside the model: `sequence_parallel(group)`
-makes `attention_for` gather the row's sequence ids over the group and return a `UlyssesAttention`, which turns
-"this rank's tokens, all heads" into "all tokens, this rank's heads" with one all-to-all, attends over whole
-packs with the inner backend's document mask, and turns the result back with a second all-to-all. No document
-is padded or aligned to the split: a document may straddle the ranks.
+makes `attention_for` gather the row's sequence ids over the group and return a `UlyssesAttention`, which
+turns "this rank's tokens, all heads" into "all tokens, this rank's heads" with one all-to-all, attends over
+whole packs with the inner backend's document mask, and turns the result back with a second all-to-all. No
+document is padded or aligned to the split: a document may straddle the ranks.
 """
 
 from __future__ import annotations
@@ -430,6 +430,11 @@ def sequence_parallel(group):
         yield
     finally:
         _SEQUENCE_GROUP = saved
+
+
+def sequence_parallel_on() -> bool:
+    """Whether a `sequence_parallel` context with a group is on (attention spans the ranks of a row)."""
+    return _SEQUENCE_GROUP is not None
 
 
 def gather_tokens(x: torch.Tensor, group) -> torch.Tensor:

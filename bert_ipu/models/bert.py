@@ -187,6 +187,10 @@ class PackedBertModel(nn.Module):
         if not attn.backend(self.attention_backend).contiguous:
             return self.encoder(hidden, attn.attention_for(sequence_ids, self.attention_backend, hidden.dtype,
                                                            slots=slots))
+        if attn.sequence_parallel_on():  # each rank would reorder its own share: the gathered row would not be
+            raise ValueError(f"attention backend {self.attention_backend} reorders each pack into sequence order, "
+                             "which a share of each row per rank (sequence parallelism) cannot; use the mask or "
+                             "reference backend")
         # sequences made contiguous for the encoder (the attention built on the reordered ids), and back
         order, inverse = attn.contiguous_order(sequence_ids, slots)
         attention = attn.attention_for(sequence_ids.gather(1, order), self.attention_backend, hidden.dtype,
