@@ -147,7 +147,7 @@ def run_variant(args, variant: str, ids: torch.Tensor, squares: int, device) -> 
     x = torch.randn(B, S, args.hidden, device=device, requires_grad=True)
     grad = torch.randn(B, S, args.hidden, device=device)
     ids = ids.to(device)
-    fwd = model if args.no_compile else torch.compile(model, dynamic=False)
+    fwd = model if args.no_compile else torch.compile(model, dynamic=False, mode=args.mode)
     amp = torch.autocast(device.type, dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
 
     def step():
@@ -195,6 +195,8 @@ def main(argv=None) -> int:
     p.add_argument("--micro-batch", type=int, default=32)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--no-compile", action="store_true", help="eager (the CPU smoke)")
+    p.add_argument("--mode", default=None, help="torch.compile mode (default: its default; e.g. "
+                   "max-autotune-no-cudagraphs: Triton GEMM templates with fused epilogues, tuned at compile time)")
     p.add_argument("--no-profile", action="store_true", help="skip the kernel split")
     p.add_argument("--json", type=Path, help="write one JSON row a variant here")
     args = p.parse_args(argv)

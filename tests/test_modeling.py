@@ -218,6 +218,34 @@ def test_reordering_backends_refuse_sequence_parallelism():
             ours(**inputs)
 
 
+@pytest.mark.parametrize("backend", ["mask", "reference", "varlen", "flex"])
+def test_attention_backends_add_no_graph_break_to_a_compiled_step(backend, monkeypatch):
+    """A compiled step (train.compile) is one graph for the whole model with every backend: a graph break in the
+    attention costs one in every layer (on an H200 torch 2.11's dynamo broke the graph at
+    `torch.amp.is_autocast_available`, which it could not trace, and varlen's layer was 26% slower than mask's;
+    flex broke it at its dropout warning). torch 2.11's behaviour is emulated here by hiding that function from the
+    tracer (`torch._dynamo.disable`); varlen runs the reference kernel (traceable), flex forward only (the CPU has
+    no FlexAttention backward)."""
+    from bert_ipu.models import attention as modeling
+
+    monkeypatch.setattr(torch.amp, "is_autocast_available", torch._dynamo.disable(torch.amp.is_autocast_available))
+    monkeypatch.setattr(modeling, "VARLEN_KERNEL", modeling.reference_varlen_attn)
+    _, ours = models(torch.float32, num_hidden_layers=3, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
+    ours.bert.attention_backend = backend
+    ours.train()
+    instances = random_instances(np.random.default_rng(0), 7, 6, 20, ours.config.vocab_size)
+    batch = packed_batch(instances, GROUPINGS["shuffled"], LAYOUT)
+
+    def step(**inputs):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return ours(**inputs).loss
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        explained = torch._dynamo.explain(step)(**batch)
+    assert explained.graph_break_count == 0, [str(b.reason)[:200] for b in explained.break_reasons]
+
+
 def test_flex_says_it_applies_no_attention_dropout(varlen_on_cpu):
     """FlexAttention's kernel has no attention-probability dropout: training with it set warns (it used to be
     dropped silently); evaluation, the mask backend and varlen (flash attention applies it) do not."""

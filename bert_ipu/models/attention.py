@@ -200,11 +200,16 @@ class FlexAttention:
                                             device=sequence_ids.device, _compile=sequence_ids.device.type == "cuda")
 
     def __call__(self, q, k, v, dropout_p: float = 0.0, scale: float | None = None) -> torch.Tensor:
-        if dropout_p > 0:
+        compiling = torch.compiler.is_compiling()
+        if dropout_p > 0 and not compiling:  # (a warning inside a compiled step is a graph break in every layer)
             warn_no_attention_dropout(dropout_p)
         check_head_dim("flex", q.shape[-1], q.device)  # before inductor's traceback
         check_flex_dtype(q.dtype, q.device)
         k, v = repeat_kv(k, q.shape[1]), repeat_kv(v, q.shape[1])
+        if compiling:  # a compiled step compiles it with everything else
+            from torch.nn.attention.flex_attention import flex_attention
+
+            return flex_attention(q, k, v, block_mask=self.block_mask, scale=scale)
         return _flex_attention(q.device)(q, k, v, block_mask=self.block_mask, scale=scale)
 
 
@@ -272,12 +277,19 @@ VARLEN_KERNEL = None
 HALF = (torch.float16, torch.bfloat16)
 
 
+AUTOCAST_DEVICES = ("cpu", "cuda")
+
+
 def compute_dtype(device: torch.device, default: torch.dtype) -> torch.dtype:
     """The dtype a forward computes in on `device`: autocast's where it is on, else `default` (the meta device,
-    where FLOPs are counted, has no autocast)."""
+    where FLOPs are counted, has no autocast). Without `torch.amp.is_autocast_available`: torch 2.11's dynamo
+    cannot trace it, and the graph break it made in every layer of a compiled step cost varlen a quarter of a
+    BERT-large layer's time on an H200 (docs/results/gpu.md); `is_autocast_enabled` and `get_autocast_dtype` it
+    folds into constants."""
     kind = torch.device(device).type
-    on = torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind)
-    return torch.get_autocast_dtype(kind) if on else default
+    if kind not in AUTOCAST_DEVICES:
+        return default
+    return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else default
 
 
 def varlen_dtype(q: torch.Tensor) -> torch.dtype:
