@@ -106,10 +106,11 @@ stage_smoke() {
 
 # the training application as a user runs it on one GPU: the GPU config's global batch of 1024 packs (32
 # micro-batches of 32 an update, so the optimizer step is amortised as in a real run), 5 updates, a row each;
-# DATA: a built dataset carried into the call (else the first part that needs it makes the built-in corpus: seconds)
+# DATA: a built dataset carried into the call (else the first part that needs it makes the built-in corpus: seconds);
+# APP_ARGS: more overrides for every application part (e.g. train.micro_batch_size=64)
 APP="$PY run_pretraining.py --config pretrain_large_512_packed_gpu --overwrite train.max_steps=${APP_STEPS:-5}
      train.log_every=1 train.validate_every=null train.checkpoint_every=null train.report_to=none
-     data.dataset=${DATA:-/tmp/builtin_512_packed}"
+     data.dataset=${DATA:-/tmp/builtin_512_packed} ${APP_ARGS:-}"
 
 stage_quick() {
     local start=$SECONDS deadline=${DEADLINE:-380} parts=${QUICK:-tests,layer,app,app_layers,app_varlen,app_flex,llama,cudagraphs,profile,llama_next}
