@@ -9,7 +9,8 @@ split by kind (matrix products, attention, inductor's fused element-wise kernels
 
 A layer's cost is what the whole model multiplies by its depth; the application's step minus 24 of these is
 the embeddings, the heads, the loss, the optimizer and the loader. Kernel kinds: `attention` (flash,
-memory-efficient, cuDNN), `template` (inductor's Triton templates: compiled FlexAttention), `gemm`, `fused`
+memory-efficient, cuDNN), `template` (inductor's Triton templates other than attention, e.g. max-autotune's GEMMs; compiled
+FlexAttention's kernels are named `..._flex_attention...` and count as attention), `gemm`, `fused`
 (inductor's element-wise kernels), `other`. Variants (each the model's own backend where
 one exists):
 
@@ -107,7 +108,8 @@ class Layers(torch.nn.Module):
 
 # kernel kinds by name, first match wins: attention kernels first (flash's names carry `cutlass::bfloat16_t`,
 # memory-efficient attention's are `fmha_cutlassF...`, cuDNN's `...sdpa_sm90...`: all would read as matrix
-# products), then inductor's templates (compiled FlexAttention: `triton_tem_fused_...`)
+# products, and compiled FlexAttention's are `triton_tem_fused_flex_attention_...`), then inductor's other
+# templates (`triton_tem_fused_...`: max-autotune's GEMMs)
 KINDS = (("attention", ("fmha", "flash", "sdpa", "attention", "attn", "cudnn")),
          ("template", ("triton_tem",)),
          ("gemm", ("gemm", "xmma", "cutlass", "nvjet", "cublas", "sm90_", "sm80_")),

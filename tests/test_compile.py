@@ -98,3 +98,73 @@ def test_compiled_layers_share_one_compilation():
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
     for (name, a), b in zip(eager.named_parameters(), compiled.parameters()):
         torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def _tiny_bert(layers=4):
+    from transformers import BertConfig
+
+    from bert_ipu.models.bert import PackedBertForPreTraining
+
+    config = BertConfig(hidden_size=32, num_hidden_layers=layers, num_attention_heads=2, intermediate_size=64,
+                        vocab_size=100, max_position_embeddings=64, hidden_dropout_prob=0.0,
+                        attention_probs_dropout_prob=0.0)
+    torch.manual_seed(0)
+    model = PackedBertForPreTraining(config, 2, attention_backend="reference")
+    ids = torch.tensor([[1] * 20 + [2] * 10 + [0] * 2] * 2)
+    inputs = dict(input_ids=torch.randint(0, 100, (2, 32)), position_ids=torch.arange(32).repeat(2, 1) % 20,
+                  token_type_ids=torch.zeros(2, 32, dtype=torch.long), sequence_ids=ids,
+                  masked_lm_labels=torch.randint(0, 100, (2, 8)),
+                  next_sentence_labels=torch.zeros(2, 2, dtype=torch.long), next_sentence_weights=torch.ones(2, 2))
+    return model, inputs
+
+
+def test_checkpointed_layers_stay_compiled():
+    """Activation checkpointing (train.levels' checkpointed_layers) gives a layer an instance forward that runs
+    torch.utils.checkpoint, which dynamo does not trace into when called directly: as a partial of it, a layer
+    compiled alone (train.compile=layers) ran eager, silently. As a plain method it is traced (the checkpoint
+    inside the compiled graph); the gradients stay eager's."""
+    from torch._dynamo.utils import counters
+
+    from bert_ipu.engine.parallel import checkpoint_layers, compile_layers
+
+    eager, inputs = _tiny_bert()
+    compiled, _ = _tiny_bert()
+    torch._dynamo.reset()
+    counters.clear()
+    checkpoint_layers(compiled, 4)
+    compile_layers(compiled)
+    for model in (eager, compiled):
+        model(**inputs).loss.backward()
+    assert counters["stats"]["unique_graphs"] >= 1, dict(counters["stats"])
+    for (name, a), b in zip(eager.named_parameters(), compiled.parameters()):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_layers_mode_compiles_every_layer_and_evaluates_eager(dataset, tmp_path):
+    """train.compile=layers through the engine: every layer of the stack is compiled, and evaluation runs eager
+    (as under train.compile=compile): compiled layers would compile again for it, and again for every new
+    evaluation shape, inside the timed window and under one recompile limit for all the layers."""
+    from torch._dynamo.utils import counters
+
+    from bert_ipu.data.loader import ShardSource
+    from bert_ipu.engine.parallel import LocalParallel, layer_stack
+    from bert_ipu.engine.runtime import Runtime
+    from bert_ipu.tasks.pretraining.task import PretrainingTask
+
+    cfg = tiny(dataset, tmp_path / "x")
+    task = PretrainingTask(cfg)
+    rt = Runtime.start("cpu")
+    task.prepare(rt)
+    model = task.build_model()
+    torch._dynamo.reset()
+    counters.clear()
+    engine = LocalParallel(model, task, rt, compile_mode="layers")
+    assert all(layer._compiled_call_impl is not None for layer in layer_stack(model).values())
+    rows = ShardSource(task.data, "train").gather(list(range(4)))
+    batch = {k: torch.from_numpy(v) for k, v in rows.items()}
+    engine.train_step([batch], {"mlm": 10.0, "nsp": 4.0})
+    trained = counters["stats"]["unique_graphs"]
+    assert trained >= 1
+    model.eval()
+    engine.evaluate([batch], {"mlm": 10.0, "nsp": 4.0})
+    assert counters["stats"]["unique_graphs"] == trained

@@ -266,6 +266,19 @@ def test_flex_says_it_applies_no_attention_dropout(varlen_on_cpu):
             warnings.simplefilter("always")
             ours(**inputs)
         assert any(issubclass(w.category, RuntimeWarning) and "dropout" in str(w.message) for w in caught) == warns
+    # inside a compiled step the backend cannot warn (a graph break in every layer): the trainer checks at model
+    # build instead, with the model's own attention dropout
+    from transformers import GPT2Config, LlamaConfig
+
+    assert modeling.model_attention_dropout(ours.config) == 0.1
+    assert modeling.model_attention_dropout(LlamaConfig(attention_dropout=0.2)) == 0.2
+    assert modeling.model_attention_dropout(GPT2Config(attn_pdrop=0.3)) == 0.3
+    for name, p, warns in [("flex", 0.1, True), ("flex", 0.0, False), ("varlen", 0.1, False), ("mask", 0.1, False)]:
+        modeling.warn_no_attention_dropout.cache_clear()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            modeling.check_dropout(name, p)
+        assert any(issubclass(w.category, RuntimeWarning) for w in caught) == warns, name
 
 
 def test_varlen_applies_attention_dropout(varlen_on_cpu):

@@ -187,13 +187,18 @@ def checkpoint_layers(model: nn.Module, checkpointed: int) -> None:
     """Activation checkpointing of the first `checkpointed` layers (the others keep their activations): each
     recomputes its forward in the backward pass (torch.utils.checkpoint, non-reentrant), applied from outside
     the model by giving the layer an instance `forward`; 0 restores every layer's own."""
-    import functools
+    import types
 
     from torch.utils.checkpoint import checkpoint
 
+    def checkpointed_forward(self, *args, **kwargs):
+        # a plain method, not a partial of `checkpoint`: torch.compile traces into it (checkpoint itself is marked
+        # as not to be traced), so a layer compiled alone (train.compile=layers) stays compiled when checkpointed
+        return checkpoint(type(self).forward, self, *args, use_reentrant=False, **kwargs)
+
     for i, layer in enumerate(layer_stack(model).values()):
         if i < checkpointed and "forward" not in vars(layer):
-            layer.forward = functools.partial(checkpoint, type(layer).forward.__get__(layer), use_reentrant=False)
+            layer.forward = types.MethodType(checkpointed_forward, layer)
         elif i >= checkpointed and "forward" in vars(layer):
             del layer.forward
 
@@ -371,9 +376,13 @@ class LocalParallel:
     def evaluate(self, batches: list[dict], normalizers: dict) -> StepSums:
         names = self.task.stat_names
         total = torch.zeros(len(names), dtype=torch.float64)
-        for batch in batches:
-            with tensor.loss_context(self.tensor):
-                total += stack_sums(self._loss(self.model, batch, normalizers)[1], names)
+        # eager, as under train.compile=compile: compiled layers would compile again for evaluation (and for every
+        # new evaluation shape, all the layers sharing dynamo's recompile limit), inside a timed window
+        eager = torch.compiler.set_stance("force_eager") if self.compile_mode == "layers" else nullcontext()
+        with eager:
+            for batch in batches:
+                with tensor.loss_context(self.tensor):
+                    total += stack_sums(self._loss(self.model, batch, normalizers)[1], names)
         return dict(zip(names, self._sum(total).tolist()))
 
     def clip(self, max_norm: float) -> torch.Tensor:

@@ -256,6 +256,7 @@ def train(task, cfg, rt: Runtime, resume: bool = False, overwrite: bool = False,
             attention.check_head_dim(cfg.model.attention_backend, attention.model_head_dim(model.config), rt.device)
         except ValueError as e:
             raise RunError(f"model.attention_backend={cfg.model.attention_backend}: {e}") from None
+        attention.check_dropout(cfg.model.attention_backend, attention.model_attention_dropout(model.config))
         if stages > 1:
             split_layers(len(layer_stack(model)), stages, cfg.parallel.layers_per_stage)
         if rt.tensor > 1:
@@ -607,7 +608,8 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, load
             timed["tokens"] += counts["tokens"]
             if step == first_step + 1 and t.compile != "none":  # said once; the throughput leaves this update out
                 sync()
-                rt.say(f"train.compile={t.compile}: the first update, which compiled the step, took "
+                what = "the layers" if t.compile == "layers" else "the step"
+                rt.say(f"train.compile={t.compile}: the first update, which compiled {what}, took "
                        f"{time.perf_counter() - started:.1f} s")
                 timed = {"sequences": 0.0, "tokens": 0.0, "flops": 0.0, "since": time.perf_counter()}
                 if clock:

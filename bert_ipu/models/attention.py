@@ -57,6 +57,7 @@ class Backend:
                                   # (varlen), or skips masked blocks only then (flex)
     skips_masked: bool = False    # on CUDA its time grows with each document's square, not the whole pack's
     half_only: bool = False       # computes in float16 / bfloat16 only (flash attention): needs autocast
+    dropout: bool = True          # applies attention-probability dropout (flex's kernel has none)
     summary: str = ""
 
 
@@ -101,6 +102,23 @@ def check_flex_dtype(dtype: torch.dtype, device: torch.device | str) -> None:
     if torch.device(device).type == "cuda" and dtype == torch.float64:
         raise ValueError("attention backend flex on CUDA has no float64 kernel (compiled FlexAttention's Triton "
                          "kernel fails to build); use float32 or bf16, or the mask or reference backend")
+
+
+def model_attention_dropout(config) -> float:
+    """The attention-probability dropout of a `transformers` config (BERT's attention_probs_dropout_prob, Llama's
+    attention_dropout, GPT-2's attn_pdrop; 0 where it has none)."""
+    for key in ("attention_probs_dropout_prob", "attention_dropout", "attn_pdrop"):
+        if getattr(config, key, None) is not None:
+            return float(getattr(config, key))
+    return 0.0
+
+
+def check_dropout(name: str, p: float) -> None:
+    """Warn once (a RuntimeWarning) where training with backend `name` would drop attention dropout `p`: the
+    trainer's check at model build, since inside a compiled step the backend cannot warn (a warning there is a
+    graph break in every layer)."""
+    if p > 0 and not backend(name).dropout:
+        warn_no_attention_dropout(p)
 
 
 def model_head_dim(config) -> int:
@@ -214,7 +232,7 @@ class FlexAttention:
 
 
 register(Backend("flex", lambda ids, dtype, causal, slots: FlexAttention(ids, causal), cpu_backward=False,
-                 skips_masked=True, contiguous=True,
+                 skips_masked=True, contiguous=True, dropout=False,
                  summary="FlexAttention with a document block mask (compiled on GPU)"))
 
 
@@ -277,7 +295,8 @@ VARLEN_KERNEL = None
 HALF = (torch.float16, torch.bfloat16)
 
 
-AUTOCAST_DEVICES = ("cpu", "cuda")
+# the device types with autocast, asked once at import (not in a forward: see compute_dtype)
+AUTOCAST_DEVICES = tuple(kind for kind in ("cpu", "cuda", "xpu", "mps", "hpu") if torch.amp.is_autocast_available(kind))
 
 
 def compute_dtype(device: torch.device, default: torch.dtype) -> torch.dtype:
