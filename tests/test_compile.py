@@ -44,60 +44,30 @@ def test_cudagraphs_off_cuda_and_compile_with_model_parallelism_are_refused(data
     assert not out.exists()  # refused before the run folder was made
 
 
-def test_a_train_step_returns_its_sums_on_the_device_it_ran_on(dataset, tmp_path):
-    """The engine's step hands back its loss sums as one vector where they were computed (the trainer copies them
-    to the host once a log row): on the CPU here, on CUDA in tests/test_gpu_step.py under torch's sync check."""
+def _engine(dataset, tmp_path, compile_mode="none"):
+    """(the engine's LocalParallel for the tiny pretraining run, its model, a micro-batch of 4 packs)."""
+    from bert_ipu.data.loader import ShardSource
     from bert_ipu.engine.parallel import LocalParallel
     from bert_ipu.engine.runtime import Runtime
     from bert_ipu.tasks.pretraining.task import PretrainingTask
-    from bert_ipu.data.loader import ShardSource
 
-    cfg = tiny(dataset, tmp_path / "x")
-    task = PretrainingTask(cfg)
+    task = PretrainingTask(tiny(dataset, tmp_path / "x"))
     rt = Runtime.start("cpu")
     task.prepare(rt)
     model = task.build_model()
-    engine = LocalParallel(model, task, rt)
+    engine = LocalParallel(model, task, rt, compile_mode=compile_mode)
     rows = ShardSource(task.data, "train").gather(list(range(4)))
-    batch = {k: torch.from_numpy(v) for k, v in rows.items()}
+    return engine, model, {k: torch.from_numpy(v) for k, v in rows.items()}
+
+
+def test_a_train_step_returns_its_sums_on_the_device_it_ran_on(dataset, tmp_path):
+    """The engine's step hands back its loss sums as one vector where they were computed (the trainer copies them
+    to the host once a log row): on the CPU here, on CUDA in tests/test_gpu_step.py under torch's sync check."""
+    engine, _, batch = _engine(dataset, tmp_path)
     sums = engine.train_step([batch], {"mlm": 10.0, "nsp": 4.0})
-    assert isinstance(sums, torch.Tensor) and sums.dtype == torch.float64 and sums.shape == (len(task.stat_names),)
+    assert isinstance(sums, torch.Tensor) and sums.dtype == torch.float64 and sums.shape == (len(engine.task.stat_names),)
     assert torch.isfinite(sums).all() and sums[0] > 0
     assert isinstance(engine.clip(1.0), torch.Tensor)
-
-
-def test_compiled_layers_share_one_compilation():
-    """train.compile=layers compiles every layer of the stack on its own, and dynamo compiles one graph for all of
-    them (their weights are inputs, not constants): 6 layers, one forward graph; recompiling per layer would
-    multiply the compile time by the depth and, past dynamo's recompile limit, silently fall back to eager. The
-    outputs and gradients are eager's."""
-    from torch._dynamo.utils import counters
-    from transformers import BertConfig
-
-    from bert_ipu.engine.parallel import compile_layers
-    from bert_ipu.models.bert import PackedBertForPreTraining
-
-    config = BertConfig(hidden_size=32, num_hidden_layers=6, num_attention_heads=2, intermediate_size=64,
-                        vocab_size=100, max_position_embeddings=64, hidden_dropout_prob=0.0,
-                        attention_probs_dropout_prob=0.0)
-    torch.manual_seed(0)
-    eager = PackedBertForPreTraining(config, 2, attention_backend="reference")
-    compiled = PackedBertForPreTraining(config, 2, attention_backend="reference")
-    compiled.load_state_dict(eager.state_dict())
-    ids = torch.tensor([[1] * 20 + [2] * 10 + [0] * 2] * 2)
-    inputs = dict(input_ids=torch.randint(0, 100, (2, 32)), position_ids=torch.arange(32).repeat(2, 1) % 20,
-                  token_type_ids=torch.zeros(2, 32, dtype=torch.long), sequence_ids=ids,
-                  masked_lm_labels=torch.randint(0, 100, (2, 8)),
-                  next_sentence_labels=torch.zeros(2, 2, dtype=torch.long),
-                  next_sentence_weights=torch.ones(2, 2))
-    torch._dynamo.reset()
-    counters.clear()
-    compile_layers(compiled)
-    for model in (eager, compiled):
-        model(**inputs).loss.backward()
-    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
-    for (name, a), b in zip(eager.named_parameters(), compiled.parameters()):
-        torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
 def _tiny_bert(layers=4):
@@ -116,6 +86,27 @@ def _tiny_bert(layers=4):
                   masked_lm_labels=torch.randint(0, 100, (2, 8)),
                   next_sentence_labels=torch.zeros(2, 2, dtype=torch.long), next_sentence_weights=torch.ones(2, 2))
     return model, inputs
+
+
+def test_compiled_layers_share_one_compilation():
+    """train.compile=layers compiles every layer of the stack on its own, and dynamo compiles one graph for all of
+    them (their weights are inputs, not constants): 6 layers, one forward graph; recompiling per layer would
+    multiply the compile time by the depth and, past dynamo's recompile limit, silently fall back to eager. The
+    outputs and gradients are eager's."""
+    from torch._dynamo.utils import counters
+
+    from bert_ipu.engine.parallel import compile_layers
+
+    eager, inputs = _tiny_bert(6)
+    compiled, _ = _tiny_bert(6)
+    torch._dynamo.reset()
+    counters.clear()
+    compile_layers(compiled)
+    for model in (eager, compiled):
+        model(**inputs).loss.backward()
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    for (name, a), b in zip(eager.named_parameters(), compiled.parameters()):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
 def test_checkpointed_layers_stay_compiled():
@@ -146,22 +137,12 @@ def test_layers_mode_compiles_every_layer_and_evaluates_eager(dataset, tmp_path)
     evaluation shape, inside the timed window and under one recompile limit for all the layers."""
     from torch._dynamo.utils import counters
 
-    from bert_ipu.data.loader import ShardSource
-    from bert_ipu.engine.parallel import LocalParallel, layer_stack
-    from bert_ipu.engine.runtime import Runtime
-    from bert_ipu.tasks.pretraining.task import PretrainingTask
+    from bert_ipu.engine.parallel import layer_stack
 
-    cfg = tiny(dataset, tmp_path / "x")
-    task = PretrainingTask(cfg)
-    rt = Runtime.start("cpu")
-    task.prepare(rt)
-    model = task.build_model()
     torch._dynamo.reset()
     counters.clear()
-    engine = LocalParallel(model, task, rt, compile_mode="layers")
+    engine, model, batch = _engine(dataset, tmp_path, "layers")
     assert all(layer._compiled_call_impl is not None for layer in layer_stack(model).values())
-    rows = ShardSource(task.data, "train").gather(list(range(4)))
-    batch = {k: torch.from_numpy(v) for k, v in rows.items()}
     engine.train_step([batch], {"mlm": 10.0, "nsp": 4.0})
     trained = counters["stats"]["unique_graphs"]
     assert trained >= 1

@@ -296,7 +296,8 @@ HALF = (torch.float16, torch.bfloat16)
 
 
 # the device types with autocast, asked once at import (not in a forward: see compute_dtype)
-AUTOCAST_DEVICES = tuple(kind for kind in ("cpu", "cuda", "xpu", "mps", "hpu") if torch.amp.is_autocast_available(kind))
+AUTOCAST_DEVICES = tuple(kind for kind in ("cpu", "cuda", "xpu", "mps", "hpu")
+                         if torch.amp.is_autocast_available(kind))
 
 
 def compute_dtype(device: torch.device, default: torch.dtype) -> torch.dtype:
