@@ -95,7 +95,7 @@ def test_the_slow_sft_case_packs_at_its_bound_at_once():
     print(f"packed in {time.perf_counter() - start:.2f} s")  # a figure for the log, not an assertion
 
 
-STRATEGIES = {"heuristic", "filled", "planned", "exact", "bucketed", "integer"}
+STRATEGIES = {"heuristic", "filled", "planned", "exact", "bucketed", "integer", "completed"}
 
 
 def test_the_benchmark_reports_every_case_and_the_worst(tmp_path):
@@ -595,3 +595,82 @@ def test_a_start_within_the_goal_is_kept_where_exact_pricing_would_be_slow(monke
     assert result.strategy == "planned"
     assert result.lower_bound_packs <= result.packs <= result.lower_bound_packs * 1.001
     assert np.array_equal(result.mixture.coverage(len(hist)), hist)
+
+
+# --- the dive's last sequences decided by bin completion (complete.py) ---------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(hist=histograms(max_len_range=(4, 12), max_count=3), depth=st.sampled_from([None, 2, 3]),
+       extra=st.integers(-2, 1))
+def test_complete_finds_a_packing_exactly_when_one_exists(hist, depth, extra):
+    """`complete(h, bins, depth)` on tiny histograms: a packing into at most `bins` packs (every sequence once,
+    within the length and the depth) when the brute-force optimum is at most `bins`, and INFEASIBLE when it is
+    above: the search is exact, not a heuristic."""
+    from bert_ipu.packing.complete import INFEASIBLE, complete
+
+    max_len, d = len(hist), depth or len(hist)
+    optimum = brute_force_min_packs(expand_histogram(hist).tolist(), max_len, d)
+    bins = max(1, optimum + extra)
+    found = complete(hist, bins, depth, node_limit=10**7)
+    if bins < optimum:
+        assert found is INFEASIBLE
+    else:
+        assert found is not None and found is not INFEASIBLE
+        assert np.array_equal(found.coverage(max_len), hist) and found.n_packs <= bins
+        assert (found.pack_lengths() <= max_len).all() and found.depth <= d
+
+
+def test_complete_decides_nothing_past_its_node_limit_and_refuses_an_empty_histogram():
+    """A count of nodes, not a clock, bounds the search: 40 sequences of 34-40 tokens at 100 (two a pack) with
+    much to spare in 19 packs leave a wide tree, so the search stops undecided (None), while the depth limit
+    proves the same impossible at once and 20 packs are found; nothing to pack is a caller's error."""
+    from bert_ipu.packing.complete import INFEASIBLE, complete
+
+    hist = np.bincount(np.random.default_rng(0).integers(34, 41, 40) - 1, minlength=100)
+    assert complete(hist, 19, None, node_limit=1000) is None
+    assert complete(hist, 19, 2) is INFEASIBLE  # 40 sequences, 2 a pack: 20 packs at least
+    found = complete(hist, 20, None, node_limit=1000)
+    assert found.n_packs == 20 and np.array_equal(found.coverage(100), hist)
+    with pytest.raises(ValueError, match="at least 1 sequence"):
+        complete(np.zeros(10, dtype=np.int64), 3, None)
+
+
+@pytest.mark.parametrize("seed, case, bound", [(0, 4, 215), (2, 10, 346)])
+def test_the_dive_decides_its_last_sequences_exactly(seed, case, bound, monkeypatch):
+    """Cases of `benchmarks/packing_small.py --family ranges` (1,583 lengths uniform in 5-22% of 2,048, depth 8;
+    1,490 in 7-39% of 1,024, depth 6) whose bound is the token bound: the dive's last steps, fixing packs of a
+    fractional LP solution over a few dozen sequences, ended a pack above it. Bin completion on the last
+    ENDGAME sequences packs them at the bound; without it (ENDGAME 0), a pack more."""
+    from packing_small import ranges_case
+
+    from bert_ipu.packing import cghp as cghp_module
+
+    rng = np.random.default_rng(seed)
+    cases = [ranges_case(rng) for _ in range(case + 1)]
+    hist, depth = cases[case]["histogram"], cases[case]["depth"]
+    result = pack(hist, "cghp", depth)
+    assert result.packs == result.lower_bound_packs == bound and not result.time_limit_reached
+    assert np.array_equal(result.mixture.coverage(len(hist)), hist) and result.mixture.depth <= depth
+    assert (result.mixture.pack_lengths() <= len(hist)).all()
+    monkeypatch.setattr(cghp_module, "ENDGAME", 0)
+    assert pack(hist, "cghp", depth).packs == bound + 1
+
+
+def test_bin_completion_first_packs_a_tight_histogram_at_its_bound(monkeypatch):
+    """`benchmarks/packing_small.py --family ranges --seed 1`, case 39: 821 lengths uniform in 6-55% of 8,192,
+    depth 16, 743 distinct, whose token bound (244) leaves packs almost full. Best fit and the plan end at 245;
+    bin completion, tried briefly before them, packs it at 244 (so optimally); without it (no nodes), 245."""
+    from packing_small import ranges_case
+
+    from bert_ipu.packing import cghp as cghp_module
+
+    rng = np.random.default_rng(1)
+    case = [ranges_case(rng) for _ in range(40)][39]
+    hist, depth = case["histogram"], case["depth"]
+    result = pack(hist, "cghp", depth)
+    assert result.packs == result.lower_bound_packs == 244 and result.strategy == "completed"
+    assert np.array_equal(result.mixture.coverage(len(hist)), hist) and result.mixture.depth <= depth
+    assert (result.mixture.pack_lengths() <= len(hist)).all()
+    monkeypatch.setattr(cghp_module, "FIRST_NODES", 0)
+    assert pack(hist, "cghp", depth).packs == 245

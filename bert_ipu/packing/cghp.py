@@ -9,7 +9,9 @@ over all feasible patterns p (a_lp = copies of length l in p), is tight for hist
 integer optimum is almost always ceil(LP) or ceil(LP) + 1. We
 
 0. run LPFHP (best fit) first and return it at once when it meets the cheap bound (Martello and Toth's L2,
-   depth): at unlimited depth on long-context data it usually does; else (except where the plan, bucketed
+   depth): at unlimited depth on long-context data it usually does; else bin completion (`complete.py`)
+   looks briefly for a packing at the cheap bound (returned: optimal) or proves there is none (the bound
+   rises by one); else (except where the plan, bucketed
    lengths or fine buckets take over, below) the minimum-slack fill (`fill.py`), returned when it meets the
    bound: on small, sparse histograms it usually does;
 1. start from the patterns of LPFHP and, under a depth limit, from the duals of the unlimited-depth LP
@@ -32,7 +34,8 @@ integer optimum is almost always ceil(LP) or ceil(LP) + 1. We
    the packs fixed plus the residual's bound cannot beat the best candidate, or 100 steps;
 5. every step's candidate is the packs fixed so far plus LPFHP best fit, or the fill where it takes fewer
    packs, on the rest; the best wins. A time-capped MIP over the generated patterns was tried here and never
-   beat best fit on the paper's histograms;
+   beat best fit on the paper's histograms. Once at most ENDGAME sequences are left, bin completion
+   (`complete.py`) decides them exactly at the residual's bound, within a node limit;
 6. on a small histogram still above its bound (present lengths x bound at most 5,000), ask an integer
    program over copies of each length in each pack (`repack.py`) for a packing at the bound, and where it
    proves there is none, raise the bound by one (`_settle`).
@@ -56,6 +59,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from .bounds import lower_bound as cheap_lower_bound, past
+from .complete import NODE_LIMIT, complete
 from .fill import FILL_WORDS, fill
 from .heuristics import lpfhp, run_lpfhp
 from .histogram import expand_histogram
@@ -104,6 +108,19 @@ FRESH_LP = 2
 # (docs/results/packing-scale.md, "Stop at one pack above ceil(LP)"). Below it (SQuAD, tests) rounds go on as
 # long as they can gain a pack.
 STOP_PACKS = 1_000_000
+# A residual of at most ENDGAME sequences is decided by bin completion (`complete.py`) at its bound: where
+# packs must be almost full, the dive's last steps, fixing packs of a fractional LP solution over a few dozen
+# sequences, cost a pack (1,583 lengths uniform in 5-22% of 2,048, depth 8: 216 against the bound 215; the
+# search packed the last 55 sequences into the 7 packs the bound allows, in 0.02 s).
+ENDGAME = 60
+# Bin completion's nodes at the cheap bound before anything else (after best fit): about 0.1 s where it decides
+# nothing. On the 240 cases of benchmarks/packing_small.py (mixed seeds 0-1, ranges 0-3) best fit missed the
+# cheap bound on 182; at 30,000 nodes the search found a packing at it on 11 and proved it impossible on 6
+# (821 lengths uniform in 6-55% of 8,192, depth 16: 244 packs, the bound, in 0.02 s, where the plan ended at
+# 245). At 200,000 nodes it found 18, among them 2,124 lengths uniform in 13-43% of 8,192, depth 4 (606 in
+# 0.44 s, where the dive took 6 s), but cost 0.7-0.8 s on each of the 60 histograms of over 600 lengths where
+# it decided nothing, pushing six of them past 5 s (docs/results/packing-scale.md, "Bin completion").
+FIRST_NODES = NODE_LIMIT
 
 
 def _slack(lp_bound: float) -> int:
@@ -120,7 +137,8 @@ class CGHPResult:
     strategy: str = "exact"  # what made the packing returned: "heuristic": best fit; "filled": the
                              # minimum-slack fill (`fill.py`); "planned" (`planned.py`); "exact": the dive
                              # on column generation; "bucketed": the dive on bucketed lengths; "integer": a
-                             # small histogram packed at its bound by the integer program of `repack.py`
+                             # small histogram packed at its bound by the integer program of `repack.py`;
+                             # "completed": packed at the cheap bound by bin completion (`complete.py`)
 
 
 def _as_matrix(patterns: list[np.ndarray]) -> np.ndarray:
@@ -185,6 +203,19 @@ def _cghp(histogram: np.ndarray, depth: int, steps: int | None, deadline: float 
     start, late = run_lpfhp(histogram, depth, deadline=deadline)
     if start.n_packs <= cheap or late:
         return CGHPResult(start, float(cheap), cheap, late, "heuristic")
+    # bin completion at the cheap bound, briefly: where packs must be almost full it often finds that packing
+    # (optimal) or proves there is none (the bound rises by one) at once
+    for _ in range(2):
+        found = complete(histogram, cheap, depth, node_limit=FIRST_NODES)
+        if found is INFEASIBLE:
+            cheap += 1
+            counted.packs = cheap
+            if start.n_packs <= cheap:
+                return CGHPResult(start, float(cheap), cheap, False, "heuristic")
+            continue
+        if found is not None:
+            return CGHPResult(found, float(cheap), cheap, False, "completed")
+        break
     lengths = np.nonzero(histogram)[0] + 1
     pricing = pricing_seconds(len(lengths), max_len, depth, int(lengths[0]))
     expensive = pricing > EXACT_PRICING_SECONDS
@@ -272,6 +303,7 @@ def _exact(histogram, depth, start, cheap, steps, deadline):
     # "Rounding up, and a smaller LP")
     up = ROUND_UP if depth < max_len // int(np.nonzero(histogram)[0][0] + 1) else None
     counted = effort()  # past its patience, a packing within 0.1% of the bound known is enough
+    searched = False    # bin completion tried on a residual of at most ENDGAME sequences
     for _ in range(steps):
         if x is None or best_packs <= target or counted.accepts(best_packs):
             break
@@ -303,9 +335,17 @@ def _exact(histogram, depth, start, cheap, steps, deadline):
             built_for = int(residual.sum())
         else:
             x, value, bound, late = solver.resolve(residual, deadline, floor)
-        bound = max(bound, floor)
-        if fixed_packs + math.ceil(bound - 1e-6) >= best_packs:  # this dive can no longer gain a pack
+        bound = math.ceil(max(bound, floor) - 1e-6)
+        if fixed_packs + bound >= best_packs:  # this dive can no longer gain a pack
             break
+        if residual.sum() <= ENDGAME and not searched:  # a few dozen left: decide them exactly, if the search can
+            found, searched = complete(residual, bound, depth), True  # (once: a residual it could not decide,
+            # the next smaller one rarely was, and each try cost 0.3 s)
+            if isinstance(found, Mixture):  # at the residual's bound: no later step of this dive can do better
+                best, best_packs = fixed + [found], fixed_packs + found.n_packs
+                break
+            if found is INFEASIBLE and fixed_packs + bound + 1 >= best_packs:
+                break
     return Mixture.concat(best), lp_bound, point, late
 
 
