@@ -115,11 +115,12 @@ STOP_PACKS = 1_000_000
 ENDGAME = 60
 # Bin completion's nodes at the cheap bound before anything else (after best fit): about 0.1 s where it decides
 # nothing. On the 240 cases of benchmarks/packing_small.py (mixed seeds 0-1, ranges 0-3) best fit missed the
-# cheap bound on 182; at 30,000 nodes the search found a packing at it on 11 and proved it impossible on 6
-# (821 lengths uniform in 6-55% of 8,192, depth 16: 244 packs, the bound, in 0.02 s, where the plan ended at
-# 245). At 200,000 nodes it found 18, among them 2,124 lengths uniform in 13-43% of 8,192, depth 4 (606 in
-# 0.44 s, where the dive took 6 s), but cost 0.7-0.8 s on each of the 60 histograms of over 600 lengths where
-# it decided nothing, pushing six of them past 5 s (docs/results/packing-scale.md, "Bin completion").
+# cheap bound of at most 3,000 packs on 115; at 30,000 nodes the search found a packing at it on 11 and proved
+# it impossible on 2 (821 lengths uniform in 6-55% of 8,192, depth 16: 244 packs, the bound, in 0.02 s, where
+# the plan ended at 245). At 200,000 nodes it found 18, among them 2,124 lengths uniform in 13-43% of 8,192,
+# depth 4 (606 in 0.44 s, where the dive took 6 s), but cost 0.7-0.8 s on each of the 60 histograms of over
+# 600 lengths where it decided nothing, which would take six of them past 5 s (docs/results/packing-scale.md,
+# "Bin completion: the last packs of tight histograms").
 FIRST_NODES = NODE_LIMIT
 # ... only where it could reach the last pack: it takes a node a sequence of each pack, and the packings it
 # found took 10-40 nodes a pack. On larger histograms (Wikipedia-style, 8M packs) it only cost 0.15 s.
