@@ -674,3 +674,21 @@ def test_bin_completion_first_packs_a_tight_histogram_at_its_bound(monkeypatch):
     assert (result.mixture.pack_lengths() <= len(hist)).all()
     monkeypatch.setattr(cghp_module, "FIRST_NODES", 0)
     assert pack(hist, "cghp", depth).packs == 245
+
+
+def test_bin_completion_keeps_to_a_time_limit():
+    """`complete` takes the call's deadline (checked every 1,024 nodes): past it, it decides nothing, and a
+    packing call with a short time limit is not held up by it (a review measured 0.15 s of a 0.02 s limit spent
+    in it on 2,124 lengths uniform in 13-43% of 8,192, depth 4)."""
+    from packing_small import ranges_case
+
+    from bert_ipu.packing.complete import complete
+
+    rng = np.random.default_rng(2)
+    case = [ranges_case(rng) for _ in range(24)][23]
+    hist, depth = case["histogram"], case["depth"]
+    assert complete(hist, lower_bound(hist, depth), depth, deadline=time.perf_counter() - 1) is None
+    start = time.perf_counter()
+    result = pack(hist, "cghp", depth, time_limit=0.02)
+    assert result.time_limit_reached and time.perf_counter() - start < 2.0
+    assert np.array_equal(result.mixture.coverage(len(hist)), hist)

@@ -210,7 +210,7 @@ def _cghp(histogram: np.ndarray, depth: int, steps: int | None, deadline: float 
     # bin completion at the cheap bound, briefly, on up to FIRST_NODES / NODES_A_PACK packs: where packs must be
     # almost full it often finds that packing (optimal) or proves there is none (the bound rises by one) at once
     for _ in range(2 if cheap * NODES_A_PACK <= FIRST_NODES else 0):
-        found = complete(histogram, cheap, depth, node_limit=FIRST_NODES)
+        found = complete(histogram, cheap, depth, node_limit=FIRST_NODES, deadline=deadline)
         if found is INFEASIBLE:
             cheap += 1
             counted.packs = cheap
@@ -342,9 +342,9 @@ def _exact(histogram, depth, start, cheap, steps, deadline):
         bound = math.ceil(max(bound, floor) - 1e-6)
         if fixed_packs + bound >= best_packs:  # this dive can no longer gain a pack
             break
-        if residual.sum() <= ENDGAME and not searched:  # a few dozen left: decide them exactly, if the search can
-            found, searched = complete(residual, bound, depth), True  # (once: a residual it could not decide,
-            # the next smaller one rarely was, and each try cost 0.3 s)
+        if residual.sum() <= ENDGAME and not searched and not late:  # a few dozen left: decide them exactly
+            # (once: a residual it could not decide, the next smaller one rarely was, and each try cost 0.3 s)
+            found, searched = complete(residual, bound, depth, deadline=deadline), True
             if isinstance(found, Mixture):  # at the residual's bound: no later step of this dive can do better
                 best, best_packs = fixed + [found], fixed_packs + found.n_packs
                 break

@@ -11,13 +11,13 @@ left that fits beside it with at most `depth` in all and wastes at most what is 
 max_len - tokens, less the waste of the packs made so far); completions are tried fullest first, and the
 search backtracks over them. Where packs must be almost full, few completions waste so little, so the tree is
 narrow: on 35 sequences (983 lengths uniform in 16-58% of 4,096, depth 16, 6 tokens to spare) it proved that
-10 packs are impossible in 44,559 nodes (0.03 s), where the integer program of `repack.py` took 0.7 s to
+10 packs are impossible in 44,559 nodes (0.03 s; above the default limit), where the integer program of `repack.py` took 0.7 s to
 prove 6 packs impossible for 22 of them. Where much is to spare the tree is wide, and a node limit (a count,
 not a clock: the same histogram always gets the same answer) stops it with None. Completions are sets of
 lengths (copies of a length are interchangeable), searched longest first, pruned where even every shorter
 sequence left could not fill the pack; Fenwick trees over the lengths left give the tokens and the longest
-sequence left below any length in O(log lengths), so a node costs the same on 30 lengths as on 1,400, and the
-search is a loop over packs (no recursion limit on the packs).
+sequence left below any length in O(log lengths), so a node costs about as much on 1,400 lengths as on 30
+(2.5-5 us), and the search is a loop over packs (no recursion limit on the packs).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from bisect import bisect_right
 
 import numpy as np
 
+from .bounds import past
 from .effort import spend
 from .mixture import Mixture
 from .repack import INFEASIBLE  # (one answer for "no packing exists", whichever search gives it)
@@ -45,10 +46,12 @@ class _OutOfNodes(Exception):
     pass
 
 
-def complete(histogram: np.ndarray, bins: int, depth: int | None, node_limit: int = NODE_LIMIT):
+def complete(histogram: np.ndarray, bins: int, depth: int | None, node_limit: int = NODE_LIMIT,
+             deadline: float | None = None):
     """A Mixture packing `histogram` into at most `bins` packs of len(histogram) tokens with at most `depth`
     sequences each (None: any number); INFEASIBLE where the search proves that none exists; None where it
-    decides neither within `node_limit` nodes, or a pack could hold more than MAX_SLOTS sequences."""
+    decides neither within `node_limit` nodes, or before `deadline` (a `time.perf_counter()` value, checked
+    every 1,024 nodes), or the sequences beside a pack's longest could be more than MAX_SLOTS."""
     sequences = int(histogram.sum())
     if sequences < 1:
         raise ValueError("complete packs at least 1 sequence, not 0")
@@ -111,7 +114,7 @@ def complete(histogram: np.ndarray, bins: int, depth: int | None, node_limit: in
         without it."""
         nonlocal nodes
         nodes += 1
-        if nodes > node_limit:
+        if nodes > node_limit or (deadline is not None and not nodes & 1023 and past(deadline)):
             raise _OutOfNodes
         j = longest_to(min(i, bisect_right(lengths, room) - 1)) if slots else -1
         while j >= 0 and got + tokens_to(j) >= at_least:  # else not even every shorter one fills the pack
