@@ -269,12 +269,21 @@ def test_the_dive_meets_the_bound_where_iterated_rounding_ended_a_pack_above(see
 def test_pack_into_finds_a_packing_exactly_when_one_exists(hist, depth, extra):
     """`pack_into(h, bins, depth)` on tiny histograms: a packing into `bins` packs (every sequence once, within
     the length and the depth) when the brute-force optimum is at most `bins`, and INFEASIBLE when it is above."""
-    from bert_ipu.packing.repack import INFEASIBLE, pack_into
+    from bert_ipu.packing.repack import pack_into
+
+    _exact_answer(lambda bins: pack_into(hist, bins, depth or len(hist)), hist, depth, extra)
+
+
+def _exact_answer(solve, hist, depth, extra):
+    """`solve(bins)` (an exact packer at `bins` packs) against the brute-force optimum: a packing into at most
+    `bins` packs (every sequence once, within the length and the depth) when the optimum is at most `bins`,
+    and INFEASIBLE when it is above."""
+    from bert_ipu.packing.repack import INFEASIBLE
 
     max_len, d = len(hist), depth or len(hist)
     optimum = brute_force_min_packs(expand_histogram(hist).tolist(), max_len, d)
     bins = max(1, optimum + extra)
-    found = pack_into(hist, bins, d)
+    found = solve(bins)
     if bins < optimum:
         assert found is INFEASIBLE
     else:
@@ -607,18 +616,9 @@ def test_complete_finds_a_packing_exactly_when_one_exists(hist, depth, extra):
     """`complete(h, bins, depth)` on tiny histograms: a packing into at most `bins` packs (every sequence once,
     within the length and the depth) when the brute-force optimum is at most `bins`, and INFEASIBLE when it is
     above: the search is exact, not a heuristic."""
-    from bert_ipu.packing.complete import INFEASIBLE, complete
+    from bert_ipu.packing.complete import complete
 
-    max_len, d = len(hist), depth or len(hist)
-    optimum = brute_force_min_packs(expand_histogram(hist).tolist(), max_len, d)
-    bins = max(1, optimum + extra)
-    found = complete(hist, bins, depth, node_limit=10**7)
-    if bins < optimum:
-        assert found is INFEASIBLE
-    else:
-        assert found is not None and found is not INFEASIBLE
-        assert np.array_equal(found.coverage(max_len), hist) and found.n_packs <= bins
-        assert (found.pack_lengths() <= max_len).all() and found.depth <= d
+    _exact_answer(lambda bins: complete(hist, bins, depth, node_limit=10**7), hist, depth, extra)
 
 
 def test_complete_decides_nothing_past_its_node_limit_and_refuses_an_empty_histogram():

@@ -343,7 +343,8 @@ def _exact(histogram, depth, start, cheap, steps, deadline):
         if fixed_packs + bound >= best_packs:  # this dive can no longer gain a pack
             break
         if residual.sum() <= ENDGAME and not searched and not late:  # a few dozen left: decide them exactly
-            # (once: a residual it could not decide, the next smaller one rarely was, and each try cost 0.3 s)
+            # (once: a residual it could not decide, the next smaller one rarely was, and each try cost the
+            # whole node limit: 0.3 s at 100,000 nodes, 0.9 s in all on ranges seed 3, case 11)
             found, searched = complete(residual, bound, depth, deadline=deadline), True
             if isinstance(found, Mixture):  # at the residual's bound: no later step of this dive can do better
                 best, best_packs = fixed + [found], fixed_packs + found.n_packs

@@ -72,7 +72,6 @@ def complete(histogram: np.ndarray, bins: int, depth: int | None, node_limit: in
     high = 1 << n.bit_length()
 
     def add(j: int, copies: int) -> None:
-        counts[j] += copies
         i, tokens = j + 1, copies * lengths[j]
         while i <= n:
             left_tree[i] += copies
@@ -101,8 +100,7 @@ def complete(histogram: np.ndarray, bins: int, depth: int | None, node_limit: in
             step >>= 1
         return pos
 
-    for j in range(n):
-        copies, counts[j] = counts[j], 0
+    for j, copies in enumerate(counts):
         add(j, copies)
 
     nodes = 0
