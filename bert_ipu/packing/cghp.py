@@ -15,9 +15,9 @@ integer optimum is almost always ceil(LP) or ceil(LP) + 1. We
    lengths or fine buckets take over, below) the minimum-slack fill (`fill.py`), returned when it meets the
    bound: on small, sparse histograms it usually does;
 1. start from the patterns of LPFHP and, under a depth limit, from the duals of the unlimited-depth LP
-   (full histogram only, at most 30 rounds), or with more than 600 distinct lengths (and at least 8
-   sequences a length) from the support of the same LP on lengths rounded up to 2-token units
-   (recursively), so that the first restricted LP is already close;
+   (full histogram only, at most 30 rounds or 1.5 estimated seconds of work), or with more than 600
+   distinct lengths (and at least 8 sequences a length) from the support of the same LP on lengths rounded
+   up to 2-token units (recursively), so that the first restricted LP is already close;
 2. solve the restricted LP with HiGHS (one model kept warm across rounds, with Valerio de Carvalho's swap
    columns: a slot of a longer length may hold a shorter sequence, `lp.MasterLP`) and price new patterns
    with the duals y: a pattern improves the LP iff sum_l y_l a_lp > 1, a knapsack over lengths (weight l,

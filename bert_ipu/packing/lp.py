@@ -28,7 +28,17 @@ PRICING_TOL = 1e-9
 INTEGER_TOL = 1e-6
 
 
+# The unlimited-depth LP whose duals start a depth-limited one (`solve_relaxation`) gets at most this many rounds
+# and this many estimated seconds of work (`effort.py`; a count, not a clock). Its 30 rounds cost up to 3 s on
+# sparse histograms of long packs, where unlimited-depth pricing is dear (2,124 lengths uniform in 13-43% of
+# 8,192, depth 4, 1,396 distinct: 3.8 estimated seconds), for a start no better than a third of them gives: on
+# 400 cases of benchmarks/packing_small.py (mixed seeds 0-1 and, of at most 3,000 sequences, 2-5; ranges 0-3)
+# every packing the same, 215 s in all instead of 221 s, and 606 packs, the bound, in 4.4 s instead of 6.2 s.
+# (10 rounds, whatever their cost, were faster still there but cost a pack on 1,317 log-normal lengths at 4,096,
+# depth 6, whose warm start costs 1.2 estimated seconds; docs/results/packing-scale.md, "The warm start's
+# budget".)
 WARM_START_ROUNDS = 30
+WARM_START_SECONDS = 1.5
 # Columns priced into the restricted LP per round (at most one per length). Up to one per length (1,000 and more
 # on sparse histograms) grew the LP so fast that HiGHS' re-solves took most of the time: 30,508 two-humped
 # lengths at 4,096, depth 6, spent 24 of 26 s in 101 solves of an LP of 32,000 columns; 128 a round cut the
@@ -363,11 +373,12 @@ class ColumnGeneration:
 
 
 def column_generation(demand, lengths, max_len, pricer, patterns, max_rounds=1000, n_columns=None,
-                      alpha=0.5, gap=0.5, rel_gap=1e-6, centre=None, deadline=None, give_up=False, swaps=False):
+                      alpha=0.5, gap=0.5, rel_gap=1e-6, centre=None, deadline=None, give_up=False, swaps=False,
+                      budget=math.inf):
     """Solve the LP relaxation over `demand` (per entry of `lengths`) from `patterns` (which grows in place):
     `ColumnGeneration.run`'s result."""
     return ColumnGeneration(demand, lengths, max_len, pricer, patterns, n_columns, swaps).run(
-        max_rounds, alpha, gap, rel_gap, centre, deadline, give_up)
+        max_rounds, alpha, gap, rel_gap, centre, deadline, give_up, budget=budget)
 
 
 def solve_relaxation(histogram: np.ndarray, depth: int, patterns: list[np.ndarray], warm: bool, deadline,
@@ -407,10 +418,11 @@ def solve_relaxation(histogram: np.ndarray, depth: int, patterns: list[np.ndarra
         free = list(patterns)
         free += [s[s > 0] for s in lpfhp(histogram, max_len).strategies]
         # Only a start: on sparse histograms (a few sequences a length) this LP is so degenerate that it
-        # may not converge in minutes, so it gets WARM_START_ROUNDS rounds and then its best point so far.
+        # may not converge in minutes, so it gets WARM_START_ROUNDS rounds (then its best point so far) or
+        # WARM_START_SECONDS of estimated work (then its last duals).
         _, y, _, pre_bound, stopped, point = column_generation(
             demand, lengths, max_len, Pricer(lengths, max_len, max_len), free, deadline=deadline,
-            max_rounds=WARM_START_ROUNDS, give_up=True, swaps=swaps)
+            max_rounds=WARM_START_ROUNDS, give_up=True, swaps=swaps, budget=WARM_START_SECONDS)
         if past(deadline):  # the unlimited LP's bound also bounds the limited problem
             return patterns, None, None, pre_bound, True, point, None
         centre = y if not stopped else point
