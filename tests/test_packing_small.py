@@ -722,3 +722,23 @@ def test_the_unlimited_depth_warm_start_keeps_to_its_budget(monkeypatch):
     with counting(int(hist.sum())), pytest.raises(WarmStartDone):
         lp_module.solve_relaxation(hist, depth, [], True, None, swaps=True, gap=0)
     assert lp_module.WARM_START_SECONDS < spent[0] <= lp_module.WARM_START_SECONDS + 0.3
+
+
+def test_bin_completion_settles_a_small_histogram_the_integer_program_cannot(monkeypatch):
+    """`benchmarks/packing_small.py --seed 4 --max-sequences 3000`, case 5: 110 log-normal lengths at 8,192,
+    depth 4, 108 distinct. The dive and the fill end at 34 packs against a bound of 33, and the integer program
+    of `repack.py` decides nothing within its node limit; bin completion (cghp.SETTLE_NODES) finds the 33.
+    Without it (SETTLE_NODES 0), 34."""
+    from packing_small import random_case
+
+    from bert_ipu.packing import cghp as cghp_module
+
+    rng = np.random.default_rng(4)
+    case = [random_case(rng, 3000) for _ in range(6)][5]
+    hist, depth = case["histogram"], case["depth"]
+    result = pack(hist, "cghp", depth)
+    assert result.packs == result.lower_bound_packs == 33 and result.strategy == "completed"
+    assert np.array_equal(result.mixture.coverage(len(hist)), hist) and result.mixture.depth <= depth
+    assert (result.mixture.pack_lengths() <= len(hist)).all()
+    monkeypatch.setattr(cghp_module, "SETTLE_NODES", 0)
+    assert pack(hist, "cghp", depth).packs == 34

@@ -37,8 +37,9 @@ integer optimum is almost always ceil(LP) or ceil(LP) + 1. We
    beat best fit on the paper's histograms. Once at most ENDGAME sequences are left, bin completion
    (`complete.py`) decides them exactly at the residual's bound, within a node limit;
 6. on a small histogram still above its bound (present lengths x bound at most 5,000), ask an integer
-   program over copies of each length in each pack (`repack.py`) for a packing at the bound, and where it
-   proves there is none, raise the bound by one (`_settle`).
+   program over copies of each length in each pack (`repack.py`) for a packing at the bound, where it decides
+   nothing bin completion with more nodes, and where either proves there is none, raise the bound by one
+   (`_settle`).
 
 `lower_bound = max(cheap bound, ceil(Farley bound))` comes with the result, so users see how far from
 optimal the packing is; with more than 600 distinct lengths also `lp.coarse_bound`, proven first from a small
@@ -125,6 +126,14 @@ FIRST_NODES = NODE_LIMIT
 # ... only where it could reach the last pack: it takes a node a sequence of each pack, and the packings it
 # found took 10-40 nodes a pack. On larger histograms (Wikipedia-style, 8M packs) it only cost 0.15 s.
 NODES_A_PACK = 10
+# Bin completion's nodes in `_settle`, where the integer program decided nothing: only small histograms (present
+# lengths x bound at most repack.MAX_VARIABLES) still a pack above their bound get there, 3 of 400 random cases
+# (benchmarks/packing_small.py: mixed seeds 0-1, and 2-5 of at most 3,000 sequences; ranges seeds 0-3), each
+# already a miss of the goal. With 1,000,000 nodes (1-4 s) the search packed two of them at the bound where the
+# integer program could not in 1.7 s (110 log-normal lengths at 8,192, depth 4: 33 packs, in 1.3 s; 175 at
+# 2,048, depth 8: 26, in 2.1 s); at 300,000 nodes neither (docs/results/packing-scale.md, "The warm start's
+# budget").
+SETTLE_NODES = 1_000_000
 
 
 def _slack(lp_bound: float) -> int:
@@ -142,7 +151,8 @@ class CGHPResult:
                              # minimum-slack fill (`fill.py`); "planned" (`planned.py`); "exact": the dive
                              # on column generation; "bucketed": the dive on bucketed lengths; "integer": a
                              # small histogram packed at its bound by the integer program of `repack.py`;
-                             # "completed": packed at the cheap bound by bin completion (`complete.py`)
+                             # "completed": packed at the bound by bin completion (`complete.py`): first,
+                             # at the cheap bound, or in `_settle` after the integer program
 
 
 def _as_matrix(patterns: list[np.ndarray]) -> np.ndarray:
@@ -163,14 +173,17 @@ def cghp(histogram: np.ndarray, depth: int, steps: int | None = None, deadline: 
 
 def _settle(result: CGHPResult, histogram: np.ndarray, depth: int, deadline) -> CGHPResult:
     """A small histogram (present lengths x bound at most repack.MAX_VARIABLES) whose packing is above its
-    bound: ask the integer program of `repack.py` for a packing at the bound, and where it proves there is
-    none, raise the bound by one and ask again. On small, sparse histograms under a depth limit the dive can
-    end a pack above the bound (268 two-humped lengths at 4,096, depth 16: 19 against 18), and only this
-    says which of the two is wrong (there, the packing: 18 packs exist)."""
-    mixture, bound, asked = result.mixture, result.lower_bound, False
+    bound: ask the integer program of `repack.py` for a packing at the bound, and where it decides nothing,
+    bin completion with SETTLE_NODES nodes (`complete.py`); where either proves there is none, raise the bound
+    by one and ask again. On small, sparse histograms under a depth limit the dive can end a pack above the
+    bound (268 two-humped lengths at 4,096, depth 16: 19 against 18), and only this says which of the two is
+    wrong (there, the packing: 18 packs exist)."""
+    mixture, bound, asked, made = result.mixture, result.lower_bound, False, result.strategy
     lengths = int(np.count_nonzero(histogram))
     while mixture.n_packs > bound and lengths * bound <= MAX_VARIABLES and not past(deadline):
-        found, asked = pack_into(histogram, bound, depth, deadline=deadline), True
+        found, asked, made = pack_into(histogram, bound, depth, deadline=deadline), True, "integer"
+        if found is None and not past(deadline):
+            found, made = complete(histogram, bound, depth, node_limit=SETTLE_NODES, deadline=deadline), "completed"
         if found is INFEASIBLE:
             bound += 1
         else:
@@ -181,7 +194,7 @@ def _settle(result: CGHPResult, histogram: np.ndarray, depth: int, deadline) -> 
         return result
     # the deadline may have stopped the integer program (a time-limited call then differs from one without)
     late = result.time_limit_reached or (past(deadline) and mixture.n_packs > bound)
-    return replace(result, mixture=mixture, lower_bound=bound, strategy="integer" if mixture is not result.mixture
+    return replace(result, mixture=mixture, lower_bound=bound, strategy=made if mixture is not result.mixture
                    else result.strategy, time_limit_reached=late)
 
 
