@@ -695,7 +695,7 @@ def test_bin_completion_keeps_to_a_time_limit():
 
 
 def test_the_unlimited_depth_warm_start_keeps_to_its_budget(monkeypatch):
-    """`benchmarks/packing_small.py --family ranges --seed 2`, case 23: 2,124 lengths uniform in 13-43% of 8,192,
+    """`benchmarks/packing_small.py --family ranges --seed 2 --max-sequences 60000`, case 23: 2,124 lengths uniform in 13-43% of 8,192,
     depth 4, 1,396 distinct. The unlimited-depth LP that starts the depth-4 one prices dearly there, and its 30
     rounds spent 3.8 estimated seconds (2.6 s) for a start no better than its first 1.5 give; it now stops
     within a round of lp.WARM_START_SECONDS (the packing: 606, the bound, in 4.4 s instead of 6.2 s)."""

@@ -128,11 +128,12 @@ FIRST_NODES = NODE_LIMIT
 NODES_A_PACK = 10
 # Bin completion's nodes in `_settle`, where the integer program decided nothing: only small histograms (present
 # lengths x bound at most repack.MAX_VARIABLES) still a pack above their bound get there, 3 of 400 random cases
-# (benchmarks/packing_small.py: mixed seeds 0-1, and 2-5 of at most 3,000 sequences; ranges seeds 0-3), each
-# already a miss of the goal. With 1,000,000 nodes (1-4 s) the search packed two of them at the bound where the
-# integer program could not in 1.7 s (110 log-normal lengths at 8,192, depth 4: 33 packs, in 1.3 s; 175 at
-# 2,048, depth 8: 26, in 2.1 s); at 300,000 nodes neither (docs/results/packing-scale.md, "The warm start's
-# budget").
+# (benchmarks/packing_small.py: mixed seeds 0-1, and 2-5 of at most 3,000 sequences; ranges seeds 0-3); the
+# integer program packed one at its bound (268 two-humped lengths: 18 in 0.03 s) and decided nothing on two in
+# 1.7 s each. With 1,000,000 nodes (1-4 s) the search packed both at their bound (110 log-normal lengths at
+# 8,192, depth 4: 33 packs, in 1.3 s; 175 at 2,048, depth 8: 26, in 2.1 s); at 300,000 nodes neither
+# (docs/results/packing-scale.md, "The warm start's budget"). Only a histogram already a pack above its bound
+# pays for it.
 SETTLE_NODES = 1_000_000
 
 
