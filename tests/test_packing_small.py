@@ -636,44 +636,47 @@ def test_complete_decides_nothing_past_its_node_limit_and_refuses_an_empty_histo
         complete(np.zeros(10, dtype=np.int64), 3, None)
 
 
+def _benchmark_case(family: str, seed: int, index: int, max_sequences: int | None = None):
+    """Case `index` of `benchmarks/packing_small.py --family FAMILY --seed SEED [--max-sequences N]`:
+    (histogram, depth)."""
+    import packing_small
+
+    make = packing_small.ranges_case if family == "ranges" else packing_small.random_case
+    rng = np.random.default_rng(seed)
+    cases = [make(rng, *([max_sequences] if max_sequences else [])) for _ in range(index + 1)]
+    return cases[index]["histogram"], cases[index]["depth"]
+
+
+def _packed_at_the_bound_only_with(monkeypatch, hist, depth, bound, knob, strategy=None):
+    """CGHP packs `hist` at its proven bound `bound` (by `strategy`, if given): a valid packing; and with the
+    cghp module's `knob` set to 0, a pack more."""
+    from bert_ipu.packing import cghp as cghp_module
+
+    result = pack(hist, "cghp", depth)
+    assert result.packs == result.lower_bound_packs == bound and not result.time_limit_reached
+    assert strategy is None or result.strategy == strategy
+    assert np.array_equal(result.mixture.coverage(len(hist)), hist) and result.mixture.depth <= depth
+    assert (result.mixture.pack_lengths() <= len(hist)).all()
+    monkeypatch.setattr(cghp_module, knob, 0)
+    assert pack(hist, "cghp", depth).packs == bound + 1
+
+
 @pytest.mark.parametrize("seed, case, bound", [(0, 4, 215), (2, 10, 346)])
 def test_the_dive_decides_its_last_sequences_exactly(seed, case, bound, monkeypatch):
     """Cases of `benchmarks/packing_small.py --family ranges` (1,583 lengths uniform in 5-22% of 2,048, depth 8;
     1,490 in 7-39% of 1,024, depth 6) whose bound is the token bound: the dive's last steps, fixing packs of a
     fractional LP solution over a few dozen sequences, ended a pack above it. Bin completion on the last
     ENDGAME sequences packs them at the bound; without it (ENDGAME 0), a pack more."""
-    from packing_small import ranges_case
-
-    from bert_ipu.packing import cghp as cghp_module
-
-    rng = np.random.default_rng(seed)
-    cases = [ranges_case(rng) for _ in range(case + 1)]
-    hist, depth = cases[case]["histogram"], cases[case]["depth"]
-    result = pack(hist, "cghp", depth)
-    assert result.packs == result.lower_bound_packs == bound and not result.time_limit_reached
-    assert np.array_equal(result.mixture.coverage(len(hist)), hist) and result.mixture.depth <= depth
-    assert (result.mixture.pack_lengths() <= len(hist)).all()
-    monkeypatch.setattr(cghp_module, "ENDGAME", 0)
-    assert pack(hist, "cghp", depth).packs == bound + 1
+    hist, depth = _benchmark_case("ranges", seed, case)
+    _packed_at_the_bound_only_with(monkeypatch, hist, depth, bound, "ENDGAME")
 
 
 def test_bin_completion_first_packs_a_tight_histogram_at_its_bound(monkeypatch):
     """`benchmarks/packing_small.py --family ranges --seed 1`, case 39: 821 lengths uniform in 6-55% of 8,192,
     depth 16, 743 distinct, whose token bound (244) leaves packs almost full. Best fit and the plan end at 245;
     bin completion, tried briefly before them, packs it at 244 (so optimally); without it (no nodes), 245."""
-    from packing_small import ranges_case
-
-    from bert_ipu.packing import cghp as cghp_module
-
-    rng = np.random.default_rng(1)
-    case = [ranges_case(rng) for _ in range(40)][39]
-    hist, depth = case["histogram"], case["depth"]
-    result = pack(hist, "cghp", depth)
-    assert result.packs == result.lower_bound_packs == 244 and result.strategy == "completed"
-    assert np.array_equal(result.mixture.coverage(len(hist)), hist) and result.mixture.depth <= depth
-    assert (result.mixture.pack_lengths() <= len(hist)).all()
-    monkeypatch.setattr(cghp_module, "FIRST_NODES", 0)
-    assert pack(hist, "cghp", depth).packs == 245
+    hist, depth = _benchmark_case("ranges", 1, 39)
+    _packed_at_the_bound_only_with(monkeypatch, hist, depth, 244, "FIRST_NODES", strategy="completed")
 
 
 def test_bin_completion_keeps_to_a_time_limit():
@@ -695,18 +698,14 @@ def test_bin_completion_keeps_to_a_time_limit():
 
 
 def test_the_unlimited_depth_warm_start_keeps_to_its_budget(monkeypatch):
-    """`benchmarks/packing_small.py --family ranges --seed 2 --max-sequences 60000`, case 23: 2,124 lengths uniform in 13-43% of 8,192,
-    depth 4, 1,396 distinct. The unlimited-depth LP that starts the depth-4 one prices dearly there, and its 30
+    """`benchmarks/packing_small.py --family ranges --seed 2 --max-sequences 60000`, case 23: 2,124 lengths
+    uniform in 13-43% of 8,192, depth 4, 1,396 distinct. The unlimited-depth LP that starts the depth-4 one prices dearly there, and its 30
     rounds spent 3.8 estimated seconds (2.6 s) for a start no better than its first 1.5 give; it now stops
     within a round of lp.WARM_START_SECONDS (the packing: 606, the bound, in 4.4 s instead of 6.2 s)."""
-    from packing_small import ranges_case
-
     from bert_ipu.packing import lp as lp_module
     from bert_ipu.packing.effort import counting, effort
 
-    rng = np.random.default_rng(2)
-    case = [ranges_case(rng) for _ in range(24)][23]
-    hist, depth = case["histogram"], case["depth"]
+    hist, depth = _benchmark_case("ranges", 2, 23)
     real, spent = lp_module.column_generation, []
 
     class WarmStartDone(Exception):
@@ -729,16 +728,5 @@ def test_bin_completion_settles_a_small_histogram_the_integer_program_cannot(mon
     depth 4, 108 distinct. The dive and the fill end at 34 packs against a bound of 33, and the integer program
     of `repack.py` decides nothing within its node limit; bin completion (cghp.SETTLE_NODES) finds the 33.
     Without it (SETTLE_NODES 0), 34."""
-    from packing_small import random_case
-
-    from bert_ipu.packing import cghp as cghp_module
-
-    rng = np.random.default_rng(4)
-    case = [random_case(rng, 3000) for _ in range(6)][5]
-    hist, depth = case["histogram"], case["depth"]
-    result = pack(hist, "cghp", depth)
-    assert result.packs == result.lower_bound_packs == 33 and result.strategy == "completed"
-    assert np.array_equal(result.mixture.coverage(len(hist)), hist) and result.mixture.depth <= depth
-    assert (result.mixture.pack_lengths() <= len(hist)).all()
-    monkeypatch.setattr(cghp_module, "SETTLE_NODES", 0)
-    assert pack(hist, "cghp", depth).packs == 34
+    hist, depth = _benchmark_case("mixed", 4, 5, max_sequences=3000)
+    _packed_at_the_bound_only_with(monkeypatch, hist, depth, 33, "SETTLE_NODES", strategy="completed")
