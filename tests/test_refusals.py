@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -155,6 +156,31 @@ def test_a_launch_says_why_even_when_rank_0_was_stopped_first(tmp_path, capsys):
     (tmp_path / "0").write_text("error: mlp.gate_proj has 47 out features")
     print_errors(tmp_path)
     assert capsys.readouterr().err.splitlines() == ["error: mlp.gate_proj has 47 out features"]
+
+
+def test_a_launch_leaves_nothing_in_the_temporary_folder(tmp_path, monkeypatch, capsys):
+    """A self-launched run, finished or failed, leaves nothing behind in the temporary folder: the elastic agent
+    made a torchelastic_* folder per launch and never removed it (about 20 per `make test`, 896 on this machine),
+    and the ranks' error folder stayed too when the launcher was killed. Both now live in one folder the launch
+    removes, and the failed launch still prints its rank's line."""
+    import tempfile
+
+    from bert_ipu.engine.launch import launch
+
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # the module caches its folder: read TMPDIR again
+    script = tmp_path / "rank.py"
+    script.write_text("import os, sys\nfrom bert_ipu.engine.runtime import RunError, report_error\n"
+                      "if sys.argv[1] == 'fail' and os.environ['RANK'] == '1':\n"
+                      "    report_error(RunError('rank 1 found it', local=True))\n    sys.exit(2)\n")
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[1]))
+    assert launch(2, str(script), ["ok"]) == 0
+    assert list(temp.iterdir()) == []
+    assert launch(2, str(script), ["fail"]) == 2
+    assert "error (rank 1): rank 1 found it" in capsys.readouterr().err.splitlines()
+    assert list(temp.iterdir()) == []
 
 
 RANKS_FAIL = """

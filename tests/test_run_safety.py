@@ -176,7 +176,8 @@ def test_a_killed_launcher_leaves_no_stage_processes(dataset, tmp_path):
     proc = subprocess.Popen([sys.executable, str(ROOT / "run_pretraining.py"), *COMMON, f"data.dataset={dataset}",
                              f"output_dir={out}", "parallel.pipeline_stages=2", "train.max_steps=100000",
                              *UNTIL_STOPPED], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+                            env={**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)})  # a killed
+    # launcher cannot remove its temporary folder: leave it in the test's
 
     def stages() -> list[int]:  # the processes whose command line names this run's folder, but the launcher
         found = []

@@ -75,6 +75,7 @@ def launch(processes: int, script: str, argv: list[str]) -> int:
     --standalone); returns 0, or the exit code of the first process that failed (it printed its error)."""
     import logging
 
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -84,10 +85,15 @@ def launch(processes: int, script: str, argv: list[str]) -> int:
 
     print(f"[run] starting {processes} processes on this machine (as torchrun --nproc-per-node {processes}); "
           "use torchrun yourself for several machines", flush=True)
+    # one temporary folder for the ranks' error lines and the elastic agent's own files (left to itself, the
+    # agent makes a torchelastic_* folder in /tmp per launch and never removes it), removed when the launch ends
+    work = Path(tempfile.mkdtemp(prefix="bert_ipu_launch_"))
+    errors = work / "errors"
+    errors.mkdir()
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=processes, run_id=str(uuid.uuid4()),
-                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1)
+                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1,
+                          logs_specs=DefaultLogsSpecs(log_dir=str(work / "agent")))
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // processes)))
-    errors = Path(tempfile.mkdtemp(prefix="bert_ipu_errors_"))
     os.environ[ERROR_DIR] = str(errors)
     try:
         elastic_launch(config, entrypoint=sys.executable)(script, *argv)
@@ -102,7 +108,7 @@ def launch(processes: int, script: str, argv: list[str]) -> int:
         return 130
     finally:
         del os.environ[ERROR_DIR]
-        shutil.rmtree(errors, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
     return 0
 
 
