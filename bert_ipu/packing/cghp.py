@@ -39,7 +39,11 @@ integer optimum is almost always ceil(LP) or ceil(LP) + 1. We
 6. on a small histogram still above its bound (present lengths x bound at most 5,000), ask an integer
    program over copies of each length in each pack (`repack.py`) for a packing at the bound, where it decides
    nothing bin completion with more nodes, and where either proves there is none, raise the bound by one
-   (`_settle`).
+   (`_settle`);
+7. on any histogram still above the goal (the bound; from 1,000 packs, within 0.1% of it), repack groups of
+   its emptiest packs into one pack fewer by bin completion, within 2 estimated seconds (`_improve`,
+   `neighbourhood.py`): where exact pricing is dear on a small histogram, the plan or best fit is returned
+   at once, often a pack above the bound, and this is what reaches it.
 
 `lower_bound = max(cheap bound, ceil(Farley bound))` comes with the result, so users see how far from
 optimal the packing is; with more than 600 distinct lengths also `lp.coarse_bound`, proven first from a small
@@ -65,8 +69,9 @@ from .fill import FILL_WORDS, fill
 from .heuristics import lpfhp, run_lpfhp
 from .histogram import expand_histogram
 from .mixture import Mixture, trim_excess
-from .effort import counting, effort
+from .effort import GOAL_GAP, counting, effort
 from .lp import COARSE_START_LENGTHS, coarse_bound, farley, interpolated, pricing_seconds, solve_relaxation
+from .neighbourhood import neighbourhood
 from .planned import PLAN_ENOUGH, PLAN_MAX_PACKS, PLAN_MIN_DEPTH, planned
 from .repack import INFEASIBLE, MAX_VARIABLES, pack_into
 
@@ -153,7 +158,9 @@ class CGHPResult:
                              # on column generation; "bucketed": the dive on bucketed lengths; "integer": a
                              # small histogram packed at its bound by the integer program of `repack.py`;
                              # "completed": packed at the bound by bin completion (`complete.py`): first,
-                             # at the cheap bound, or in `_settle` after the integer program
+                             # at the cheap bound, or in `_settle` after the integer program;
+                             # "improved": the packing above with groups of packs repacked into one
+                             # fewer (`neighbourhood.py`)
 
 
 def _as_matrix(patterns: list[np.ndarray]) -> np.ndarray:
@@ -166,10 +173,24 @@ def _as_matrix(patterns: list[np.ndarray]) -> np.ndarray:
 
 def cghp(histogram: np.ndarray, depth: int, steps: int | None = None, deadline: float | None = None) -> CGHPResult:
     """Pack `histogram` with at most `depth` sequences a pack; see the module docstring: `_cghp`, then, on a
-    small histogram still above its bound, `_settle`. Its effort is counted (`effort.py`): past its patience
+    small histogram still above its bound, `_settle`, and on any still above the goal (the bound, or within 0.1%
+    of it from 1,000 packs), `_improve`. Its effort is counted (`effort.py`): past its patience
     the LPs and the dive stop within 0.1% of the bound."""
     with counting(int(histogram.sum())):
-        return _settle(_cghp(histogram, depth, steps, deadline), histogram, depth, deadline)
+        result = _settle(_cghp(histogram, depth, steps, deadline), histogram, depth, deadline)
+        return _improve(result, histogram, depth, deadline)
+
+
+def _improve(result: CGHPResult, histogram: np.ndarray, depth: int, deadline) -> CGHPResult:
+    """A packing above its bound, and not within 0.1% of it, with groups of its emptiest packs repacked into one
+    pack fewer (`neighbourhood.py`)."""
+    packs, bound = result.mixture.n_packs, result.lower_bound
+    if packs <= bound * (1 + GOAL_GAP) + 1e-9 and GOAL_GAP * bound >= 1 or packs <= bound or past(deadline):
+        return result
+    improved = neighbourhood(result.mixture, histogram, bound, depth, deadline)
+    if improved.n_packs >= packs:
+        return result
+    return replace(result, mixture=improved, strategy="improved")
 
 
 def _settle(result: CGHPResult, histogram: np.ndarray, depth: int, deadline) -> CGHPResult:

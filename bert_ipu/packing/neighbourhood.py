@@ -1,0 +1,86 @@
+"""Large-neighbourhood search: take a packing one or a few packs above its bound and repack groups of its
+emptiest packs into one pack fewer, by bin completion (`complete.py`).
+
+    improved = neighbourhood(mixture, histogram, bound, depth)   # a Mixture, never more packs
+
+CGHP's last step where its packing is above the bound and not within 0.1% of it. On small histograms whose
+exact pricing is dear (at most a few thousand sequences, most lengths distinct, a depth limit of 6 to 16 at
+4,096-8,192 tokens) CGHP returns the plan or best fit at once, one or two packs above the bound: 29 of the 80
+cases of `benchmarks/packing_small.py --family dear` (seeds 0 and 1) met the goal, 57 with this search, the
+slowest in 3.7 s (docs/results/packing-scale.md, "Repacking the emptiest packs").
+
+Each round orders the packs by how much room they leave, in one of a few ways (free tokens; free tokens and
+free slots; free slots with a little free room counting as much as a lot; free tokens with a seeded random
+nudge), and for m = 2, 3, ... asks bin completion to pack the sequences of the first m packs into m - 1, where
+the cheap bound allows it. The first packing found replaces those m packs and the next round starts; the search
+ends at the bound, when no ordering and m finds one, or after SEARCH_SECONDS of estimated effort (bin
+completion's nodes, counted as the call's: `effort.py`). A count, not a clock, and a seeded nudge: the same
+histogram always packs the same way.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .bounds import lower_bound, past
+from .complete import complete
+from .effort import effort
+from .mixture import Mixture
+
+# Bin completion's nodes for one group (about 0.06 s where it decides nothing) ...
+GROUP_NODES = 20_000
+# ... the most packs in a group (their sequences are repacked into one pack fewer) ...
+MAX_GROUP = 60
+# ... and the search's estimated seconds in all (each group that decides nothing costs GROUP_NODES nodes).
+SEARCH_SECONDS = 2.0
+ORDERINGS = 4
+
+
+def neighbourhood(mixture: Mixture, histogram: np.ndarray, bound: int, depth: int | None,
+                  deadline: float | None = None) -> Mixture:
+    """`mixture` (a packing of `histogram`, at most `depth` sequences a pack) with groups of packs repacked into
+    one pack fewer while it is above `bound`; `mixture` itself where no group is found."""
+    max_len = len(histogram)
+    flat, offsets = mixture.expand_ragged()
+    packs = [flat[offsets[i]: offsets[i + 1]] for i in range(len(offsets) - 1)]
+    counted = effort()
+    began = counted.spent
+    rng = np.random.default_rng(0)
+    improved = False
+    while len(packs) > bound and counted.spent - began < SEARCH_SECONDS and not past(deadline):
+        group = _repack_a_group(packs, max_len, depth, rng, lambda: counted.spent - began >= SEARCH_SECONDS
+                                or past(deadline))
+        if group is None:
+            break
+        picked, repacked = group
+        keep = np.ones(len(packs), dtype=bool)
+        keep[picked] = False
+        packs = [p for p, k in zip(packs, keep) if k] + repacked
+        improved = True
+    if not improved:
+        return mixture
+    return Mixture.from_lists([p.tolist() for p in packs], np.ones(len(packs), dtype=np.int64))
+
+
+def _repack_a_group(packs: list[np.ndarray], max_len: int, depth: int | None, rng: np.random.Generator, stop):
+    """(indices of m packs, their sequences in m - 1 packs) for the first group that bin completion repacks,
+    trying each ordering of the packs by room; None where none does (or `stop()` says so)."""
+    tokens = np.array([int(p.sum()) for p in packs])
+    free = (max_len - tokens) / max_len
+    slots = (np.array([(depth or max_len) - len(p) for p in packs])) / (depth or max_len)
+    for kind in range(ORDERINGS):
+        score = [free, free + slots, np.minimum(4 * free, 1.0) + slots,
+                 free + 0.5 * rng.random(len(packs))][kind]
+        order = np.argsort(-score, kind="stable")
+        sub = np.zeros(max_len, dtype=np.int64)
+        for m in range(1, min(MAX_GROUP, len(packs)) + 1):
+            np.add.at(sub, packs[order[m - 1]] - 1, 1)
+            if m < 2 or lower_bound(sub, depth) > m - 1:
+                continue
+            if stop():
+                return None
+            found = complete(sub, m - 1, depth, node_limit=GROUP_NODES)
+            if isinstance(found, Mixture):
+                flat, offsets = found.expand_ragged()
+                return order[:m], [flat[offsets[i]: offsets[i + 1]] for i in range(len(offsets) - 1)]
+    return None
