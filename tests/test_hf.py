@@ -449,7 +449,7 @@ def test_two_ddp_processes_equal_one_process(tmp_path):
                                         out=str(tmp_path / "ddp")))
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
                           str(port), str(script)], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                         env=os.environ | {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+                         env=os.environ | {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)})
     assert run.returncode == 0, run.stderr[-3000:]
     ddp = torch.load(tmp_path / "ddp" / "result.pt")
     model = llama()

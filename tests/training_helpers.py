@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from bert_ipu import cli
@@ -45,8 +46,10 @@ def run_cli(*args, nproc: int | None = None, script="run_pretraining.py", check=
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("WORLD_SIZE", None)
     launcher = [] if nproc is None else ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
-    proc = subprocess.run([sys.executable, *launcher, str(ROOT / script), *args], capture_output=True, text=True,
-                          env=env, cwd=ROOT, timeout=600)
+    # torchrun's agent leaves a torchelastic_* folder in the temporary folder per launch: give it one we remove
+    with tempfile.TemporaryDirectory(prefix="run_cli_") as temp:
+        proc = subprocess.run([sys.executable, *launcher, str(ROOT / script), *args], capture_output=True,
+                              text=True, env={**env, "TMPDIR": temp}, cwd=ROOT, timeout=600)
     if check:
         assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
