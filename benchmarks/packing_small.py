@@ -13,8 +13,9 @@ tokens, depth 3 to 16 or unlimited: packs are tight there, and it draws slow cas
 rarely does. `--family dear` keeps, of cases drawn from both (at most `--max-sequences`, default 3,000), those
 whose exact pricing CGHP finds dear (`cghp.EXACT_PRICING_SECONDS`) with a bound below 1,000 packs: most lengths
 distinct under a depth limit of 6 to 16 at 4,096-8,192 tokens, where only the bound itself meets the goal
-(3 of the 400 cases of the other two families are of this kind). Each case runs `pack(histogram, "cghp", depth)` with `--cap` seconds as its time limit, only so
-that the benchmark ends: a case that reaches it is reported as such (it misses the goal).
+(3 of the 400 cases of the other two families are of this kind). Each case runs `pack(histogram, "cghp",
+depth)` with `--cap` seconds as its time limit, only so that the benchmark ends: a case that reaches it is
+reported as such (it misses the goal).
 
 "gap" is packs over the proven lower bound CGHP reports, so a positive gap may be the bound's weakness as
 much as the packing's. The table ends with the worst time, the worst gap and the cases that miss the goal.

@@ -702,8 +702,8 @@ def test_bin_completion_keeps_to_a_time_limit():
 
 def test_the_unlimited_depth_warm_start_keeps_to_its_budget(monkeypatch):
     """`benchmarks/packing_small.py --family ranges --seed 2 --max-sequences 60000`, case 23: 2,124 lengths
-    uniform in 13-43% of 8,192, depth 4, 1,396 distinct. The unlimited-depth LP that starts the depth-4 one prices dearly there, and its 30
-    rounds spent 3.8 estimated seconds (2.6 s) for a start no better than its first 1.5 give; it now stops
+    uniform in 13-43% of 8,192, depth 4, 1,396 distinct. The unlimited-depth LP that starts the depth-4 one
+    prices dearly there, and its 30 rounds spent 3.8 estimated seconds (2.6 s) for a start no better than its first 1.5 give; it now stops
     within a round of lp.WARM_START_SECONDS (the packing: 606, the bound, in 4.4 s instead of 6.2 s)."""
     from bert_ipu.packing import lp as lp_module
     from bert_ipu.packing.effort import counting, effort
@@ -748,6 +748,11 @@ def test_repacking_groups_of_packs_keeps_a_valid_packing_and_never_adds_packs():
     better = neighbourhood(wasteful, hist, 2, None)
     assert better.n_packs == 2 and np.array_equal(better.coverage(10), hist)
     assert neighbourhood(better, hist, 2, None) is better
+    from bert_ipu.packing import neighbourhood as module
+
+    with pytest.MonkeyPatch.context() as patch:  # more packs than the search takes on: returned as they are
+        patch.setattr(module, "MAX_PACKS", 2)
+        assert neighbourhood(wasteful, hist, 2, None) is wasteful
     apart = Mixture.from_lists([[6]], [2])  # two packs that cannot become one, whatever bound is asked for
     assert neighbourhood(apart, np.bincount([5, 5], minlength=10), 1, None) is apart
     rng = np.random.default_rng(0)

@@ -14,7 +14,8 @@ free slots; free slots with a little free room counting as much as a lot; free t
 nudge), and for m = 2, 3, ... asks bin completion to pack the sequences of the first m packs into m - 1, where
 the cheap bound allows it. The first packing found replaces those m packs and the next round starts; the search
 ends at the bound, when no ordering and m finds one, or after SEARCH_SECONDS of estimated effort (bin
-completion's nodes, counted as the call's: `effort.py`). A count, not a clock, and a seeded nudge: the same
+completion's nodes and each round's sorting, counted as the call's: `effort.py`). A packing of more than
+MAX_PACKS packs is left as it is. A count, not a clock, and a seeded nudge: the same
 histogram always packs the same way.
 """
 
@@ -24,50 +25,67 @@ import numpy as np
 
 from .bounds import lower_bound, past
 from .complete import complete
-from .effort import effort
+from .effort import effort, spend
 from .mixture import Mixture
 
 # Bin completion's nodes for one group (about 0.06 s where it decides nothing) ...
 GROUP_NODES = 20_000
 # ... the most packs in a group (their sequences are repacked into one pack fewer) ...
 MAX_GROUP = 60
-# ... and the search's estimated seconds in all (each group that decides nothing costs GROUP_NODES nodes).
+# ... and the search's estimated seconds in all: bin completion's nodes, and each round's ordering of the packs
+# (ROUND_SECONDS_A_PACK a pack: four sorts and the bookkeeping).
 SEARCH_SECONDS = 2.0
+ROUND_SECONDS_A_PACK = 2e-6
 ORDERINGS = 4
+# Packings of more packs are returned as they are: a round costs time in proportion to the packs, and 0.1% of
+# them is more packs than the search gains in its time.
+MAX_PACKS = 20_000
 
 
 def neighbourhood(mixture: Mixture, histogram: np.ndarray, bound: int, depth: int | None,
                   deadline: float | None = None) -> Mixture:
     """`mixture` (a packing of `histogram`, at most `depth` sequences a pack) with groups of packs repacked into
-    one pack fewer while it is above `bound`; `mixture` itself where no group is found."""
+    one pack fewer while it is above `bound`; `mixture` itself where no group is found, or it has more than
+    MAX_PACKS packs."""
+    if mixture.n_packs > MAX_PACKS:
+        return mixture
     max_len = len(histogram)
     flat, offsets = mixture.expand_ragged()
     packs = [flat[offsets[i]: offsets[i + 1]] for i in range(len(offsets) - 1)]
+    tokens = np.add.reduceat(flat, offsets[:-1]) if len(flat) else np.zeros(0, dtype=np.int64)
+    sizes = np.diff(offsets)
     counted = effort()
     began = counted.spent
     rng = np.random.default_rng(0)
     improved = False
-    while len(packs) > bound and counted.spent - began < SEARCH_SECONDS and not past(deadline):
-        group = _repack_a_group(packs, max_len, depth, rng, lambda: counted.spent - began >= SEARCH_SECONDS
-                                or past(deadline))
+
+    def spent() -> bool:
+        return counted.spent - began >= SEARCH_SECONDS or past(deadline)
+
+    while len(packs) > bound and not spent():
+        spend(len(packs) * ROUND_SECONDS_A_PACK)
+        group = _repack_a_group(packs, tokens, sizes, max_len, depth, rng, spent)
         if group is None:
             break
         picked, repacked = group
         keep = np.ones(len(packs), dtype=bool)
         keep[picked] = False
         packs = [p for p, k in zip(packs, keep) if k] + repacked
+        tokens = np.concatenate([tokens[keep], [int(p.sum()) for p in repacked]])
+        sizes = np.concatenate([sizes[keep], [len(p) for p in repacked]])
         improved = True
     if not improved:
         return mixture
     return Mixture.from_lists([p.tolist() for p in packs], np.ones(len(packs), dtype=np.int64))
 
 
-def _repack_a_group(packs: list[np.ndarray], max_len: int, depth: int | None, rng: np.random.Generator, stop):
+def _repack_a_group(packs: list[np.ndarray], tokens: np.ndarray, sizes: np.ndarray, max_len: int,
+                    depth: int | None, rng: np.random.Generator, stop):
     """(indices of m packs, their sequences in m - 1 packs) for the first group that bin completion repacks,
-    trying each ordering of the packs by room; None where none does (or `stop()` says so)."""
-    tokens = np.array([int(p.sum()) for p in packs])
+    trying each ordering of the packs by room (`tokens` and `sizes`: each pack's tokens and sequences); None
+    where none does (or `stop()` says so)."""
     free = (max_len - tokens) / max_len
-    slots = (np.array([(depth or max_len) - len(p) for p in packs])) / (depth or max_len)
+    slots = ((depth or max_len) - sizes) / (depth or max_len)
     for kind in range(ORDERINGS):
         score = [free, free + slots, np.minimum(4 * free, 1.0) + slots,
                  free + 0.5 * rng.random(len(packs))][kind]
