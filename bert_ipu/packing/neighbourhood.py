@@ -6,13 +6,14 @@ emptiest packs into one pack fewer, by bin completion (`complete.py`).
 CGHP's last step where its packing is above the bound and not within 0.1% of it. On small histograms whose
 exact pricing is dear (at most a few thousand sequences, most lengths distinct, a depth limit of 6 to 16 at
 4,096-8,192 tokens) CGHP returns the plan or best fit at once, one or two packs above the bound: 29 of the 80
-cases of `benchmarks/packing_small.py --family dear` (seeds 0 and 1) met the goal, 57 with this search, the
-slowest in 3.7 s (docs/results/packing-scale.md, "Repacking the emptiest packs").
+cases of `benchmarks/packing_small.py --family dear` (seeds 0 and 1) met the goal, 59 with this search, the
+slowest in 3.3 s (docs/results/packing-scale.md, "Repacking the emptiest packs").
 
 Each round orders the packs by how much room they leave, in one of a few ways (free tokens; free tokens and
 free slots; free slots with a little free room counting as much as a lot; free tokens with a seeded random
-nudge), and for m = 2, 3, ... asks bin completion to pack the sequences of the first m packs into m - 1, where
-the cheap bound allows it. The first packing found replaces those m packs and the next round starts; the search
+nudge), and for m = 2, 3, ... (small groups first, in every ordering: the groups it repacked were of 3 to 6
+packs, and the search found them several times sooner) asks bin completion to pack the sequences of the first m
+packs into m - 1, where the cheap bound allows it. The first packing found replaces those m packs and the next round starts; the search
 ends at the bound, when no ordering and m finds one, or after SEARCH_SECONDS of estimated effort (bin
 completion's nodes and each round's sorting, counted as the call's: `effort.py`). A packing of more than
 MAX_PACKS packs is left as it is. A count, not a clock, and a seeded nudge: the same
@@ -86,12 +87,11 @@ def _repack_a_group(packs: list[np.ndarray], tokens: np.ndarray, sizes: np.ndarr
     where none does (or `stop()` says so)."""
     free = (max_len - tokens) / max_len
     slots = ((depth or max_len) - sizes) / (depth or max_len)
-    for kind in range(ORDERINGS):
-        score = [free, free + slots, np.minimum(4 * free, 1.0) + slots,
-                 free + 0.5 * rng.random(len(packs))][kind]
-        order = np.argsort(-score, kind="stable")
-        sub = np.zeros(max_len, dtype=np.int64)
-        for m in range(1, min(MAX_GROUP, len(packs)) + 1):
+    scores = [free, free + slots, np.minimum(4 * free, 1.0) + slots, free + 0.5 * rng.random(len(packs))]
+    orders = [np.argsort(-score, kind="stable") for score in scores[:ORDERINGS]]
+    subs = [np.zeros(max_len, dtype=np.int64) for _ in orders]
+    for m in range(1, min(MAX_GROUP, len(packs)) + 1):  # small groups first, in every ordering
+        for order, sub in zip(orders, subs):
             np.add.at(sub, packs[order[m - 1]] - 1, 1)
             if m < 2 or lower_bound(sub, depth) > m - 1:
                 continue
