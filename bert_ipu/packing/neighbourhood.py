@@ -65,7 +65,7 @@ def neighbourhood(mixture: Mixture, histogram: np.ndarray, bound: int, depth: in
 
     while len(packs) > bound and not spent():
         spend(len(packs) * ROUND_SECONDS_A_PACK)
-        group = _repack_a_group(packs, tokens, sizes, max_len, depth, rng, spent)
+        group = _repack_a_group(packs, tokens, sizes, max_len, depth, rng, spent, deadline)
         if group is None:
             break
         picked, repacked = group
@@ -81,10 +81,10 @@ def neighbourhood(mixture: Mixture, histogram: np.ndarray, bound: int, depth: in
 
 
 def _repack_a_group(packs: list[np.ndarray], tokens: np.ndarray, sizes: np.ndarray, max_len: int,
-                    depth: int | None, rng: np.random.Generator, stop):
+                    depth: int | None, rng: np.random.Generator, stop, deadline: float | None = None):
     """(indices of m packs, their sequences in m - 1 packs) for the first group that bin completion repacks,
     trying each ordering of the packs by room (`tokens` and `sizes`: each pack's tokens and sequences); None
-    where none does (or `stop()` says so)."""
+    where none does (or `stop()` says so; bin completion also stops at `deadline`)."""
     free = (max_len - tokens) / max_len
     slots = ((depth or max_len) - sizes) / (depth or max_len)
     scores = [free, free + slots, np.minimum(4 * free, 1.0) + slots, free + 0.5 * rng.random(len(packs))]
@@ -97,7 +97,7 @@ def _repack_a_group(packs: list[np.ndarray], tokens: np.ndarray, sizes: np.ndarr
                 continue
             if stop():
                 return None
-            found = complete(sub, m - 1, depth, node_limit=GROUP_NODES)
+            found = complete(sub, m - 1, depth, node_limit=GROUP_NODES, deadline=deadline)
             if isinstance(found, Mixture):
                 flat, offsets = found.expand_ragged()
                 return order[:m], [flat[offsets[i]: offsets[i + 1]] for i in range(len(offsets) - 1)]
