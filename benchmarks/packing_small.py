@@ -72,14 +72,17 @@ def ranges_case(rng: np.random.Generator, max_sequences: int = 60_000) -> dict:
 
 def dear_case(rng: np.random.Generator, max_sequences: int = 3_000) -> dict:
     """`--family dear`: the first case drawn from the mixed or the ranges family (a coin toss each) whose exact
-    pricing is dear and whose bound is below 1,000 packs."""
-    while True:
+    pricing is dear and whose bound is below 1,000 packs (one in about 30 draws at the default --max-sequences;
+    below a few hundred sequences none is, so after 10,000 draws it stops with an error)."""
+    for _ in range(10_000):
         case = (random_case if rng.random() < 0.5 else ranges_case)(rng, max_sequences)
         h = case["histogram"]
         lengths = np.nonzero(h)[0] + 1
         pricing = pricing_seconds(len(lengths), len(h), case["depth"] or len(h), int(lengths[0]))
         if pricing > EXACT_PRICING_SECONDS and lower_bound(h, case["depth"]) < 1000:
             return case
+    raise SystemExit(f"error: no 'dear' case in 10,000 draws of at most {max_sequences:,} sequences; "
+                     "use a larger --max-sequences (default 3,000)")
 
 
 FAMILIES = {"mixed": random_case, "ranges": ranges_case, "dear": dear_case}

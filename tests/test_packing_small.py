@@ -703,8 +703,8 @@ def test_bin_completion_keeps_to_a_time_limit():
 def test_the_unlimited_depth_warm_start_keeps_to_its_budget(monkeypatch):
     """`benchmarks/packing_small.py --family ranges --seed 2 --max-sequences 60000`, case 23: 2,124 lengths
     uniform in 13-43% of 8,192, depth 4, 1,396 distinct. The unlimited-depth LP that starts the depth-4 one
-    prices dearly there, and its 30 rounds spent 3.8 estimated seconds (2.6 s) for a start no better than its first 1.5 give; it now stops
-    within a round of lp.WARM_START_SECONDS (the packing: 606, the bound, in 4.4 s instead of 6.2 s)."""
+    prices dearly there, and its 30 rounds spent 3.8 estimated seconds (2.6 s) for a start no better than its
+    first 1.5 give; it now stops within a round of lp.WARM_START_SECONDS (the packing: 606, the bound, in 4.4 s instead of 6.2 s)."""
     from bert_ipu.packing import lp as lp_module
     from bert_ipu.packing.effort import counting, effort
 
@@ -778,3 +778,20 @@ def test_repacking_the_emptiest_packs_reaches_the_bound_where_exact_pricing_is_d
     hist, depth = _benchmark_case("dear", 0, 1)
     _packed_at_the_bound_only_with(monkeypatch, hist, depth, 645, "SEARCH_SECONDS", strategy="improved",
                                    module=neighbourhood)
+
+
+def test_a_deadline_that_stops_the_repacking_above_the_bound_is_reported():
+    """CGHP's last step (`_improve`) with its deadline already passed leaves the packing as it is, and says
+    that the time limit stopped it while it is above the bound (it returned time_limit_reached False: a
+    time-limited call could pack worse than one without, unflagged); at the bound it says nothing."""
+    from bert_ipu.packing.cghp import CGHPResult, _improve
+    from bert_ipu.packing.mixture import Mixture
+
+    hist = np.bincount([5, 5, 3, 3], minlength=10)
+    wasteful = CGHPResult(Mixture.from_lists([[6], [6], [4, 4]], [1, 1, 1]), 2.0, 2)
+    late = _improve(wasteful, hist, None, deadline=time.perf_counter() - 1)
+    assert late.mixture.n_packs == 3 and late.time_limit_reached
+    done = _improve(wasteful, hist, None, deadline=None)
+    assert done.mixture.n_packs == 2 and done.strategy == "improved" and not done.time_limit_reached
+    at_bound = CGHPResult(done.mixture, 2.0, 2)
+    assert not _improve(at_bound, hist, None, deadline=time.perf_counter() - 1).time_limit_reached

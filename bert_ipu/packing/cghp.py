@@ -183,14 +183,17 @@ def cghp(histogram: np.ndarray, depth: int, steps: int | None = None, deadline: 
 
 def _improve(result: CGHPResult, histogram: np.ndarray, depth: int, deadline) -> CGHPResult:
     """A packing above its bound, and not within 0.1% of it, with groups of its emptiest packs repacked into one
-    pack fewer (`neighbourhood.py`)."""
+    pack fewer (`neighbourhood.py`). Where the deadline stops (or precedes) that search above the bound, the
+    result says so (time_limit_reached), as `_settle`'s does: a time-limited call may then differ from one
+    without."""
     packs, bound = result.mixture.n_packs, result.lower_bound
-    if packs <= bound * (1 + GOAL_GAP) + 1e-9 and GOAL_GAP * bound >= 1 or packs <= bound or past(deadline):
+    if packs <= bound * (1 + GOAL_GAP) + 1e-9 and GOAL_GAP * bound >= 1 or packs <= bound:
         return result
-    improved = neighbourhood(result.mixture, histogram, bound, depth, deadline)
+    improved = result.mixture if past(deadline) else neighbourhood(result.mixture, histogram, bound, depth, deadline)
+    late = result.time_limit_reached or (past(deadline) and improved.n_packs > bound)
     if improved.n_packs >= packs:
-        return result
-    return replace(result, mixture=improved, strategy="improved")
+        return replace(result, time_limit_reached=late)
+    return replace(result, mixture=improved, strategy="improved", time_limit_reached=late)
 
 
 def _settle(result: CGHPResult, histogram: np.ndarray, depth: int, deadline) -> CGHPResult:

@@ -13,9 +13,10 @@ Each round orders the packs by how much room they leave, in one of a few ways (f
 free slots; free slots with a little free room counting as much as a lot; free tokens with a seeded random
 nudge), and for m = 2, 3, ... (small groups first, in every ordering: the groups it repacked were of 3 to 6
 packs, and the search found them several times sooner) asks bin completion to pack the sequences of the first m
-packs into m - 1, where the cheap bound allows it. The first packing found replaces those m packs and the next round starts; the search
-ends at the bound, when no ordering and m finds one, or after SEARCH_SECONDS of estimated effort (bin
-completion's nodes and each round's sorting, counted as the call's: `effort.py`). A packing of more than
+packs into m - 1, where the cheap bound allows it. The first packing found replaces those m packs and the next
+round starts; the search ends at the bound, when no ordering and m finds one, or after SEARCH_SECONDS of estimated effort (bin
+completion's nodes and each round's sorting, counted as the call's: `effort.py`; called outside a packing
+call, where nothing is counted, only the group limits and the deadline end it). A packing of more than
 MAX_PACKS packs is left as it is. A count, not a clock, and a seeded nudge: the same
 histogram always packs the same way.
 """
