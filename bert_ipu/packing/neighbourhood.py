@@ -52,14 +52,12 @@ def neighbourhood(mixture: Mixture, histogram: np.ndarray, bound: int, depth: in
     if mixture.n_packs > MAX_PACKS:
         return mixture
     max_len = len(histogram)
-    flat, offsets = mixture.expand_ragged()
-    packs = [flat[offsets[i]: offsets[i + 1]] for i in range(len(offsets) - 1)]
-    tokens = np.add.reduceat(flat, offsets[:-1]) if len(flat) else np.zeros(0, dtype=np.int64)
-    sizes = np.diff(offsets)
+    packs = _packs(mixture)
+    tokens = np.array([int(p.sum()) for p in packs], dtype=np.int64)
+    sizes = np.array([len(p) for p in packs], dtype=np.int64)
     counted = effort()
     began = counted.spent
     rng = np.random.default_rng(0)
-    improved = False
 
     def spent() -> bool:
         return counted.spent - began >= SEARCH_SECONDS or past(deadline)
@@ -75,10 +73,16 @@ def neighbourhood(mixture: Mixture, histogram: np.ndarray, bound: int, depth: in
         packs = [p for p, k in zip(packs, keep) if k] + repacked
         tokens = np.concatenate([tokens[keep], [int(p.sum()) for p in repacked]])
         sizes = np.concatenate([sizes[keep], [len(p) for p in repacked]])
-        improved = True
-    if not improved:
+    if len(packs) == mixture.n_packs:  # no group repacked
         return mixture
-    return Mixture.from_lists([p.tolist() for p in packs], np.ones(len(packs), dtype=np.int64))
+    return Mixture.from_ragged(np.concatenate(packs), np.concatenate([[0], np.cumsum(sizes)]),
+                               np.ones(len(packs), dtype=np.int64))
+
+
+def _packs(mixture: Mixture) -> list[np.ndarray]:
+    """One array of lengths per pack (a strategy's repeats each their own)."""
+    flat, offsets = mixture.expand_ragged()
+    return [flat[offsets[i]: offsets[i + 1]] for i in range(len(offsets) - 1)]
 
 
 def _repack_a_group(packs: list[np.ndarray], tokens: np.ndarray, sizes: np.ndarray, max_len: int,
@@ -100,6 +104,5 @@ def _repack_a_group(packs: list[np.ndarray], tokens: np.ndarray, sizes: np.ndarr
                 return None
             found = complete(sub, m - 1, depth, node_limit=GROUP_NODES, deadline=deadline)
             if isinstance(found, Mixture):
-                flat, offsets = found.expand_ragged()
-                return order[:m], [flat[offsets[i]: offsets[i + 1]] for i in range(len(offsets) - 1)]
+                return order[:m], _packs(found)
     return None
