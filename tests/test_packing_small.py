@@ -780,6 +780,58 @@ def test_repacking_the_emptiest_packs_reaches_the_bound_where_exact_pricing_is_d
                                    module=neighbourhood)
 
 
+def test_moving_room_between_two_packs_fills_the_fuller_one_as_full_as_any_split_allows():
+    """`_fuller(a, b)` splits the sequences of two packs so that the first holds as many tokens as any split
+    within the pack length and the depth limit allows (checked against every split of random pairs), the
+    second the rest; None where no split fills the first more than it is."""
+    from itertools import combinations
+
+    from bert_ipu.packing.neighbourhood import _fuller
+
+    rng = np.random.default_rng(0)
+    moved = 0
+    for _ in range(300):
+        max_len, depth = int(rng.choice([16, 50, 200])), [None, 2, 3, 5][int(rng.integers(4))]
+        packs = []
+        for _ in range(2):
+            lengths = []
+            for length in rng.integers(1, max_len // 2 + 1, 6):
+                if sum(lengths) + length <= max_len and len(lengths) < (depth or 6):
+                    lengths.append(int(length))
+            packs.append(np.array(sorted(lengths, reverse=True), dtype=np.int64))
+        a, b = packs
+        pool = np.concatenate([a, b])
+        best = max((sum(pool[list(c)]) for k in range(len(pool) + 1) for c in combinations(range(len(pool)), k)
+                    if sum(pool[list(c)]) <= max_len and sum(pool) - sum(pool[list(c)]) <= max_len
+                    and (depth is None or max(k, len(pool) - k) <= depth)), default=0)
+        split = _fuller(a, b, max_len, depth)
+        if best <= a.sum():
+            assert split is None
+            continue
+        moved += 1
+        fuller, rest = split
+        assert fuller.sum() == best and rest.sum() <= max_len
+        assert depth is None or max(len(fuller), len(rest)) <= depth
+        assert sorted(np.concatenate([fuller, rest]).tolist()) == sorted(pool.tolist())
+    assert moved > 50
+
+
+def test_gathering_the_room_into_the_emptiest_packs_reaches_the_bound_where_groups_do_not(monkeypatch):
+    """`benchmarks/packing_small.py --family dear`, case 2 (seed 0): most lengths distinct, a depth limit, and
+    so little room at the bound that no group of the emptiest packs has a pack's worth of it: repacking groups
+    alone ends a pack above the bound, 569. Moving room between packs first (each pack filled from itself and
+    one of the emptiest, `_concentrate`) empties a pack: 568, the bound. Without it (PARTNERS 0), 569."""
+    from bert_ipu.packing import neighbourhood
+
+    hist, depth = _benchmark_case("dear", 0, 2)
+    result = pack(hist, "cghp", depth)
+    assert result.packs == result.lower_bound_packs == 568 and result.strategy == "improved"
+    assert np.array_equal(result.mixture.coverage(len(hist)), hist) and result.mixture.depth <= depth
+    assert (result.mixture.pack_lengths() <= len(hist)).all()
+    monkeypatch.setattr(neighbourhood, "PARTNERS", 0)
+    assert pack(hist, "cghp", depth).packs == 569
+
+
 def test_a_deadline_that_stops_the_repacking_above_the_bound_is_reported():
     """CGHP's last step (`_improve`) with its deadline already passed leaves the packing as it is, and says
     that the time limit stopped it while it is above the bound (it returned time_limit_reached False: a

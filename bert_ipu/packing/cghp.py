@@ -40,10 +40,10 @@ integer optimum is almost always ceil(LP) or ceil(LP) + 1. We
    program over copies of each length in each pack (`repack.py`) for a packing at the bound, where it decides
    nothing bin completion with more nodes, and where either proves there is none, raise the bound by one
    (`_settle`);
-7. on any histogram still above the goal (the bound; from 1,000 packs, within 0.1% of it), repack groups of
-   its emptiest packs into one pack fewer by bin completion, within 2 estimated seconds (`_improve`,
-   `neighbourhood.py`): where exact pricing is dear on a small histogram, the plan or best fit is returned
-   at once, often a pack above the bound, and this is what reaches it.
+7. on any histogram still above the goal (the bound; from 1,000 packs, within 0.1% of it), gather its room into
+   its emptiest packs until one empties, or repack groups of them into one pack fewer by bin completion, within
+   2 estimated seconds (`_improve`, `neighbourhood.py`): where exact pricing is dear on a small histogram, the
+   plan or best fit is returned at once, often a pack above the bound, and this is what reaches it.
 
 `lower_bound = max(cheap bound, ceil(Farley bound))` comes with the result, so users see how far from
 optimal the packing is; with more than 600 distinct lengths also `lp.coarse_bound`, proven first from a small
@@ -159,8 +159,8 @@ class CGHPResult:
                              # small histogram packed at its bound by the integer program of `repack.py`;
                              # "completed": packed at the bound by bin completion (`complete.py`): first,
                              # at the cheap bound, or in `_settle` after the integer program;
-                             # "improved": the packing above with groups of packs repacked into one
-                             # fewer (`neighbourhood.py`)
+                             # "improved": the packing above with packs saved by the local search of
+                             # `neighbourhood.py` (room gathered until a pack empties, groups repacked)
 
 
 def _as_matrix(patterns: list[np.ndarray]) -> np.ndarray:
@@ -182,8 +182,9 @@ def cghp(histogram: np.ndarray, depth: int, steps: int | None = None, deadline: 
 
 
 def _improve(result: CGHPResult, histogram: np.ndarray, depth: int, deadline) -> CGHPResult:
-    """A packing above its bound, and not within 0.1% of it, with groups of its emptiest packs repacked into one
-    pack fewer (`neighbourhood.py`). Where the deadline stops (or precedes) that search above the bound, the
+    """A packing above its bound, and not within 0.1% of it, with packs saved by the local search of
+    `neighbourhood.py` (its room gathered until a pack empties; groups of its emptiest packs repacked into one
+    fewer). Where the deadline stops (or precedes) that search above the bound, the
     result says so (time_limit_reached), as `_settle`'s does: a time-limited call may then differ from one
     without."""
     packs, bound = result.mixture.n_packs, result.lower_bound

@@ -1,24 +1,31 @@
-"""Large-neighbourhood search: take a packing one or a few packs above its bound and repack groups of its
-emptiest packs into one pack fewer, by bin completion (`complete.py`).
+"""Large-neighbourhood search: take a packing one or a few packs above its bound, gather its room into its
+emptiest packs until one empties, and repack groups of its emptiest packs into one pack fewer, by bin
+completion (`complete.py`).
 
     improved = neighbourhood(mixture, histogram, bound, depth)   # a Mixture, never more packs
 
 CGHP's last step where its packing is above the bound and not within 0.1% of it. On small histograms whose
 exact pricing is dear (at most a few thousand sequences, most lengths distinct, a depth limit of 6 to 16 at
 4,096-8,192 tokens) CGHP returns the plan or best fit at once, one or two packs above the bound: 29 of the 80
-cases of `benchmarks/packing_small.py --family dear` (seeds 0 and 1) met the goal, 59 with this search, the
-slowest in 3.3 s (docs/results/packing-scale.md, "Repacking the emptiest packs").
+cases of `benchmarks/packing_small.py --family dear` (seeds 0 and 1) met the goal, 59 with the group search
+alone, 71 with both steps, the slowest in 3.1 s (docs/results/packing-scale.md, "Repacking the emptiest
+packs" and "Gathering the room").
 
-Each round orders the packs by how much room they leave, in one of a few ways (free tokens; free tokens and
-free slots; free slots with a little free room counting as much as a lot; free tokens with a seeded random
-nudge), and for m = 2, 3, ... (small groups first, in every ordering: the groups it repacked were of 3 to 6
-packs, and the search found them several times sooner) asks bin completion to pack the sequences of the first m
-packs into m - 1, where the cheap bound allows it. The first packing found replaces those m packs and the next
-round starts; the search ends at the bound, when no ordering and m finds one, or after SEARCH_SECONDS of estimated effort (bin
-completion's nodes and each round's sorting, counted as the call's: `effort.py`; called outside a packing
-call, where nothing is counted, only the group limits and the deadline end it). A packing of more than
-MAX_PACKS packs is left as it is. A count, not a clock, and a seeded nudge: the same
-histogram always packs the same way.
+Each round first gathers the room (`_concentrate`): every pack with room, fullest first, takes as many tokens
+as any split of its sequences and those of one of the PARTNERS emptiest packs allows (subset sum in bitsets,
+as `fill.py`), the partner keeping the rest. Room flows from fuller packs to emptier ones, and on histograms
+that leave about a token of room a pack at the bound this is what empties a pack: no group of the emptiest packs
+had a pack's worth of room while it was spread. Where no pack empties, that round's moves are dropped (the
+groups below found more on the packing as it was) and the groups are tried: the packs ordered by how much room
+they leave, in one of a few ways (free tokens; free tokens and free slots; free slots with a little free room
+counting as much as a lot; free tokens with a seeded random nudge), and for m = 2, 3, ... (small groups first,
+in every ordering: the groups it repacked were of 3 to 6 packs, and the search found them several times
+sooner) bin completion packs the sequences of the first m packs into m - 1, where the cheap bound allows it.
+The first packing found replaces those m packs and the next round starts. The search ends at the bound, when no
+ordering and m finds one, or after SEARCH_SECONDS of estimated effort (the moves' bitsets, bin completion's
+nodes and each round's sorting, counted as the call's: `effort.py`; called outside a packing call, where
+nothing is counted, only the group limits and the deadline end it). A packing of more than MAX_PACKS packs is
+left as it is. A count, not a clock, and a seeded nudge: the same histogram always packs the same way.
 """
 
 from __future__ import annotations
@@ -39,6 +46,12 @@ MAX_GROUP = 60
 SEARCH_SECONDS = 2.0
 ROUND_SECONDS_A_PACK = 2e-6
 ORDERINGS = 4
+# Room is moved into the emptiest of these packs first (`_concentrate`) ...
+PARTNERS = 8
+# ... each move costing about MOVE_SECONDS and MOVE_WORD_SECONDS a 64-bit word of its bitsets (sequences x
+# depth x pack length / 64 words; measured 0.01-0.16 ms a move, 4-30 sequences at 2,048-8,192 tokens)
+MOVE_SECONDS = 1e-5
+MOVE_WORD_SECONDS = 2e-9
 # Packings of more packs are returned as they are: a round costs time in proportion to the packs, and 0.1% of
 # them is more packs than the search gains in its time.
 MAX_PACKS = 20_000
@@ -46,15 +59,13 @@ MAX_PACKS = 20_000
 
 def neighbourhood(mixture: Mixture, histogram: np.ndarray, bound: int, depth: int | None,
                   deadline: float | None = None) -> Mixture:
-    """`mixture` (a packing of `histogram`, at most `depth` sequences a pack) with groups of packs repacked into
-    one pack fewer while it is above `bound`; `mixture` itself where no group is found, or it has more than
-    MAX_PACKS packs."""
+    """`mixture` (a packing of `histogram`, at most `depth` sequences a pack) with packs saved while it is above
+    `bound`: room gathered until a pack empties, or a group of packs repacked into one fewer; `mixture` itself
+    where neither saves a pack, or it has more than MAX_PACKS packs."""
     if mixture.n_packs > MAX_PACKS:
         return mixture
     max_len = len(histogram)
-    packs = _packs(mixture)
-    tokens = np.array([int(p.sum()) for p in packs], dtype=np.int64)
-    sizes = np.array([len(p) for p in packs], dtype=np.int64)
+    packs = [np.sort(p)[::-1] for p in _packs(mixture)]  # longest first: a move keeps the earlier ones where it can
     counted = effort()
     began = counted.spent
     rng = np.random.default_rng(0)
@@ -64,19 +75,86 @@ def neighbourhood(mixture: Mixture, histogram: np.ndarray, bound: int, depth: in
 
     while len(packs) > bound and not spent():
         spend(len(packs) * ROUND_SECONDS_A_PACK)
+        moved = list(packs)
+        _concentrate(moved, max_len, depth, spent)
+        moved = [p for p in moved if len(p)]
+        if len(moved) < len(packs):  # a pack emptied
+            packs = moved
+            continue
+        if spent():
+            break
+        tokens = np.array([int(p.sum()) for p in packs], dtype=np.int64)
+        sizes = np.array([len(p) for p in packs], dtype=np.int64)
         group = _repack_a_group(packs, tokens, sizes, max_len, depth, rng, spent, deadline)
         if group is None:
             break
         picked, repacked = group
         keep = np.ones(len(packs), dtype=bool)
         keep[picked] = False
-        packs = [p for p, k in zip(packs, keep) if k] + repacked
-        tokens = np.concatenate([tokens[keep], [int(p.sum()) for p in repacked]])
-        sizes = np.concatenate([sizes[keep], [len(p) for p in repacked]])
-    if len(packs) == mixture.n_packs:  # no group repacked
+        packs = [p for p, k in zip(packs, keep) if k] + [np.sort(p)[::-1] for p in repacked]
+    if len(packs) == mixture.n_packs:  # no pack emptied, no group repacked
         return mixture
-    return Mixture.from_ragged(np.concatenate(packs), np.concatenate([[0], np.cumsum(sizes)]),
+    return Mixture.from_ragged(np.concatenate(packs), np.concatenate([[0], np.cumsum([len(p) for p in packs])]),
                                np.ones(len(packs), dtype=np.int64))
+
+
+def _concentrate(packs: list[np.ndarray], max_len: int, depth: int | None, stop) -> None:
+    """Move room between packs, in place, until no move is left (or `stop()`): each pack with room, least
+    first, is filled as full as the sequences of itself and one of the PARTNERS emptiest packs allow (the
+    rest go to that partner), so the room gathers in the emptiest packs, and a partner left with nothing is a
+    pack saved (it stays in `packs`, empty). Each move makes a fuller pack fuller by what it takes from an
+    emptier one, so the sum of squared fills rises and the loop ends."""
+    while not stop():
+        fills = np.array([int(p.sum()) for p in packs], dtype=np.int64)
+        emptiest = list(np.argsort(fills, kind="stable")[:PARTNERS + 1])
+        moved = False
+        for j in np.argsort(-fills, kind="stable"):
+            if fills[j] >= max_len or not len(packs[j]):
+                continue
+            for p in sorted((p for p in emptiest if p != j and fills[p] < fills[j]), key=lambda p: fills[p])[:PARTNERS]:
+                if not len(packs[p]):
+                    continue
+                move = _fuller(packs[j], packs[p], max_len, depth)
+                if move is not None:
+                    packs[j], packs[p] = move
+                    fills[j], fills[p] = int(move[0].sum()), int(move[1].sum())
+                    moved = True
+                    break
+            if stop():
+                return
+        if not moved:
+            return
+
+
+def _fuller(a: np.ndarray, b: np.ndarray, max_len: int, depth: int | None):
+    """(a', b'): the sequences of packs `a` and `b` (their lengths) split so that a' holds as many
+    tokens as any subset of at most `depth` of them that fits, b' the rest (it fits: a' holds at least what a
+    did), where that is more than `a` holds and b' keeps within `depth`; else None. Subset sum over the pooled
+    sequences in bitsets (Python integers: bit c set = total c reachable with exactly k sequences), counted
+    to the call's effort as `fill.py` counts its own."""
+    pool = np.concatenate([a, b])
+    n = len(pool)
+    most = n if depth is None else min(depth, n)
+    least = 0 if depth is None else max(0, n - depth)  # b' must keep within depth too
+    mask = (1 << (max_len + 1)) - 1
+    reach = [1] + [0] * most
+    history = [reach]
+    for length in pool.tolist():
+        reach = [reach[0]] + [(reach[k] | (reach[k - 1] << length)) & mask for k in range(1, most + 1)]
+        history.append(reach)
+    spend(MOVE_SECONDS + n * most * (max_len // 64 + 1) * MOVE_WORD_SECONDS)
+    have = int(a.sum())
+    k = max(range(least, most + 1), key=lambda k: reach[k].bit_length())
+    total = reach[k].bit_length() - 1
+    if total <= have:
+        return None
+    taken = np.zeros(n, dtype=bool)
+    for i in range(n, 0, -1):  # back through the history: sequence i-1 is in where the total needs it
+        if not history[i - 1][k] >> total & 1:
+            taken[i - 1] = True
+            total -= int(pool[i - 1])
+            k -= 1
+    return pool[taken], pool[~taken]
 
 
 def _packs(mixture: Mixture) -> list[np.ndarray]:
