@@ -8,24 +8,26 @@ CGHP's last step where its packing is above the bound and not within 0.1% of it.
 exact pricing is dear (at most a few thousand sequences, most lengths distinct, a depth limit of 6 to 16 at
 4,096-8,192 tokens) CGHP returns the plan or best fit at once, one or two packs above the bound: 29 of the 80
 cases of `benchmarks/packing_small.py --family dear` (seeds 0 and 1) met the goal, 59 with the group search
-alone, 71 with both steps, the slowest in 3.1 s (docs/results/packing-scale.md, "Repacking the emptiest
+alone, 70 with both steps, the slowest in 2.9 s (docs/results/packing-scale.md, "Repacking the emptiest
 packs" and "Gathering the room").
 
 Each round first gathers the room (`_concentrate`): every pack with room, fullest first, takes as many tokens
 as any split of its sequences and those of one of the PARTNERS emptiest packs allows (subset sum in bitsets,
 as `fill.py`), the partner keeping the rest. Room flows from fuller packs to emptier ones, and on histograms
-that leave about a token of room a pack at the bound this is what empties a pack: no group of the emptiest packs
-had a pack's worth of room while it was spread. Where no pack empties, that round's moves are dropped (the
-groups below found more on the packing as it was) and the groups are tried: the packs ordered by how much room
-they leave, in one of a few ways (free tokens; free tokens and free slots; free slots with a little free room
-counting as much as a lot; free tokens with a seeded random nudge), and for m = 2, 3, ... (small groups first,
-in every ordering: the groups it repacked were of 3 to 6 packs, and the search found them several times
-sooner) bin completion packs the sequences of the first m packs into m - 1, where the cheap bound allows it.
-The first packing found replaces those m packs and the next round starts. The search ends at the bound, when no
-ordering and m finds one, or after SEARCH_SECONDS of estimated effort (the moves' bitsets, bin completion's
-nodes and each round's sorting, counted as the call's: `effort.py`; called outside a packing call, where
-nothing is counted, only the group limits and the deadline end it). A packing of more than MAX_PACKS packs is
-left as it is. A count, not a clock, and a seeded nudge: the same histogram always packs the same way.
+that leave about a token of room a pack at the bound this is what empties a pack: no group of the emptiest
+packs had a pack's worth of room while it was spread. The round ends at the first pack emptied, and the next
+starts from the emptiest packs left (going on within the round instead gained some cases and lost others).
+Where no pack empties, that round's moves are dropped (the groups below found more on the packing as it was)
+and the groups are tried: the packs ordered by how much room they leave, in one of a few ways (free tokens;
+free tokens and free slots; free slots with a little free room counting as much as a lot; free tokens with a
+seeded random nudge), and for m = 2, 3, ... (small groups first, in every ordering: the groups it repacked
+were of 3 to 6 packs, and the search found them several times sooner) bin completion packs the sequences of
+the first m packs into m - 1, where the cheap bound allows it. The first packing found replaces those m packs
+and the next round starts. The search ends at the bound, when no ordering and m finds one, or after
+SEARCH_SECONDS of estimated effort (the moves' bitsets, bin completion's nodes and each round's sorting,
+counted as the call's: `effort.py`; called outside a packing call, where nothing is counted, only the group
+limits and the deadline end it). A packing of more than MAX_PACKS packs is left as it is. A count, not a
+clock, and a seeded nudge: the same histogram always packs the same way.
 """
 
 from __future__ import annotations
@@ -58,10 +60,12 @@ MAX_PACKS = 20_000
 
 
 def neighbourhood(mixture: Mixture, histogram: np.ndarray, bound: int, depth: int | None,
-                  deadline: float | None = None) -> Mixture:
+                  deadline: float | None = None, seconds: float | None = None, groups: bool = True) -> Mixture:
     """`mixture` (a packing of `histogram`, at most `depth` sequences a pack) with packs saved while it is above
     `bound`: room gathered until a pack empties, or a group of packs repacked into one fewer; `mixture` itself
-    where neither saves a pack, or it has more than MAX_PACKS packs."""
+    where neither saves a pack, or it has more than MAX_PACKS packs. `seconds`: the estimated seconds it may
+    spend (default SEARCH_SECONDS); `groups` False: only gather the room (CGHP's early step on best fit's
+    packing)."""
     if mixture.n_packs > MAX_PACKS:
         return mixture
     max_len = len(histogram)
@@ -70,8 +74,10 @@ def neighbourhood(mixture: Mixture, histogram: np.ndarray, bound: int, depth: in
     began = counted.spent
     rng = np.random.default_rng(0)
 
+    seconds = SEARCH_SECONDS if seconds is None else seconds
+
     def spent() -> bool:
-        return counted.spent - began >= SEARCH_SECONDS or past(deadline)
+        return counted.spent - began >= seconds or past(deadline)
 
     while len(packs) > bound and not spent():
         spend(len(packs) * ROUND_SECONDS_A_PACK)
@@ -81,7 +87,7 @@ def neighbourhood(mixture: Mixture, histogram: np.ndarray, bound: int, depth: in
         if len(moved) < len(packs):  # a pack emptied
             packs = moved
             continue
-        if spent():
+        if spent() or not groups:
             break
         tokens = np.array([int(p.sum()) for p in packs], dtype=np.int64)
         sizes = np.array([len(p) for p in packs], dtype=np.int64)
@@ -99,24 +105,24 @@ def neighbourhood(mixture: Mixture, histogram: np.ndarray, bound: int, depth: in
 
 
 def _concentrate(packs: list[np.ndarray], max_len: int, depth: int | None, stop) -> None:
-    """Move room between packs, in place, until no move is left (or `stop()`): each pack with room, least
-    first, is filled as full as the sequences of itself and one of the PARTNERS emptiest packs allow (the
-    rest go to that partner), so the room gathers in the emptiest packs, and a partner left with nothing is a
-    pack saved (it stays in `packs`, empty). Each move makes a fuller pack fuller by what it takes from an
-    emptier one, so the sum of squared fills rises and the loop ends."""
+    """Move room between packs (none empty), in place, until one empties (it stays in `packs`, empty: a pack
+    saved), no move is left, or `stop()`: each pack with room, fullest first, is filled as full as the
+    sequences of itself and one of the PARTNERS emptiest packs allow (the rest go to that partner), so the room
+    gathers in the emptiest packs. Each move makes a fuller pack fuller by what it takes from an emptier one,
+    so the sum of squared fills rises and the loop ends."""
     while not stop():
         fills = np.array([int(p.sum()) for p in packs], dtype=np.int64)
-        emptiest = list(np.argsort(fills, kind="stable")[:PARTNERS + 1])
+        emptiest = np.argsort(fills, kind="stable")[:PARTNERS + 1]
         moved = False
         for j in np.argsort(-fills, kind="stable"):
-            if fills[j] >= max_len or not len(packs[j]):
+            if fills[j] >= max_len:
                 continue
             for p in sorted((p for p in emptiest if p != j and fills[p] < fills[j]), key=lambda p: fills[p])[:PARTNERS]:
-                if not len(packs[p]):
-                    continue
                 move = _fuller(packs[j], packs[p], max_len, depth)
                 if move is not None:
                     packs[j], packs[p] = move
+                    if not len(packs[p]):
+                        return
                     fills[j], fills[p] = int(move[0].sum()), int(move[1].sum())
                     moved = True
                     break
