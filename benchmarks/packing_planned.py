@@ -53,7 +53,8 @@ def main(argv=None) -> None:
 
 def _strategy(hist, depth) -> str:
     """Which path CGHP takes on this histogram (without running it again; "planned" also when best fit was
-    returned first, which does not happen on these cases)."""
+    returned first, or its room gathered to the bound ("gathered", only within cghp.GATHER_PACKS of it), neither
+    of which happens on these cases)."""
     lengths = (hist > 0).nonzero()[0] + 1
     expensive = cghp_module.pricing_seconds(len(lengths), len(hist), depth, int(lengths[0])) > \
         cghp_module.EXACT_PRICING_SECONDS

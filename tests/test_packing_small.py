@@ -798,12 +798,12 @@ def test_moving_room_between_two_packs_fills_the_fuller_one_as_full_as_any_split
 
     rng = np.random.default_rng(0)
     moved = 0
-    for _ in range(300):
-        max_len, depth = int(rng.choice([16, 50, 200])), [None, 2, 3, 5][int(rng.integers(4))]
+    for _ in range(400):
+        max_len, depth = int(rng.choice([16, 50, 200])), [None, 1, 2, 3, 5, 12][int(rng.integers(6))]
         packs = []
-        for _ in range(2):
+        for _ in range(2):  # (either may be empty)
             lengths = []
-            for length in rng.integers(1, max_len // 2 + 1, 6):
+            for length in rng.integers(1, max_len // 2 + 1, int(rng.integers(0, 7))):
                 if sum(lengths) + length <= max_len and len(lengths) < (depth or 6):
                     lengths.append(int(length))
             packs.append(np.array(sorted(lengths, reverse=True), dtype=np.int64))
@@ -822,6 +822,41 @@ def test_moving_room_between_two_packs_fills_the_fuller_one_as_full_as_any_split
         assert depth is None or max(len(fuller), len(rest)) <= depth
         assert sorted(np.concatenate([fuller, rest]).tolist()) == sorted(pool.tolist())
     assert moved > 50
+
+
+def test_gathering_the_room_ends_and_keeps_every_sequence_with_nothing_to_stop_it(monkeypatch):
+    """`_concentrate` on random wasteful packings with a `stop` that never fires (as outside a packing call,
+    where no effort is counted): it ends (each move raises the sum of squared fills), keeps every sequence
+    once, every pack within the pack length and the depth limit, and never lowers that sum. The early step's
+    call (`groups=False`) never repacks groups, and with its deadline passed returns the packing as it is."""
+    from bert_ipu.packing import neighbourhood as module
+    from bert_ipu.packing.mixture import Mixture
+
+    rng = np.random.default_rng(1)
+    emptied = 0
+    for _ in range(40):
+        max_len, depth = int(rng.choice([32, 100, 512])), [None, 2, 3, 8][int(rng.integers(4))]
+        lengths = rng.integers(1, max_len // 2, int(rng.integers(5, 60)))
+        packs = [np.array(p, dtype=np.int64) for p in np.array_split(lengths, len(lengths) // (depth or 4) + 1)]
+        packs = [p for p in packs if len(p)]
+        packs = [q for p in packs for q in ([p] if p.sum() <= max_len else [np.array([x]) for x in p])]
+        before = sum(int(p.sum()) ** 2 for p in packs)
+        module._concentrate(packs, max_len, depth, lambda: False)
+        assert sorted(np.concatenate(packs).tolist()) == sorted(lengths.tolist())
+        assert all(p.sum() <= max_len and (depth is None or len(p) <= depth) for p in packs)
+        assert sum(int(p.sum()) ** 2 for p in packs) >= before
+        emptied += any(len(p) == 0 for p in packs)
+    assert emptied > 5
+
+    def no_groups(*args, **kwargs):
+        raise AssertionError("groups repacked")
+
+    monkeypatch.setattr(module, "_repack_a_group", no_groups)
+    hist = np.bincount([5, 5, 3, 3], minlength=10)  # [6], [6], [4, 4] at 10 tokens: 6 and 4 make a full pack
+    wasteful = Mixture.from_lists([[6], [6], [4, 4]], [1, 1, 1])
+    gathered = module.neighbourhood(wasteful, hist, 2, None, groups=False)
+    assert gathered.n_packs == 2 and np.array_equal(gathered.coverage(10), hist)
+    assert module.neighbourhood(wasteful, hist, 2, None, deadline=time.perf_counter() - 1, groups=False) is wasteful
 
 
 def test_gathering_the_room_into_the_emptiest_packs_reaches_the_bound_where_groups_do_not(monkeypatch):

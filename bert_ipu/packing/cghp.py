@@ -148,7 +148,8 @@ SETTLE_NODES = 1_000_000
 # there, and moving room between pairs of packs often empties the last ones in a fraction of a second (7,040
 # sequences uniform in 4-44% of 2,048, depth 16: 1,665, the bound, in 0.2 s, where the rest took 4 s to 1,666).
 # Where best fit was further above, the gathering saved a few packs at most, not the bound, and cost up to
-# 0.8 s; a gathered packing within 0.1% of the bound but not at it cost packs that the dive finds.
+# 0.8 s; a gathered packing within 0.1% of the bound but not at it cost packs that the dive finds. (Its effort
+# counts to the call's patience, `effort.py`, as every step's does.)
 GATHER_SECONDS = 0.5
 GATHER_PACKS = 16
 

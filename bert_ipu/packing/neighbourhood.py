@@ -26,8 +26,8 @@ the first m packs into m - 1, where the cheap bound allows it. The first packing
 and the next round starts. The search ends at the bound, when no ordering and m finds one, or after
 SEARCH_SECONDS of estimated effort (the moves' bitsets, bin completion's nodes and each round's sorting,
 counted as the call's: `effort.py`; called outside a packing call, where nothing is counted, only the group
-limits and the deadline end it). A packing of more than MAX_PACKS packs is left as it is. A count, not a
-clock, and a seeded nudge: the same histogram always packs the same way.
+limits, the gathering running out of moves and the deadline end it). A packing of more than MAX_PACKS packs
+is left as it is. A count, not a clock, and a seeded nudge: the same histogram always packs the same way.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def neighbourhood(mixture: Mixture, histogram: np.ndarray, bound: int, depth: in
     if mixture.n_packs > MAX_PACKS:
         return mixture
     max_len = len(histogram)
-    packs = [np.sort(p)[::-1] for p in _packs(mixture)]  # longest first: a move keeps the earlier ones where it can
+    packs = [np.sort(p)[::-1] for p in _packs(mixture)]  # (longest first as packs come in: the order only breaks ties)
     counted = effort()
     began = counted.spent
     rng = np.random.default_rng(0)
@@ -107,9 +107,9 @@ def neighbourhood(mixture: Mixture, histogram: np.ndarray, bound: int, depth: in
 def _concentrate(packs: list[np.ndarray], max_len: int, depth: int | None, stop) -> None:
     """Move room between packs (none empty), in place, until one empties (it stays in `packs`, empty: a pack
     saved), no move is left, or `stop()`: each pack with room, fullest first, is filled as full as the
-    sequences of itself and one of the PARTNERS emptiest packs allow (the rest go to that partner), so the room
-    gathers in the emptiest packs. Each move makes a fuller pack fuller by what it takes from an emptier one,
-    so the sum of squared fills rises and the loop ends."""
+    sequences of itself and one of the PARTNERS emptiest packs (at the start of the sweep) allow (the rest go
+    to that partner), so the room gathers in the emptiest packs. Each move makes a fuller pack fuller by what
+    it takes from an emptier one, so the sum of squared fills rises and the loop ends."""
     while not stop():
         fills = np.array([int(p.sum()) for p in packs], dtype=np.int64)
         emptiest = np.argsort(fills, kind="stable")[:PARTNERS + 1]
