@@ -35,6 +35,12 @@ def lower_bound(histogram: np.ndarray, max_sequences_per_pack: int | None) -> in
     return bound
 
 
+def tokens_bound(histogram: np.ndarray) -> int:
+    """Enough packs for the tokens: ceil(tokens / max_len)."""
+    max_len = len(histogram)
+    return math.ceil(int(np.arange(1, max_len + 1) @ histogram) / max_len)
+
+
 def martello_toth(histogram: np.ndarray) -> int:
     """Martello and Toth's bound L2 for bin packing (1990), in O(max_len) on the histogram: for every
     K <= C/2 (C = max_len), the sequences longer than C - K each take a pack, so do those longer than C/2,

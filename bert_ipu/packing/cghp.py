@@ -65,7 +65,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .bounds import lower_bound as cheap_lower_bound, past
+from .bounds import lower_bound as cheap_lower_bound, past, tokens_bound
 from .complete import NODE_LIMIT, complete
 from .fill import FILL_WORDS, fill
 from .heuristics import lpfhp, run_lpfhp
@@ -272,8 +272,7 @@ def _cghp(histogram: np.ndarray, depth: int, steps: int | None, deadline: float 
         if found is not None:
             return CGHPResult(found, float(cheap), cheap, False, "completed")
         break
-    tokens_bound = math.ceil(int(np.arange(1, max_len + 1) @ histogram) / max_len)
-    if cheap == tokens_bound and start.n_packs - cheap <= GATHER_PACKS:
+    if cheap == tokens_bound(histogram) and start.n_packs - cheap <= GATHER_PACKS:
         # (a gathered packing above the bound is dropped: the plan, the dive and the last step's groups reached
         # the bound more often from best fit than from it)
         gathered = neighbourhood(start, histogram, cheap, depth, deadline, seconds=GATHER_SECONDS, groups=False)
@@ -334,8 +333,7 @@ def _plannable(histogram: np.ndarray, depth: int, cheap: int, expensive: bool) -
     max_len = len(histogram)
     if cheap > PLAN_MAX_PACKS or depth >= max_len // (int(np.argmax(histogram > 0)) + 1):
         return False
-    tokens = int((np.arange(1, max_len + 1) * histogram).sum())
-    if math.ceil(tokens / max_len) < math.ceil(int(histogram.sum()) / depth):
+    if tokens_bound(histogram) < math.ceil(int(histogram.sum()) / depth):
         return False
     return expensive or (depth >= PLAN_MIN_DEPTH and int((histogram > 0).sum()) > COARSE_START_LENGTHS)
 

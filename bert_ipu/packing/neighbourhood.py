@@ -73,7 +73,6 @@ def neighbourhood(mixture: Mixture, histogram: np.ndarray, bound: int, depth: in
     counted = effort()
     began = counted.spent
     rng = np.random.default_rng(0)
-
     seconds = SEARCH_SECONDS if seconds is None else seconds
 
     def spent() -> bool:
@@ -89,9 +88,7 @@ def neighbourhood(mixture: Mixture, histogram: np.ndarray, bound: int, depth: in
             continue
         if spent() or not groups:
             break
-        tokens = np.array([int(p.sum()) for p in packs], dtype=np.int64)
-        sizes = np.array([len(p) for p in packs], dtype=np.int64)
-        group = _repack_a_group(packs, tokens, sizes, max_len, depth, rng, spent, deadline)
+        group = _repack_a_group(packs, max_len, depth, rng, spent, deadline)
         if group is None:
             break
         picked, repacked = group
@@ -169,13 +166,13 @@ def _packs(mixture: Mixture) -> list[np.ndarray]:
     return [flat[offsets[i]: offsets[i + 1]] for i in range(len(offsets) - 1)]
 
 
-def _repack_a_group(packs: list[np.ndarray], tokens: np.ndarray, sizes: np.ndarray, max_len: int,
-                    depth: int | None, rng: np.random.Generator, stop, deadline: float | None = None):
+def _repack_a_group(packs: list[np.ndarray], max_len: int, depth: int | None, rng: np.random.Generator, stop,
+                    deadline: float | None = None):
     """(indices of m packs, their sequences in m - 1 packs) for the first group that bin completion repacks,
-    trying each ordering of the packs by room (`tokens` and `sizes`: each pack's tokens and sequences); None
-    where none does (or `stop()` says so; bin completion also stops at `deadline`)."""
-    free = (max_len - tokens) / max_len
-    slots = ((depth or max_len) - sizes) / (depth or max_len)
+    trying each ordering of the packs by room; None where none does (or `stop()` says so; bin completion also
+    stops at `deadline`)."""
+    free = (max_len - np.array([int(p.sum()) for p in packs])) / max_len
+    slots = ((depth or max_len) - np.array([len(p) for p in packs])) / (depth or max_len)
     scores = [free, free + slots, np.minimum(4 * free, 1.0) + slots, free + 0.5 * rng.random(len(packs))]
     orders = [np.argsort(-score, kind="stable") for score in scores[:ORDERINGS]]
     subs = [np.zeros(max_len, dtype=np.int64) for _ in orders]
