@@ -124,7 +124,7 @@ def test_bucketed_cghp_packs_the_real_lengths(monkeypatch, depth):
     monkeypatch.setattr(cghp_module, "GRID", 64)
     monkeypatch.setattr(cghp_module, "_plannable", lambda *_: False)  # not the planned path
     monkeypatch.setattr(neighbourhood, "SEARCH_SECONDS", 0)  # the bucketed path's own packing (CGHP's last step
-    # repacks it a pack fewer here)
+    monkeypatch.setattr(neighbourhood, "POOL_SECONDS", 0)    # repacks it a pack fewer here)
     calls, real = [], cghp_module._bucketed
     monkeypatch.setattr(cghp_module, "_bucketed", lambda *a, **k: calls.append(a) or real(*a, **k))
     result = cghp_module.cghp(hist, depth or 600)
@@ -156,6 +156,7 @@ def test_planned_packing_of_long_packs_under_a_depth_limit(monkeypatch):
     assert result.lower_bound_packs == cheap and not result.time_limit_reached
     assert result.packs <= 1.005 * cheap
     monkeypatch.setattr(neighbourhood, "SEARCH_SECONDS", 0)  # the plan itself (CGHP's last step repacks it)
+    monkeypatch.setattr(neighbourhood, "POOL_SECONDS", 0)
     assert cghp_module.cghp(hist, 8).strategy == "planned"
 
 

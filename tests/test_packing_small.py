@@ -650,9 +650,9 @@ def _benchmark_case(family: str, seed: int, index: int, max_sequences: int | Non
 def _packed_at_the_bound_only_with(monkeypatch, hist, depth, bound, knob, strategy=None, module=None):
     """CGHP packs `hist` at its proven bound `bound` (by `strategy`, if given): a valid packing; and with
     `module`'s (default: the cghp module's) `knob` set to 0, a pack more. (In that second call the local search
-    of `neighbourhood.py` is off too, both as the last step and as the early gathering of best fit's room: it
-    reaches the bound on some of these cases by itself, so only with it off does the call show what `knob`
-    does.)"""
+    of `neighbourhood.py` is off too, both as the last step, with its pool (`tabu.py`), and as the early
+    gathering of best fit's room: it reaches the bound on some of these cases by itself, so only with it off
+    does the call show what `knob` does.)"""
     from bert_ipu.packing import cghp as cghp_module, neighbourhood
 
     result = pack(hist, "cghp", depth)
@@ -661,6 +661,7 @@ def _packed_at_the_bound_only_with(monkeypatch, hist, depth, bound, knob, strate
     assert np.array_equal(result.mixture.coverage(len(hist)), hist) and result.mixture.depth <= depth
     assert (result.mixture.pack_lengths() <= len(hist)).all()
     monkeypatch.setattr(neighbourhood, "SEARCH_SECONDS", 0)
+    monkeypatch.setattr(neighbourhood, "POOL_SECONDS", 0)
     monkeypatch.setattr(cghp_module, "GATHER_SECONDS", 0)
     monkeypatch.setattr(module or cghp_module, knob, 0)
     assert pack(hist, "cghp", depth).packs == bound + 1
@@ -863,7 +864,7 @@ def test_gathering_the_room_into_the_emptiest_packs_reaches_the_bound_where_grou
     """`benchmarks/packing_small.py --family dear`, case 2 (seed 0): most lengths distinct, a depth limit, and
     so little room at the bound that no group of the emptiest packs has a pack's worth of it: repacking groups
     alone ends a pack above the bound, 569. Moving room between packs first (each pack filled from itself and
-    one of the emptiest, `_concentrate`) empties a pack: 568, the bound. Without it (PARTNERS 0), 569. (The
+    one of the emptiest, `_concentrate`) empties a pack: 568, the bound. Without it (PARTNERS 0, and no pool), 569. (The
     early gathering of best fit's room, `cghp.GATHER_SECONDS`, also gets there, from best fit; it is off here,
     so that the test is about CGHP's last step.)"""
     from bert_ipu.packing import cghp as cghp_module, neighbourhood
@@ -875,6 +876,7 @@ def test_gathering_the_room_into_the_emptiest_packs_reaches_the_bound_where_grou
     assert np.array_equal(result.mixture.coverage(len(hist)), hist) and result.mixture.depth <= depth
     assert (result.mixture.pack_lengths() <= len(hist)).all()
     monkeypatch.setattr(neighbourhood, "PARTNERS", 0)
+    monkeypatch.setattr(neighbourhood, "POOL_SECONDS", 0)  # (the pool, `tabu.py`, also reaches 568 from 569)
     assert pack(hist, "cghp", depth).packs == 569
 
 
@@ -909,3 +911,73 @@ def test_a_deadline_that_stops_the_repacking_above_the_bound_is_reported():
     assert done.mixture.n_packs == 2 and done.strategy == "improved" and not done.time_limit_reached
     at_bound = CGHPResult(done.mixture, 2.0, 2)
     assert not _improve(at_bound, hist, None, deadline=time.perf_counter() - 1).time_limit_reached
+
+
+def test_the_pool_decides_exactly_whether_its_sequences_fit_one_or_two_packs():
+    """`tabu._split`: the pool's sequences in at most 1 or 2 packs within the pack length and the depth limit
+    where any split allows it (checked against every split of random pools), None where none does."""
+    from itertools import combinations
+
+    from bert_ipu.packing.tabu import _split
+
+    rng = np.random.default_rng(3)
+    fitted = refused = 0
+    for _ in range(300):
+        max_len, depth = int(rng.choice([16, 50, 200])), int(rng.choice([1, 2, 3, 5, 12]))
+        packs = int(rng.integers(1, 3))
+        lengths = rng.integers(1, max_len + 1, int(rng.integers(0, 8))).astype(np.int64)
+        n = len(lengths)
+        fits = any(sum(lengths[list(c)]) <= max_len and sum(lengths) - sum(lengths[list(c)]) <= max_len
+                   and k <= depth and n - k <= depth for k in range(n + 1) for c in combinations(range(n), k))
+        fits = fits if packs == 2 else n <= depth and lengths.sum() <= max_len
+        split = _split(lengths, max_len, depth, packs)
+        if not fits:
+            assert split is None
+            refused += 1
+            continue
+        fitted += 1
+        assert split is not None and 1 <= len(split) <= packs
+        assert sorted(np.concatenate(split).tolist()) == sorted(lengths.tolist())
+        assert all(p.sum() <= max_len and len(p) <= depth for p in split)
+    assert fitted > 50 and refused > 50
+
+
+def test_the_pool_search_saves_packs_keeps_every_sequence_and_ends_with_nothing_to_stop_it():
+    """`tabu.pool_search` on random wasteful packings with a `stop` that never fires (as outside a packing call):
+    it ends (a search ends STALL_MOVES moves after its pool last got lighter), keeps every sequence once, every
+    pack within the pack length and the depth limit, never returns more packs nor fewer than the bound, and
+    saves packs where they are easy to save: six packs of 6, 6, 5, 5, 4, 4 tokens at 10 go into 3, the bound.
+    With `stop` firing at once it returns the packing as it is."""
+    from bert_ipu.packing.bounds import lower_bound
+    from bert_ipu.packing.tabu import pool_search
+
+    rng = np.random.default_rng(2)
+    saved = 0
+    for _ in range(30):
+        max_len, depth = int(rng.choice([32, 100, 512])), [None, 2, 3, 8][int(rng.integers(4))]
+        lengths = rng.integers(1, max_len // 2, int(rng.integers(8, 60)))
+        packs = [np.array([x]) for x in lengths]
+        bound = lower_bound(np.bincount(lengths - 1, minlength=max_len), depth)
+        got = pool_search(packs, max_len, depth, bound, lambda: False)
+        assert sorted(np.concatenate(got).tolist()) == sorted(lengths.tolist())
+        assert all(p.sum() <= max_len and (depth is None or len(p) <= depth) for p in got)
+        assert bound <= len(got) <= len(packs)
+        saved += len(got) < len(packs)
+    assert saved > 20
+    easy = [np.array([x]) for x in (6, 6, 5, 5, 4, 4)]
+    got = pool_search(easy, 10, None, 3, lambda: False)
+    assert len(got) == 3 and sorted(np.concatenate(got).tolist()) == [4, 4, 5, 5, 6, 6]
+    assert all(p.sum() <= 10 for p in got)
+    assert pool_search(easy, 10, None, 3, lambda: True) is easy
+
+
+def test_a_pool_of_unpacked_sequences_reaches_the_bound_where_gathering_and_groups_do_not(monkeypatch):
+    """`benchmarks/packing_small.py --family dear`, case 32 (seed 0): 2,358 log-normal lengths at 8,192, depth 8,
+    1,853 distinct, with less than 0.7 of a pack of room at the bound (876). Gathering the room and repacking
+    groups of the emptiest packs end a pack above it; the tabu search with a pool of unpacked sequences
+    (`tabu.py`) reaches 876. Without it (POOL_SECONDS 0), 877."""
+    from bert_ipu.packing import neighbourhood
+
+    hist, depth = _benchmark_case("dear", 0, 32)
+    _packed_at_the_bound_only_with(monkeypatch, hist, depth, 876, "POOL_SECONDS", strategy="improved",
+                                   module=neighbourhood)

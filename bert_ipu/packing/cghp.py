@@ -44,8 +44,9 @@ integer optimum is almost always ceil(LP) or ceil(LP) + 1. We
    (`_settle`);
 7. on any histogram still above the goal (the bound; from 1,000 packs, within 0.1% of it), gather its room into
    its emptiest packs until one empties, or repack groups of them into one pack fewer by bin completion, within
-   2 estimated seconds (`_improve`, `neighbourhood.py`): where exact pricing is dear on a small histogram, the
-   plan or best fit is returned at once, often a pack above the bound, and this is what reaches it.
+   2 estimated seconds, then search with a pool of unpacked sequences for 1.5 more (`_improve`,
+   `neighbourhood.py`, `tabu.py`): where exact pricing is dear on a small histogram, the plan or best fit is
+   returned at once, often a pack above the bound, and this is what reaches it.
 
 `lower_bound = max(cheap bound, ceil(Farley bound))` comes with the result, so users see how far from
 optimal the packing is; with more than 600 distinct lengths also `lp.coarse_bound`, proven first from a small
@@ -197,9 +198,9 @@ def cghp(histogram: np.ndarray, depth: int, steps: int | None = None, deadline: 
 def _improve(result: CGHPResult, histogram: np.ndarray, depth: int, deadline) -> CGHPResult:
     """A packing above its bound, and not within 0.1% of it, with packs saved by the local search of
     `neighbourhood.py` (its room gathered until a pack empties; groups of its emptiest packs repacked into one
-    fewer). Where the deadline stops (or precedes) that search above the bound, the
-    result says so (time_limit_reached), as `_settle`'s does: a time-limited call may then differ from one
-    without."""
+    fewer; then a pool of unpacked sequences, `tabu.py`). Where the deadline stops (or precedes) that search above
+    the bound, the result says so (time_limit_reached), as `_settle`'s does: a time-limited call may then differ
+    from one without."""
     packs, bound = result.mixture.n_packs, result.lower_bound
     if packs <= bound * (1 + GOAL_GAP) + 1e-9 and GOAL_GAP * bound >= 1 or packs <= bound:
         return result

@@ -1,6 +1,7 @@
 """Large-neighbourhood search: take a packing one or a few packs above its bound, gather its room into its
 emptiest packs until one empties, and repack groups of its emptiest packs into one pack fewer, by bin
-completion (`complete.py`).
+completion (`complete.py`); where neither saves a pack any more, a tabu search with a pool of unpacked
+sequences (`tabu.py`).
 
     improved = neighbourhood(mixture, histogram, bound, depth)   # a Mixture, never more packs
 
@@ -8,8 +9,8 @@ CGHP's last step where its packing is above the bound and not within 0.1% of it.
 exact pricing is dear (at most a few thousand sequences, most lengths distinct, a depth limit of 6 to 16 at
 4,096-8,192 tokens) CGHP returns the plan or best fit at once, one or two packs above the bound: 29 of the 80
 cases of `benchmarks/packing_small.py --family dear` (seeds 0 and 1) met the goal, 59 with the group search
-alone, 70 with both steps, the slowest in 2.9 s (docs/results/packing-scale.md, "Repacking the emptiest
-packs" and "Gathering the room").
+alone, 70 with the gathering too, 77 with the pool, the slowest in 3.9 s (docs/results/packing-scale.md,
+"Repacking the emptiest packs", "Gathering the room" and "A pool of unpacked sequences").
 
 Each round first gathers the room (`_concentrate`): every pack with room, fullest first, takes as many tokens
 as any split of its sequences and those of one of the PARTNERS emptiest packs allows (subset sum in bitsets,
@@ -38,6 +39,7 @@ from .bounds import lower_bound, past
 from .complete import complete
 from .effort import effort, spend
 from .mixture import Mixture
+from .tabu import pool_search
 
 # Bin completion's nodes for one group (about 0.06 s where it decides nothing) ...
 GROUP_NODES = 20_000
@@ -57,6 +59,9 @@ MOVE_WORD_SECONDS = 2e-9
 # Packings of more packs are returned as they are: a round costs time in proportion to the packs, and 0.1% of
 # them is more packs than the search gains in its time.
 MAX_PACKS = 20_000
+# Where neither saves a pack any more, the tabu search with a pool of unpacked sequences (`tabu.py`) has this
+# many estimated seconds of its own.
+POOL_SECONDS = 1.5
 
 
 def neighbourhood(mixture: Mixture, histogram: np.ndarray, bound: int, depth: int | None,
@@ -95,6 +100,9 @@ def neighbourhood(mixture: Mixture, histogram: np.ndarray, bound: int, depth: in
         keep = np.ones(len(packs), dtype=bool)
         keep[picked] = False
         packs = [p for p, k in zip(packs, keep) if k] + [np.sort(p)[::-1] for p in repacked]
+    if len(packs) > bound and groups and POOL_SECONDS > 0 and not past(deadline):
+        began, seconds = counted.spent, POOL_SECONDS  # (what `spent` counts from now)
+        packs = pool_search(packs, max_len, depth, bound, spent)
     if len(packs) == mixture.n_packs:  # no pack emptied, no group repacked
         return mixture
     return Mixture.from_ragged(np.concatenate(packs), np.concatenate([[0], np.cumsum([len(p) for p in packs])]),
