@@ -946,8 +946,9 @@ def test_the_pool_search_saves_packs_keeps_every_sequence_and_ends_with_nothing_
     """`tabu.pool_search` on random wasteful packings with a `stop` that never fires (as outside a packing call):
     it ends (a search ends STALL_MOVES moves after its pool last got lighter), keeps every sequence once, every
     pack within the pack length and the depth limit, never returns more packs nor fewer than the bound, and
-    saves packs where they are easy to save: six packs of 6, 6, 5, 5, 4, 4 tokens at 10 go into 3, the bound.
-    With `stop` firing at once it returns the packing as it is."""
+    saves packs where they are easy to save: six packs of 6, 6, 5, 5, 4, 4 tokens at 10 go into 3, the bound;
+    and where only moves save them (a pool that fits no two packs as it is). With `stop` firing at once it
+    returns the packing as it is."""
     from bert_ipu.packing.bounds import lower_bound
     from bert_ipu.packing.tabu import pool_search
 
@@ -969,6 +970,11 @@ def test_the_pool_search_saves_packs_keeps_every_sequence_and_ends_with_nothing_
     assert len(got) == 3 and sorted(np.concatenate(got).tolist()) == [4, 4, 5, 5, 6, 6]
     assert all(p.sum() <= 10 for p in got)
     assert pool_search(easy, 10, None, 3, lambda: True) is easy
+    # six 70s alone and six 30s three a pack: the pool (three 70s, 210 tokens) fits no two packs until moves
+    # swap two 30s out for a 70; the bound, 6 packs (70 + 30 each), takes a move for every pack saved
+    crossed = [np.array([70])] * 6 + [np.array([30, 30, 30])] * 2
+    got = pool_search(crossed, 100, None, 6, lambda: False)
+    assert sorted(sorted(p.tolist()) for p in got) == [[30, 70]] * 6
 
 
 def test_a_pool_of_unpacked_sequences_reaches_the_bound_where_gathering_and_groups_do_not(monkeypatch):

@@ -5,11 +5,14 @@
 After Buljubasic and Vasquez's consistent neighbourhood search for bin packing (2016). To save a pack, the
 POOL_PACKS emptiest packs are emptied into a pool, and every move keeps the remaining packs valid: p of a pack's
 sequences (0 to 2) change places with q of the pool's (1 or 2), the move that leaves the pool lightest is taken
-(then the one that leaves more, shorter sequences in it; ties by a seeded random draw), equal lengths never swap
-places, and a sequence that entered a pack may not leave it for a while (its tabu tenure, longer each time the
-same length enters the same pack, forgotten whenever the pool is lighter than ever). The pool's sequences
-longer than half a pack weigh a whole pack: the pool must end packable into POOL_PACKS - 1 packs, and two of
-them never are. Once it is light enough, a subset sum decides that; where it is, the packing has one pack fewer.
+(then the one that leaves more, shorter sequences in it; ties by a seeded random draw), never a swap of equal
+totals, and a length that entered a pack may not leave it for a while (its tabu tenure, growing every second
+time the same length enters the same pack; all forgotten whenever the pool is lighter than ever, or as light
+with more sequences). The pool's sequences longer than half a pack weigh a whole pack: the pool must end
+packable into POOL_PACKS - 1 packs, and two of them never share one. Once its tokens fit in those packs, a
+subset sum decides whether its sequences do; where they do, the packing has a pack fewer (two, where they fit
+one). A pool of more than MAX_POOL sequences (short sequences at an unlimited depth: a move weighs every pair of
+them), or more than MAX_ROWS ways to take 0-2 sequences out of the packs, is not searched.
 
 CGHP's last step with `neighbourhood.py` (`cghp._improve`). On the small histograms whose exact pricing is dear
 (`benchmarks/packing_small.py --family dear`: a few thousand sequences, most lengths distinct, a depth limit of 6
@@ -17,11 +20,11 @@ to 16 at 4,096-8,192 tokens) the gathering and group search left 10 of 80 a pack
 room of a fraction of a pack spread over hundreds of packs; the pool reaches the bound on 7 of them
 (docs/results/packing-scale.md, "A pool of unpacked sequences").
 
-A count, not a clock: each search's setup and each move's effort are estimated (PACK_SECONDS a pack;
-MOVE_SECONDS, ROW_SECONDS a pack row and PAIR_SECONDS for each pair of pack and pool rows weighed) and counted
-as the call's (`effort.py`); `stop()` ends the search, and so do STALL_MOVES moves without a lighter pool
-(outside a packing call nothing counts effort). The draws are seeded, so the same packing always searches the
-same way.
+A count, not a clock: each search's setup and each move's effort are estimated (PACK_SECONDS a pack and
+ROW_SECONDS a pack row; MOVE_SECONDS, ROW_SECONDS a pack row, PAIR_SECONDS for each pair of pack and pool rows
+weighed, and the subset sum's bitset words) and counted as the call's (`effort.py`); `stop()` ends the search,
+and so do STALL_MOVES moves without a better pool (outside a packing call nothing counts effort). The draws are
+seeded, so the same packing always searches the same way.
 """
 
 from __future__ import annotations
@@ -42,9 +45,17 @@ PACK_SECONDS = 3e-5  # each search's setup, a pack
 PAIR_SECONDS = 4e-9
 # Pack rows weighed against every pool row at a time, best ceiling first (`_one_fewer`).
 CHUNK = 64
-# A search ends after this many moves without a lighter pool (also outside a packing call, where no effort is
-# counted): the 7 pools that fitted, on the dear family's misses, had gone at most 329 moves without one.
+# A search ends after this many moves without a better pool (lighter, or as light with more sequences; also
+# outside a packing call, where no effort is counted): the 7 pools that fitted, on the dear family's misses, had
+# gone at most 329 moves without one.
 STALL_MOVES = 1_000
+# Not searched: a pool of more sequences (a move weighs every pair of them; at an unlimited depth with short
+# sequences one move took over 1 s), or packs with more ways to give up 0-2 sequences (their rows are held in
+# memory: 3 x 8 bytes each). On the dear family's 10 misses the pools held 3-15 sequences, the packs
+# 2,100-7,600 rows.
+MAX_POOL = 64
+MAX_ROWS = 2_000_000
+SPLIT_WORD_SECONDS = 2e-8  # the subset sum's bitsets, a 64-bit word (as effort.FILL_WORD_SECONDS)
 
 
 def pool_search(packs: list[np.ndarray], max_len: int, depth: int | None, bound: int, stop,
@@ -61,7 +72,9 @@ def pool_search(packs: list[np.ndarray], max_len: int, depth: int | None, bound:
 
 
 def _one_fewer(packs: list[np.ndarray], max_len: int, depth: int, stop, rng: np.random.Generator):
-    """The sequences of `packs` in one pack fewer, or None where the search ends (no move, or `stop()`)."""
+    """The sequences of `packs` in fewer packs (one fewer, or two where the pool fits one), or None where the
+    search ends (no move, STALL_MOVES without a better pool, a pool of more than MAX_POOL sequences, or
+    `stop()`)."""
     if len(packs) <= POOL_PACKS:
         return None
     spend(len(packs) * PACK_SECONDS)
@@ -79,9 +92,13 @@ def _one_fewer(packs: list[np.ndarray], max_len: int, depth: int, stop, rng: np.
             pool.extend(ids)
         else:
             bins.append(ids)
+    sizes = np.array([len(b) for b in bins], dtype=np.int64)
+    if len(pool) > MAX_POOL or int((1 + sizes * (sizes + 1) // 2).sum()) > MAX_ROWS:
+        return None
     fill = np.array([int(w[b].sum()) for b in bins], dtype=np.int64)
-    count = np.array([len(b) for b in bins], dtype=np.int64)
+    count = sizes
     rows = np.concatenate([_rows(k, ids, n) for k, ids in enumerate(bins)])   # (pack, first, second)
+    spend(len(rows) * ROW_SECONDS)
     dead = 0
     entered: dict[tuple[int, int], int] = {}   # (pack, length) -> times it entered the pack
     tabu: dict[tuple[int, int], int] = {}      # (pack, length) -> last move at which it may not leave
@@ -91,7 +108,7 @@ def _one_fewer(packs: list[np.ndarray], max_len: int, depth: int, stop, rng: np.
         split = _split(w[pool], max_len, depth, POOL_PACKS - 1) if w[pool].sum() <= (POOL_PACKS - 1) * max_len else None
         if split is not None:
             return [w[b] for b in bins] + [p for p in split if len(p)]
-        if stop() or move - last_best >= STALL_MOVES:
+        if stop() or move - last_best >= STALL_MOVES or len(pool) > MAX_POOL:
             return None
         move += 1
         if dead > len(rows) // 2:
@@ -180,9 +197,10 @@ def _split(lengths: np.ndarray, max_len: int, depth: int, packs: int) -> list[np
     n, total = len(lengths), int(lengths.sum())
     if packs == 1 or n == 0:
         return [lengths] if n <= depth and total <= max_len else None
-    if total > 2 * max_len or n > 2 * depth:
+    if total > 2 * max_len or n > 2 * depth or int((2 * lengths > max_len).sum()) > 2:
         return None
     most, least, lo = min(depth, n), max(0, n - depth), max(0, total - max_len)
+    spend(n * (most + 1) * (max_len // 64 + 1) * SPLIT_WORD_SECONDS)
     mask = (1 << (max_len + 1)) - 1
     reach = [1] + [0] * most
     history = [reach]
