@@ -88,6 +88,30 @@ def _best_subset(chunks, cap: int, items: int | None) -> tuple[list[int], int]:
     return taken, len(history) * items
 
 
+def subset_sums(lengths: np.ndarray, cap: int, most: int) -> list[list[int]]:
+    """The subset sums of `lengths` up to `cap`, in bitsets (Python integers): `history[i][k]` has bit t set where
+    some k of the first i lengths (k <= `most`) total t. Its last entry is over all of them."""
+    mask = (1 << (cap + 1)) - 1
+    reach = [1] + [0] * most
+    history = [reach]
+    for length in lengths.tolist():
+        reach = [reach[0]] + [(reach[k] | (reach[k - 1] << length)) & mask for k in range(1, most + 1)]
+        history.append(reach)
+    return history
+
+
+def subset_with(history: list[list[int]], lengths: np.ndarray, k: int, total: int) -> np.ndarray:
+    """Which of `lengths` (a mask) make a subset of k of them totalling `total`, reachable in `history`
+    (`subset_sums`): back through it, the last length is in where the total needs it."""
+    taken = np.zeros(len(lengths), dtype=bool)
+    for i in range(len(lengths), 0, -1):
+        if not history[i - 1][k] >> total & 1:
+            taken[i - 1] = True
+            total -= int(lengths[i - 1])
+            k -= 1
+    return taken
+
+
 def fill(histogram: np.ndarray, depth: int, budget: float = FILL_WORDS,
          deadline: float | None = None) -> Mixture | None:
     """Minimum-slack fill of `histogram` with at most `depth` sequences a pack (see the module docstring), or

@@ -38,6 +38,7 @@ import numpy as np
 from .bounds import lower_bound, past
 from .complete import complete
 from .effort import effort, spend
+from .fill import subset_sums, subset_with
 from .mixture import Mixture
 from .tabu import pool_search
 
@@ -147,24 +148,15 @@ def _fuller(a: np.ndarray, b: np.ndarray, max_len: int, depth: int | None):
     n = len(pool)
     most = n if depth is None else min(depth, n)
     least = 0 if depth is None else max(0, n - depth)  # b' must keep within depth too
-    mask = (1 << (max_len + 1)) - 1
-    reach = [1] + [0] * most
-    history = [reach]
-    for length in pool.tolist():
-        reach = [reach[0]] + [(reach[k] | (reach[k - 1] << length)) & mask for k in range(1, most + 1)]
-        history.append(reach)
+    history = subset_sums(pool, max_len, most)
+    reach = history[-1]
     spend(MOVE_SECONDS + n * most * (max_len // 64 + 1) * MOVE_WORD_SECONDS)
     have = int(a.sum())
     k = max(range(least, most + 1), key=lambda k: reach[k].bit_length())
     total = reach[k].bit_length() - 1
     if total <= have:
         return None
-    taken = np.zeros(n, dtype=bool)
-    for i in range(n, 0, -1):  # back through the history: sequence i-1 is in where the total needs it
-        if not history[i - 1][k] >> total & 1:
-            taken[i - 1] = True
-            total -= int(pool[i - 1])
-            k -= 1
+    taken = subset_with(history, pool, k, total)
     return pool[taken], pool[~taken]
 
 

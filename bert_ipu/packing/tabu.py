@@ -32,6 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 from .effort import spend
+from .fill import subset_sums, subset_with
 
 # The emptiest packs emptied into the pool to save one (it must end packable into one pack fewer). On the 10
 # dear misses, in 20 s each, with the pool weighed by its true lengths: 2 packs into 1 reached the bound on 1,
@@ -201,12 +202,8 @@ def _split(lengths: np.ndarray, max_len: int, depth: int, packs: int) -> list[np
         return None
     most, least, lo = min(depth, n), max(0, n - depth), max(0, total - max_len)
     spend(n * (most + 1) * (max_len // 64 + 1) * SPLIT_WORD_SECONDS)
-    mask = (1 << (max_len + 1)) - 1
-    reach = [1] + [0] * most
-    history = [reach]
-    for length in lengths.tolist():
-        reach = [reach[0]] + [(reach[k] | (reach[k - 1] << length)) & mask for k in range(1, most + 1)]
-        history.append(reach)
+    history = subset_sums(lengths, max_len, most)
+    reach = history[-1]
     for k in range(least, most + 1):
         above = reach[k] >> lo
         if not above:
@@ -214,11 +211,6 @@ def _split(lengths: np.ndarray, max_len: int, depth: int, packs: int) -> list[np
         t = lo + (above & -above).bit_length() - 1     # the least total >= lo with k sequences
         if t > max_len:
             continue
-        taken = np.zeros(n, dtype=bool)
-        for i in range(n, 0, -1):
-            if not history[i - 1][k] >> t & 1:
-                taken[i - 1] = True
-                t -= int(lengths[i - 1])
-                k -= 1
+        taken = subset_with(history, lengths, k, t)
         return [lengths[taken], lengths[~taken]]
     return None
