@@ -481,8 +481,8 @@ def test_past_its_patience_cghp_stops_within_a_tenth_of_a_percent_of_its_bound(m
     assert np.array_equal(again.mixture.counts, result.mixture.counts)
 
 
-def test_patience_relaxes_nothing_below_two_thousand_packs(monkeypatch):
-    """0.1% of fewer than 2,000 packs is less than two packs, and a less converged LP costs one there: with the
+def test_patience_relaxes_nothing_below_a_thousand_packs(monkeypatch):
+    """0.1% of fewer than 1,000 packs is less than a pack, and a less converged LP costs one there: with the
     patience spent at once, the 1,317 log-normal lengths at 4,096, depth 6 (`test_a_sparse_histogram_...`)
     still pack at their bound, 508 (509 when the LP stopped within 0.05% of it)."""
     from packing_small import random_case
@@ -496,20 +496,39 @@ def test_patience_relaxes_nothing_below_two_thousand_packs(monkeypatch):
     assert result.packs == result.lower_bound_packs == 508
 
 
-def test_effort_relaxes_only_past_its_patience_and_from_two_thousand_packs():
+def test_from_a_thousand_packs_the_lps_and_the_dive_relax_past_the_patience(monkeypatch):
+    """`--family ranges --max-sequences 60000` seed 2, case 14: 6,443 lengths uniform in 12-35% of 4,096 (970
+    distinct), depth 16, bound 1,521. Its first LP spent 5 s bringing its value from 1,522 to 1,520.998, and CGHP
+    6.6 estimated seconds (9-10 s) to 1,521 packs. 0.1% is a pack there, so past the patience the LPs stop within
+    0.05% of the bound and the dive at a packing within 0.1%: 1,522 packs in about half the work."""
+    from packing_small import ranges_case
+
+    calls = _recording_counting(monkeypatch)
+    rng = np.random.default_rng(2)
+    hist = [ranges_case(rng, 60_000) for _ in range(15)][14]["histogram"]
+    result = pack(hist, "cghp", 16, time_limit=120)
+    (counted,) = calls
+    assert counted.relaxed and counted.spent < 1.5 * counted.patience and not result.time_limit_reached
+    assert result.lower_bound_packs == 1_521 and result.packs <= 1_521 * 1.001
+    assert np.array_equal(result.mixture.coverage(len(hist)), hist)
+
+
+def test_effort_relaxes_only_past_its_patience_and_from_a_thousand_packs():
     from bert_ipu.packing.effort import Effort
 
     effort = Effort(patience=2.0, packs=5_000)
     assert effort.slack() < 0 and not effort.accepts(5_000)  # patience left: nothing relaxes
     effort.spent = 2.5
     assert effort.slack() == pytest.approx(2.5) and effort.accepts(5_004) and not effort.accepts(5_006)
-    small = Effort(patience=0.0, packs=1_999, spent=1.0)
-    assert small.slack() < 0 and not small.accepts(2_000) and small.budget(0.5) == math.inf  # 0.1% is a pack
-    assert small.near(2_000) and not small.near(2_001)  # (a start that near is kept where pricing is slow)
+    assert effort.budget(0.5) == 1.0
+    # from 1,000 packs, where 0.1% is a pack (1,521 x 1.001 = 1,522.5)
+    mid = Effort(patience=0.0, packs=1_521, spent=1.0)
+    assert mid.slack() == pytest.approx(0.7605) and mid.accepts(1_522) and not mid.accepts(1_523)
+    assert mid.budget(0.5) == 0.0
     tiny = Effort(patience=0.0, packs=999, spent=1.0)
+    assert tiny.slack() < 0 and not tiny.accepts(999) and tiny.budget(0.5) == math.inf
     assert not tiny.near(1_000)  # below 1,000 packs 0.1% is less than a pack
     assert Effort(patience=0.0, packs=1_000).near(1_001)  # (1,000 x 1.001 < 1,001 in floating point)
-    assert effort.budget(0.5) == 1.0
 
 
 def test_outside_a_packing_call_nothing_relaxes():
@@ -543,17 +562,23 @@ def test_past_its_patience_a_residual_lp_stops_within_the_slack_of_its_cheap_bou
     assert rounds(floor=10**9) == 1 < rounds(floor=0)
 
 
-def test_a_large_histogram_with_slow_pricing_packs_on_fine_buckets_within_its_patience(monkeypatch):
+@pytest.mark.parametrize("family, seed, case, depth", [("ranges", 1, 9, 16), ("mixed", 0, 25, 6)])
+def test_a_large_histogram_with_slow_pricing_packs_on_fine_buckets_within_its_patience(monkeypatch, family, seed,
+                                                                                       case, depth):
     """9,685 lengths uniform in 11-49% of 8,192 (2,955 distinct), depth 16 (`--family ranges` seed 1, case 9),
     whose exact column generation spent its whole patience and 5 s to 2,886 packs (bound 2,884): on lengths in
     units of 4 tokens it packs within 0.1% of the bound proven on the real lengths (2,885 packs), and never
-    relaxes."""
-    from packing_small import ranges_case
+    relaxes. And 30,508 two-humped lengths at 4,096, depth 6 (1,408 distinct; `--family mixed` seed 0, case 25),
+    whose pricing round is estimated at 0.043 s: the exact path relaxed and took 5 s to 6,693 packs (bound
+    6,687); units of 2 tokens pack it at 6,691."""
+    from packing_small import random_case, ranges_case
 
     calls = _recording_counting(monkeypatch)
-    rng = np.random.default_rng(1)
-    hist = [ranges_case(rng, 60_000) for _ in range(10)][9]["histogram"]
-    result = pack(hist, "cghp", 16, time_limit=120)
+    rng = np.random.default_rng(seed)
+    draw = ranges_case if family == "ranges" else random_case
+    kwargs = {"max_sequences": 60_000} if family == "ranges" else {}
+    hist = [draw(rng, **kwargs) for _ in range(case + 1)][case]["histogram"]
+    result = pack(hist, "cghp", depth, time_limit=120)
     (counted,) = calls
     assert result.strategy == "bucketed" and not counted.relaxed and not result.time_limit_reached
     assert result.lower_bound_packs <= result.packs <= result.lower_bound_packs * 1.001

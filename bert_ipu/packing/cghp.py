@@ -52,10 +52,10 @@ integer optimum is almost always ceil(LP) or ceil(LP) + 1. We
 optimal the packing is; with more than 600 distinct lengths also `lp.coarse_bound`, proven first from a small
 LP (its duals spread over the real lengths), so a large LP stopped by a deadline still reports a strong bound.
 Histograms whose exact pricing would be slow (long packs, many lengths) are solved on bucketed lengths
-(`_bucketed`); large ones (from 1,000 packs, L > 2,048) whose pricing is slowish (0.06-0.1 s a round:
+(`_bucketed`); large ones (from 1,000 packs, L > 2,048) whose pricing is slowish (0.04-0.1 s a round:
 FINE_PRICING_SECONDS) keep a start already within 0.1% of the bound, or are first packed on finer buckets,
 kept within 0.1% of the bound, else the start of the dive. A deadline stops any step with the best packing
-and bound so far. Each call counts its work (`effort.py`, deterministic): past its patience, from 2,000 packs,
+and bound so far. Each call counts its work (`effort.py`, deterministic): past its patience, from 1,000 packs,
 the LPs stop within 0.05% of the bound and the dive at a packing within 0.1% of it.
 """
 
@@ -92,8 +92,11 @@ BUCKET_STEP = 1 / 128  # ... and buckets at most 1/128 of their length wide
 # goes on from it. On 43 such random histograms (of at least 2,000 packs) exact column generation took up to
 # 21 s (16 of them over 5 s), the fine bucketed one at most 2.8 s, mostly with the same packs or fewer; from
 # 1,000 packs it took 1,336 packs from 22 s to 0.3 s, the plan being within a pack
-# (docs/results/packing-scale.md, "Fine buckets first on large histograms").
-FINE_PRICING_SECONDS = 0.06
+# (docs/results/packing-scale.md, "Fine buckets first on large histograms"). From 0.04 s rather than 0.06 s:
+# 30,508 two-humped lengths at 4,096, depth 6 (0.043 s a round) then packed at 6,691 in 3.8 s instead of 6,693 in
+# 5.2 s; of the 399 other random cases one took a pack more (1,840 / 1,839 in 0.7 s instead of 4 s), and three
+# proved a bound 1-9 packs weaker (docs/results/packing-scale.md, "Relaxing from 1,000 packs").
+FINE_PRICING_SECONDS = 0.04
 FINE_GRID = 2048
 ROUND_UP = 0.3              # under a depth limit the dive also rounds up fractional parts from this size (`_round`)
 # The most steps of a dive (`_exact`): each fixes at least one pack and re-solves the residual's LP warm. A

@@ -16,10 +16,12 @@ and once that passes its patience, RELAX_AFTER estimated seconds and as many aga
 - CGHP's dive stops at a packing within GOAL_GAP of the bound (`accepts`);
 
 and, from the start, each LP of the coarse start stops after a share of the patience (`lp.COARSE_SHARE`): it is
-only a start. All three only from 2,000 packs, where 0.05% is at least a pack: below that 0.1% is less than
-two packs, and a less converged LP cost one (1,317 log-normal lengths at 4,096, depth 6: 509 instead of 508,
-the bound). A count, not a clock: the same histogram packs the same way on any machine and under any load
-(with the same HiGHS). `cghp.cghp` counts inside `counting`; LPs solved outside a packing call never relax.
+only a start. All three only from 1,000 packs, where 0.1% is at least a pack (`tolerant`): below that the goal
+is the bound itself, and a less converged LP cost a pack (1,317 log-normal lengths at 4,096, depth 6: 509
+instead of 508, the bound). (Between 1,000 and 2,000 packs the looser LPs cost a pack on a few
+histograms, each still within 0.1%, and took up to 6 s off others: docs/results/packing-scale.md, "Relaxing
+from 1,000 packs".) A count, not a clock: the same histogram packs the same way on any machine and under any
+load (with the same HiGHS). `cghp.cghp` counts inside `counting`; LPs solved outside a packing call never relax.
 
 `near` (within GOAL_GAP of the bound, from 1,000 packs, where that is a pack: `tolerant`) is also what CGHP
 keeps at once, patience or not, where exact pricing would be slowish (`cghp.FINE_PRICING_SECONDS`).
@@ -53,8 +55,8 @@ class Effort:
 
     @property
     def large(self) -> bool:
-        """From 2,000 packs: RELAXED_GAP of the problem is at least a pack, and anything here may relax."""
-        return RELAXED_GAP * self.packs >= 1
+        """From 1,000 packs (as `tolerant`): anything here may relax."""
+        return self.tolerant
 
     def slack(self) -> float:
         """Packs column generation may leave between its value and the bound: RELAXED_GAP of the problem once
@@ -74,8 +76,8 @@ class Effort:
         return self.tolerant and packs <= self.packs * (1 + GOAL_GAP) + 1e-9
 
     def accepts(self, packs: int) -> bool:
-        """Whether a packing of `packs` is good enough for the dive to stop at: `near` the bound, once relaxed,
-        from 2,000 packs (as `slack`): from 1,000 it cost a pack in 4 of 160 random cases to save 0.2-0.5 s."""
+        """Whether a packing of `packs` is good enough for the dive to stop at: `near` the bound, once relaxed
+        (as `slack`, from 1,000 packs)."""
         return self.slack() >= 0 and self.near(packs)
 
     def budget(self, share: float) -> float:

@@ -62,7 +62,7 @@ PRUNE_RC = 0.05
 PRUNE_COLUMNS = 3
 
 # The LPs of the coarse start (`_coarse_columns`) are only a start: each stops after this share of the call's
-# patience (`effort.Effort.budget`: from 2,000 packs).
+# patience (`effort.Effort.budget`: from 1,000 packs).
 COARSE_SHARE = 0.35
 
 
