@@ -43,8 +43,8 @@ integer optimum is almost always ceil(LP) or ceil(LP) + 1. We
    nothing bin completion with more nodes, and where either proves there is none, raise the bound by one
    (`_settle`);
 7. on any histogram still above the goal (the bound; from 1,000 packs, within 0.1% of it), gather its room into
-   its emptiest packs until one empties, or repack groups of them into one pack fewer by bin completion, within
-   2 estimated seconds, then search with a pool of unpacked sequences for 1.5 more (`_improve`,
+   its emptiest packs until one empties, then search with a pool of unpacked sequences, then repack groups of
+   the emptiest packs into one pack fewer by bin completion, within 2 estimated seconds (`_improve`,
    `neighbourhood.py`, `tabu.py`): where exact pricing is dear on a small histogram, the plan or best fit is
    returned at once, often a pack above the bound, and this is what reaches it.
 
@@ -200,8 +200,8 @@ def cghp(histogram: np.ndarray, depth: int, steps: int | None = None, deadline: 
 
 def _improve(result: CGHPResult, histogram: np.ndarray, depth: int, deadline) -> CGHPResult:
     """A packing above its bound, and not within 0.1% of it, with packs saved by the local search of
-    `neighbourhood.py` (its room gathered until a pack empties; groups of its emptiest packs repacked into one
-    fewer; then a pool of unpacked sequences, `tabu.py`). Where the deadline stops (or precedes) that search above
+    `neighbourhood.py` (its room gathered until a pack empties; a pool of unpacked sequences, `tabu.py`; groups
+    of its emptiest packs repacked into one fewer). Where the deadline stops (or precedes) that search above
     the bound, the result says so (time_limit_reached), as `_settle`'s does: a time-limited call may then differ
     from one without."""
     packs, bound = result.mixture.n_packs, result.lower_bound

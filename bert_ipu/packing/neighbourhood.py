@@ -1,7 +1,7 @@
 """Large-neighbourhood search: take a packing one or a few packs above its bound, gather its room into its
-emptiest packs until one empties, and repack groups of its emptiest packs into one pack fewer, by bin
-completion (`complete.py`); where neither saves a pack any more, a tabu search with a pool of unpacked
-sequences (`tabu.py`).
+emptiest packs until one empties; where that saves no pack any more, a tabu search with a pool of unpacked
+sequences (`tabu.py`); and where that ends above the bound too, repack groups of its emptiest packs into one
+pack fewer, by bin completion (`complete.py`), gathering the room again between groups.
 
     improved = neighbourhood(mixture, histogram, bound, depth)   # a Mixture, never more packs
 
@@ -10,7 +10,10 @@ exact pricing is dear (at most a few thousand sequences, most lengths distinct, 
 4,096-8,192 tokens) CGHP returns the plan or best fit at once, one or two packs above the bound: 29 of the 80
 cases of `benchmarks/packing_small.py --family dear` (seeds 0 and 1) met the goal, 59 with the group search
 alone, 70 with the gathering too, 77 with the pool, the slowest in 3.9 s (docs/results/packing-scale.md,
-"Repacking the emptiest packs", "Gathering the room" and "A pool of unpacked sequences").
+"Repacking the emptiest packs", "Gathering the room" and "A pool of unpacked sequences"). The pool comes before
+the groups: where both reach the bound it is the faster, and on the 400 standard cases of that benchmark this
+order took two more within 5 s (ranges seed 2, case 6: 358 in 3.7 s instead of 5.8 s; "The pool before the
+groups").
 
 Each round first gathers the room (`_concentrate`): every pack with room, fullest first, takes as many tokens
 as any split of its sequences and those of one of the PARTNERS emptiest packs allows (subset sum in bitsets,
@@ -18,15 +21,16 @@ as `fill.py`), the partner keeping the rest. Room flows from fuller packs to emp
 that leave about a token of room a pack at the bound this is what empties a pack: no group of the emptiest
 packs had a pack's worth of room while it was spread. The round ends at the first pack emptied, and the next
 starts from the emptiest packs left (going on within the round instead gained some cases and lost others).
-Where no pack empties, that round's moves are dropped (the groups below found more on the packing as it was)
-and the groups are tried: the packs ordered by how much room they leave, in one of a few ways (free tokens;
+Where no pack empties, that round's moves are dropped (the groups below found more on the packing as it was).
+The first time, the pool search runs (`tabu.py`, at most POOL_SECONDS); after it, the rounds go on and the
+groups are tried where no pack empties: the packs ordered by how much room they leave, in one of a few ways (free tokens;
 free tokens and free slots; free slots with a little free room counting as much as a lot; free tokens with a
 seeded random nudge), and for m = 2, 3, ... (small groups first, in every ordering: the groups it repacked
 were of 3 to 6 packs, and the search found them several times sooner) bin completion packs the sequences of
 the first m packs into m - 1, where the cheap bound allows it. The first packing found replaces those m packs
 and the next round starts. The search ends at the bound, when no ordering and m finds one, or after
-SEARCH_SECONDS of estimated effort (the moves' bitsets, bin completion's nodes and each round's sorting,
-counted as the call's: `effort.py`; called outside a packing call, where nothing is counted, only the group
+SEARCH_SECONDS of estimated effort (the moves' bitsets, the pool's moves, bin completion's nodes and each
+round's sorting, counted as the call's: `effort.py`; called outside a packing call, where nothing is counted, only the group
 limits, the gathering running out of moves and the deadline end it). A packing of more than MAX_PACKS packs
 is left as it is. A count, not a clock, and a seeded nudge: the same histogram always packs the same way.
 """
@@ -60,16 +64,16 @@ MOVE_WORD_SECONDS = 2e-9
 # Packings of more packs are returned as they are: a round costs time in proportion to the packs, and 0.1% of
 # them is more packs than the search gains in its time.
 MAX_PACKS = 20_000
-# Where neither saves a pack any more, the tabu search with a pool of unpacked sequences (`tabu.py`) has this
-# many estimated seconds of its own.
+# Where the gathering saves no pack any more, the tabu search with a pool of unpacked sequences (`tabu.py`) has
+# at most this many estimated seconds (they count to SEARCH_SECONDS too: the groups get what is left).
 POOL_SECONDS = 1.5
 
 
 def neighbourhood(mixture: Mixture, histogram: np.ndarray, bound: int, depth: int | None,
                   deadline: float | None = None, seconds: float | None = None, groups: bool = True) -> Mixture:
     """`mixture` (a packing of `histogram`, at most `depth` sequences a pack) with packs saved while it is above
-    `bound`: room gathered until a pack empties, or a group of packs repacked into one fewer; `mixture` itself
-    where neither saves a pack, or it has more than MAX_PACKS packs. `seconds`: the estimated seconds it may
+    `bound`: room gathered until a pack empties, a pool search, or a group of packs repacked into one fewer;
+    `mixture` itself where none saves a pack, or it has more than MAX_PACKS packs. `seconds`: the estimated seconds it may
     spend (default SEARCH_SECONDS); `groups` False: only gather the room (CGHP's early step on best fit's
     packing)."""
     if mixture.n_packs > MAX_PACKS:
@@ -84,6 +88,24 @@ def neighbourhood(mixture: Mixture, histogram: np.ndarray, bound: int, depth: in
     def spent() -> bool:
         return counted.spent - began >= seconds or past(deadline)
 
+    packs = _rounds(packs, bound, max_len, depth, rng, spent, deadline, groups=False)
+    if len(packs) > bound and groups and POOL_SECONDS > 0 and not past(deadline):
+        pool_began = counted.spent
+        packs = pool_search(packs, max_len, depth, bound,
+                            lambda: counted.spent - pool_began >= POOL_SECONDS or past(deadline))
+    if groups:
+        packs = _rounds(packs, bound, max_len, depth, rng, spent, deadline, groups=True)
+    if len(packs) == mixture.n_packs:  # no pack emptied, no group repacked
+        return mixture
+    return Mixture.from_ragged(np.concatenate(packs), np.concatenate([[0], np.cumsum([len(p) for p in packs])]),
+                               np.ones(len(packs), dtype=np.int64))
+
+
+def _rounds(packs: list[np.ndarray], bound: int, max_len: int, depth: int | None, rng: np.random.Generator,
+            spent, deadline, groups: bool) -> list[np.ndarray]:
+    """Rounds of the search on `packs` while above `bound` and not `spent()`: the room gathered until a pack
+    empties (the next round starts from there); where none empties, with `groups`, the first group of the
+    emptiest packs that bin completion repacks into one fewer (else the rounds end)."""
     while len(packs) > bound and not spent():
         spend(len(packs) * ROUND_SECONDS_A_PACK)
         moved = list(packs)
@@ -101,13 +123,7 @@ def neighbourhood(mixture: Mixture, histogram: np.ndarray, bound: int, depth: in
         keep = np.ones(len(packs), dtype=bool)
         keep[picked] = False
         packs = [p for p, k in zip(packs, keep) if k] + [np.sort(p)[::-1] for p in repacked]
-    if len(packs) > bound and groups and POOL_SECONDS > 0 and not past(deadline):
-        began, seconds = counted.spent, POOL_SECONDS  # (what `spent` counts from now)
-        packs = pool_search(packs, max_len, depth, bound, spent)
-    if len(packs) == mixture.n_packs:  # no pack emptied, no group repacked
-        return mixture
-    return Mixture.from_ragged(np.concatenate(packs), np.concatenate([[0], np.cumsum([len(p) for p in packs])]),
-                               np.ones(len(packs), dtype=np.int64))
+    return packs
 
 
 def _concentrate(packs: list[np.ndarray], max_len: int, depth: int | None, stop) -> None:

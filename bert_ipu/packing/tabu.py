@@ -14,7 +14,8 @@ subset sum decides whether its sequences do; where they do, the packing has a pa
 one). A pool of more than MAX_POOL sequences (short sequences at an unlimited depth: a move weighs every pair of
 them), or more than MAX_ROWS ways to take 0-2 sequences out of the packs, is not searched.
 
-CGHP's last step with `neighbourhood.py` (`cghp._improve`). On the small histograms whose exact pricing is dear
+CGHP's last step with `neighbourhood.py` (`cghp._improve`), after the room is gathered and before groups of
+packs are repacked. On the small histograms whose exact pricing is dear
 (`benchmarks/packing_small.py --family dear`: a few thousand sequences, most lengths distinct, a depth limit of 6
 to 16 at 4,096-8,192 tokens) the gathering and group search left 10 of 80 a pack or a few above the bound, the
 room of a fraction of a pack spread over hundreds of packs; the pool reaches the bound on 7 of them
