@@ -23,16 +23,17 @@ packs had a pack's worth of room while it was spread. The round ends at the firs
 starts from the emptiest packs left (going on within the round instead gained some cases and lost others).
 Where no pack empties, that round's moves are dropped (the groups below found more on the packing as it was).
 The first time, the pool search runs (`tabu.py`, at most POOL_SECONDS); after it, the rounds go on and the
-groups are tried where no pack empties: the packs ordered by how much room they leave, in one of a few ways (free tokens;
-free tokens and free slots; free slots with a little free room counting as much as a lot; free tokens with a
-seeded random nudge), and for m = 2, 3, ... (small groups first, in every ordering: the groups it repacked
-were of 3 to 6 packs, and the search found them several times sooner) bin completion packs the sequences of
-the first m packs into m - 1, where the cheap bound allows it. The first packing found replaces those m packs
-and the next round starts. The search ends at the bound, when no ordering and m finds one, or after
-SEARCH_SECONDS of estimated effort (the moves' bitsets, the pool's moves, bin completion's nodes and each
-round's sorting, counted as the call's: `effort.py`; called outside a packing call, where nothing is counted, only the group
-limits, the gathering running out of moves and the deadline end it). A packing of more than MAX_PACKS packs
-is left as it is. A count, not a clock, and a seeded nudge: the same histogram always packs the same way.
+groups are tried where no pack empties: the packs ordered by how much room they leave, in one of a few ways
+(free tokens; free tokens and free slots; free slots with a little free room counting as much as a lot; free
+tokens with a seeded random nudge), and for m = 2, 3, ... (small groups first, in every ordering: the groups it
+repacked were of 3 to 6 packs, and the search found them several times sooner) bin completion packs the
+sequences of the first m packs into m - 1, where the cheap bound allows it. The first packing found replaces
+those m packs and the next round starts. The search ends at the bound, when no ordering and m finds one, or
+after SEARCH_SECONDS of estimated effort (the moves' bitsets, the pool's moves, bin completion's nodes and each
+round's sorting, counted as the call's: `effort.py`; called outside a packing call, where nothing is counted,
+only the group limits, the gathering running out of moves and the deadline end it). A packing of more than
+MAX_PACKS packs is left as it is. A count, not a clock, and a seeded nudge: the same histogram always packs the
+same way.
 """
 
 from __future__ import annotations
@@ -73,9 +74,9 @@ def neighbourhood(mixture: Mixture, histogram: np.ndarray, bound: int, depth: in
                   deadline: float | None = None, seconds: float | None = None, groups: bool = True) -> Mixture:
     """`mixture` (a packing of `histogram`, at most `depth` sequences a pack) with packs saved while it is above
     `bound`: room gathered until a pack empties, a pool search, or a group of packs repacked into one fewer;
-    `mixture` itself where none saves a pack, or it has more than MAX_PACKS packs. `seconds`: the estimated seconds it may
-    spend (default SEARCH_SECONDS); `groups` False: only gather the room (CGHP's early step on best fit's
-    packing)."""
+    `mixture` itself where none saves a pack, or it has more than MAX_PACKS packs. `seconds`: the estimated
+    seconds it may spend (default SEARCH_SECONDS); `groups` False: only gather the room (CGHP's early step on
+    best fit's packing)."""
     if mixture.n_packs > MAX_PACKS:
         return mixture
     max_len = len(histogram)
