@@ -676,8 +676,8 @@ def _packed_at_the_bound_only_with(monkeypatch, hist, depth, bound, knob, strate
     """CGHP packs `hist` at its proven bound `bound` (by `strategy`, if given): a valid packing; and with
     `module`'s (default: the cghp module's) `knob` set to 0, a pack more. (In that second call the local search
     of `neighbourhood.py` is off too, both as the last step, with its pool (`tabu.py`), and as the early
-    gathering of best fit's room: it reaches the bound on some of these cases by itself, so only with it off
-    does the call show what `knob` does.)"""
+    gathering of best fit's room, with its pool: it reaches the bound on some of these cases by itself, so
+    only with it off does the call show what `knob` does.)"""
     from bert_ipu.packing import cghp as cghp_module, neighbourhood
 
     result = pack(hist, "cghp", depth)
@@ -688,6 +688,7 @@ def _packed_at_the_bound_only_with(monkeypatch, hist, depth, bound, knob, strate
     monkeypatch.setattr(neighbourhood, "SEARCH_SECONDS", 0)
     monkeypatch.setattr(neighbourhood, "POOL_SECONDS", 0)
     monkeypatch.setattr(cghp_module, "GATHER_SECONDS", 0)
+    monkeypatch.setattr(cghp_module, "EARLY_POOL_SECONDS", 0)
     monkeypatch.setattr(module or cghp_module, knob, 0)
     assert pack(hist, "cghp", depth).packs == bound + 1
 
@@ -763,6 +764,7 @@ def test_bin_completion_settles_a_small_histogram_the_integer_program_cannot(mon
     from bert_ipu.packing import cghp as cghp_module
 
     monkeypatch.setattr(cghp_module, "GATHER_SECONDS", 0)
+    monkeypatch.setattr(cghp_module, "EARLY_POOL_SECONDS", 0)
     hist, depth = _benchmark_case("mixed", 4, 5, max_sequences=3000)
     _packed_at_the_bound_only_with(monkeypatch, hist, depth, 33, "SETTLE_NODES", strategy="completed")
 
@@ -809,6 +811,7 @@ def test_repacking_the_emptiest_packs_reaches_the_bound_where_exact_pricing_is_d
     from bert_ipu.packing import cghp as cghp_module, neighbourhood
 
     monkeypatch.setattr(cghp_module, "GATHER_SECONDS", 0)
+    monkeypatch.setattr(cghp_module, "EARLY_POOL_SECONDS", 0)
     hist, depth = _benchmark_case("dear", 0, 1)
     _packed_at_the_bound_only_with(monkeypatch, hist, depth, 645, "SEARCH_SECONDS", strategy="improved",
                                    module=neighbourhood)
@@ -895,6 +898,7 @@ def test_gathering_the_room_into_the_emptiest_packs_reaches_the_bound_where_grou
     from bert_ipu.packing import cghp as cghp_module, neighbourhood
 
     monkeypatch.setattr(cghp_module, "GATHER_SECONDS", 0)
+    monkeypatch.setattr(cghp_module, "EARLY_POOL_SECONDS", 0)
     hist, depth = _benchmark_case("dear", 0, 2)
     result = pack(hist, "cghp", depth)
     assert result.packs == result.lower_bound_packs == 568 and result.strategy == "improved"
@@ -918,6 +922,7 @@ def test_gathering_best_fits_room_first_packs_a_tight_histogram_at_its_bound(mon
     assert np.array_equal(result.mixture.coverage(len(hist)), hist) and result.mixture.depth <= depth
     assert (result.mixture.pack_lengths() <= len(hist)).all() and not result.time_limit_reached
     monkeypatch.setattr(cghp_module, "GATHER_SECONDS", 0)
+    monkeypatch.setattr(cghp_module, "EARLY_POOL_SECONDS", 0)
     assert pack(hist, "cghp", depth).packs == 1666
 
 
@@ -1006,9 +1011,11 @@ def test_a_pool_of_unpacked_sequences_reaches_the_bound_where_gathering_and_grou
     """`benchmarks/packing_small.py --family dear`, case 32 (seed 0): 2,358 log-normal lengths at 8,192, depth 8,
     1,853 distinct, with less than 0.7 of a pack of room at the bound (876). Gathering the room and repacking
     groups of the emptiest packs end a pack above it; the tabu search with a pool of unpacked sequences
-    (`tabu.py`) reaches 876. Without it (POOL_SECONDS 0), 877."""
-    from bert_ipu.packing import neighbourhood
+    (`tabu.py`) reaches 876. Without it (POOL_SECONDS 0), 877. (The pool on best fit's gathered packing,
+    `cghp.EARLY_POOL_SECONDS`, reaches 876 there too; it is off here, so that the last step is what packs it.)"""
+    from bert_ipu.packing import cghp as cghp_module, neighbourhood
 
+    monkeypatch.setattr(cghp_module, "EARLY_POOL_SECONDS", 0)
     hist, depth = _benchmark_case("dear", 0, 32)
     _packed_at_the_bound_only_with(monkeypatch, hist, depth, 876, "POOL_SECONDS", strategy="improved",
                                    module=neighbourhood)
@@ -1018,8 +1025,9 @@ def test_the_pool_searches_before_any_group_is_repacked(monkeypatch):
     """The dear case above: where the gathering empties no pack, the pool search comes first and reaches the
     bound (876), so no group of packs is ever handed to bin completion (with the groups first, they were tried
     and failed before the pool ran: ranges seed 2, case 6 spent 1.5 s there before the pool's 0.2 s)."""
-    from bert_ipu.packing import neighbourhood
+    from bert_ipu.packing import cghp as cghp_module, neighbourhood
 
+    monkeypatch.setattr(cghp_module, "EARLY_POOL_SECONDS", 0)  # (the last step, not the early pool)
     groups, real = [], neighbourhood._repack_a_group
 
     def recorded(*args, **kwargs):
@@ -1031,3 +1039,27 @@ def test_the_pool_searches_before_any_group_is_repacked(monkeypatch):
     assert result.packs == result.lower_bound_packs == 876 and result.strategy == "improved"
     assert groups == []
     assert np.array_equal(result.mixture.coverage(len(hist)), hist)
+
+
+def test_a_pool_search_on_the_gathered_packing_a_pack_above_its_bound_reaches_it_before_any_lp(monkeypatch):
+    """`benchmarks/packing_small.py` seed 7, case 1: 1,228 log-normal lengths at 8,192, unlimited depth, whose
+    tokens set the bound (557). Gathering best fit's room ends a pack above it; the pool search on that packing
+    (`cghp.EARLY_POOL_SECONDS`) saves the pack at once, where the LP and its dive took 5.8 s to 557. Without it,
+    the exact path packs it."""
+    from bert_ipu.packing import cghp as cghp_module
+
+    hist, depth = _benchmark_case("mixed", 7, 1)
+    result = pack(hist, "cghp", depth)
+    assert result.packs == result.lower_bound_packs == 557 and result.strategy == "gathered"
+    assert np.array_equal(result.mixture.coverage(len(hist)), hist) and not result.time_limit_reached
+    assert (result.mixture.pack_lengths() <= len(hist)).all()
+
+    class ToTheLP(Exception):
+        pass
+
+    def exact(*args):
+        raise ToTheLP  # (which path, not the 5.8 s it takes)
+    monkeypatch.setattr(cghp_module, "EARLY_POOL_SECONDS", 0)
+    monkeypatch.setattr(cghp_module, "_exact", exact)
+    with pytest.raises(ToTheLP):
+        pack(hist, "cghp", depth)

@@ -12,7 +12,8 @@ integer optimum is almost always ceil(LP) or ceil(LP) + 1. We
    depth): at unlimited depth on long-context data it usually does; else bin completion (`complete.py`)
    looks briefly for a packing at the cheap bound (returned: optimal) or proves there is none (the bound
    rises by one); where the tokens set that bound and best fit is at most 16 packs above it, its room is
-   gathered into its emptiest packs (`neighbourhood.py`), returned where that reaches the bound; else
+   gathered into its emptiest packs (`neighbourhood.py`; a pack above the bound, then the pool search of
+   `tabu.py` for 0.5 estimated seconds), returned where that reaches the bound; else
    (except where the plan, bucketed
    lengths or fine buckets take over, below) the minimum-slack fill (`fill.py`), returned when it meets the
    bound: on small, sparse histograms it usually does;
@@ -156,6 +157,16 @@ SETTLE_NODES = 1_000_000
 # counts to the call's patience, `effort.py`, as every step's does.)
 GATHER_SECONDS = 0.5
 GATHER_PACKS = 16
+# Where the gathered packing is one pack above that bound, the pool search (`tabu.py`) gets this many estimated
+# seconds on it before anything else: of the 86 such cases among 880 random ones (benchmarks/packing_small.py,
+# every family and seed measured) it reached the bound on 51, each within 0.7 estimated seconds (1,228
+# log-normal lengths at 8,192, unlimited depth: 557 in 0.15 s, where the LP and the dive took 5.8 s); from two
+# packs above, on 2 of 17 (docs/results/packing-scale.md, "The pool on the gathered packing"). Only from
+# EARLY_POOL_PACKS packs: below, a search that failed cost up to 1 s (twice its estimate: the pool's moves cost
+# more than estimated on a few dozen packs; 26 packs at 4,096 went from 3.9 s to 4.9 s), and the integer
+# program and bin completion (`_settle`) decide such small histograms anyway.
+EARLY_POOL_SECONDS = 0.5
+EARLY_POOL_PACKS = 100
 
 
 def _slack(lp_bound: float) -> int:
@@ -170,14 +181,15 @@ class CGHPResult:
     lower_bound: int  # proven: no packing with this depth limit uses fewer packs
     time_limit_reached: bool = False
     strategy: str = "exact"  # what made the packing returned: "heuristic": best fit; "gathered": best fit
-                             # with its room gathered into its emptiest packs (GATHER_SECONDS); "filled": the
+                             # with its room gathered into its emptiest packs (GATHER_SECONDS), and a pack
+                             # above the bound, the pool search (EARLY_POOL_SECONDS); "filled": the
                              # minimum-slack fill (`fill.py`); "planned" (`planned.py`); "exact": the dive
                              # on column generation; "bucketed": the dive on bucketed lengths; "integer": a
                              # small histogram packed at its bound by the integer program of `repack.py`;
                              # "completed": packed at the bound by bin completion (`complete.py`): first,
                              # at the cheap bound, or in `_settle` after the integer program;
                              # "improved": the packing above with packs saved by the local search of
-                             # `neighbourhood.py` (room gathered until a pack empties, groups repacked)
+                             # `neighbourhood.py` (room gathered until a pack empties, the pool, groups)
 
 
 def _as_matrix(patterns: list[np.ndarray]) -> np.ndarray:
@@ -280,6 +292,9 @@ def _cghp(histogram: np.ndarray, depth: int, steps: int | None, deadline: float 
         # (a gathered packing above the bound is dropped: the plan, the dive and the last step's groups reached
         # the bound more often from best fit than from it)
         gathered = neighbourhood(start, histogram, cheap, depth, deadline, seconds=GATHER_SECONDS, groups=False)
+        if gathered.n_packs == cheap + 1 and cheap >= EARLY_POOL_PACKS:  # the pool's search saves one (`tabu.py`)
+            gathered = neighbourhood(gathered, histogram, cheap, depth, deadline, seconds=0, groups=False,
+                                     pool=EARLY_POOL_SECONDS)
         if gathered.n_packs <= cheap:
             return CGHPResult(gathered, float(cheap), cheap, False, "gathered")
     lengths = np.nonzero(histogram)[0] + 1

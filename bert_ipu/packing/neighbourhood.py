@@ -71,7 +71,8 @@ POOL_SECONDS = 1.5
 
 
 def neighbourhood(mixture: Mixture, histogram: np.ndarray, bound: int, depth: int | None,
-                  deadline: float | None = None, seconds: float | None = None, groups: bool = True) -> Mixture:
+                  deadline: float | None = None, seconds: float | None = None, groups: bool = True,
+                  pool: float | None = None) -> Mixture:
     """`mixture` (a packing of `histogram`, at most `depth` sequences a pack) with packs saved while it is above
     `bound`: room gathered until a pack empties, a pool search, or a group of packs repacked into one fewer;
     `mixture` itself where none saves a pack, or it has more than MAX_PACKS packs. `seconds`: the estimated
@@ -89,11 +90,12 @@ def neighbourhood(mixture: Mixture, histogram: np.ndarray, bound: int, depth: in
     def spent() -> bool:
         return counted.spent - began >= seconds or past(deadline)
 
+    pool = (POOL_SECONDS if groups else 0.0) if pool is None else pool
     packs = _rounds(packs, bound, max_len, depth, rng, spent, deadline, groups=False)
-    if len(packs) > bound and groups and POOL_SECONDS > 0 and not past(deadline):
+    if len(packs) > bound and pool > 0 and not past(deadline):
         pool_began = counted.spent
         packs = pool_search(packs, max_len, depth, bound,
-                            lambda: counted.spent - pool_began >= POOL_SECONDS or past(deadline))
+                            lambda: counted.spent - pool_began >= pool or past(deadline))
     if groups:
         packs = _rounds(packs, bound, max_len, depth, rng, spent, deadline, groups=True)
     if len(packs) == mixture.n_packs:  # no pack emptied, no group repacked
