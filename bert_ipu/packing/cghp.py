@@ -294,7 +294,7 @@ def _cghp(histogram: np.ndarray, depth: int, steps: int | None, deadline: float 
         gathered = neighbourhood(start, histogram, cheap, depth, deadline, seconds=GATHER_SECONDS, groups=False)
         if gathered.n_packs == cheap + 1 and cheap >= EARLY_POOL_PACKS:  # the pool's search saves one (`tabu.py`)
             gathered = neighbourhood(gathered, histogram, cheap, depth, deadline, seconds=0, groups=False,
-                                     pool=EARLY_POOL_SECONDS)
+                                     pool=EARLY_POOL_SECONDS)  # (seconds 0: the pool search alone)
         if gathered.n_packs <= cheap:
             return CGHPResult(gathered, float(cheap), cheap, False, "gathered")
     lengths = np.nonzero(histogram)[0] + 1

@@ -77,7 +77,8 @@ def neighbourhood(mixture: Mixture, histogram: np.ndarray, bound: int, depth: in
     `bound`: room gathered until a pack empties, a pool search, or a group of packs repacked into one fewer;
     `mixture` itself where none saves a pack, or it has more than MAX_PACKS packs. `seconds`: the estimated
     seconds it may spend (default SEARCH_SECONDS); `groups` False: only gather the room (CGHP's early step on
-    best fit's packing)."""
+    best fit's packing); `pool`: the pool search's estimated seconds (default POOL_SECONDS with the groups, else
+    none; with `seconds` 0, the pool search alone: CGHP's early pool, `cghp.EARLY_POOL_SECONDS`)."""
     if mixture.n_packs > MAX_PACKS:
         return mixture
     max_len = len(histogram)
