@@ -92,13 +92,14 @@ def neighbourhood(mixture: Mixture, histogram: np.ndarray, bound: int, depth: in
         return counted.spent - began >= seconds or past(deadline)
 
     pool = (POOL_SECONDS if groups else 0.0) if pool is None else pool
-    packs = _rounds(packs, bound, max_len, depth, rng, spent, deadline, groups=False)
+    gathered = packs = _rounds(packs, bound, max_len, depth, rng, spent, deadline, groups=False)
     if len(packs) > bound and pool > 0 and not past(deadline):
         pool_began = counted.spent
         packs = pool_search(packs, max_len, depth, bound,
                             lambda: counted.spent - pool_began >= pool or past(deadline))
-    if groups:
-        packs = _rounds(packs, bound, max_len, depth, rng, spent, deadline, groups=True)
+    if groups:  # (where the pool saved nothing, the room is already gathered: the groups come first)
+        packs = _rounds(packs, bound, max_len, depth, rng, spent, deadline, groups=True,
+                        gathered=packs is gathered)
     if len(packs) == mixture.n_packs:  # no pack emptied, no group repacked
         return mixture
     return Mixture.from_ragged(np.concatenate(packs), np.concatenate([[0], np.cumsum([len(p) for p in packs])]),
@@ -106,18 +107,21 @@ def neighbourhood(mixture: Mixture, histogram: np.ndarray, bound: int, depth: in
 
 
 def _rounds(packs: list[np.ndarray], bound: int, max_len: int, depth: int | None, rng: np.random.Generator,
-            spent, deadline, groups: bool) -> list[np.ndarray]:
+            spent, deadline, groups: bool, gathered: bool = False) -> list[np.ndarray]:
     """Rounds of the search on `packs` while above `bound` and not `spent()`: the room gathered until a pack
     empties (the next round starts from there); where none empties, with `groups`, the first group of the
-    emptiest packs that bin completion repacks into one fewer (else the rounds end)."""
+    emptiest packs that bin completion repacks into one fewer (else the rounds end). `gathered`: the room of
+    `packs` is gathered already (no pack empties), so the first round goes straight to the groups."""
     while len(packs) > bound and not spent():
         spend(len(packs) * ROUND_SECONDS_A_PACK)
-        moved = list(packs)
-        _concentrate(moved, max_len, depth, spent)
-        moved = [p for p in moved if len(p)]
-        if len(moved) < len(packs):  # a pack emptied
-            packs = moved
-            continue
+        if not gathered:
+            moved = list(packs)
+            _concentrate(moved, max_len, depth, spent)
+            moved = [p for p in moved if len(p)]
+            if len(moved) < len(packs):  # a pack emptied
+                packs = moved
+                continue
+        gathered = False
         if spent() or not groups:
             break
         group = _repack_a_group(packs, max_len, depth, rng, spent, deadline)

@@ -94,11 +94,10 @@ def _one_fewer(packs: list[np.ndarray], max_len: int, depth: int, stop, rng: np.
             pool.extend(ids)
         else:
             bins.append(ids)
-    sizes = np.array([len(b) for b in bins], dtype=np.int64)
-    if len(pool) > MAX_POOL or int((1 + sizes * (sizes + 1) // 2).sum()) > MAX_ROWS:
+    count = np.array([len(b) for b in bins], dtype=np.int64)   # sequences in each pack
+    if len(pool) > MAX_POOL or int((1 + count * (count + 1) // 2).sum()) > MAX_ROWS:
         return None
     fill = np.array([int(w[b].sum()) for b in bins], dtype=np.int64)
-    count = sizes
     rows = np.concatenate([_rows(k, ids, n) for k, ids in enumerate(bins)])   # (pack, first, second)
     spend(len(rows) * ROW_SECONDS)
     dead = 0
