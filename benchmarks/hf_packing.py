@@ -101,6 +101,7 @@ def trl_bfd(path, pack_length, cache):
     from trl.data_utils import pack_dataset
 
     os.environ["HF_DATASETS_CACHE"] = cache
+    datasets.disable_progress_bars()   # a bar per map call, on every line of the table
     packed = pack_dataset(datasets.Dataset.from_file(path), pack_length, strategy="bfd")
     return {"packs": len(packed)}
 

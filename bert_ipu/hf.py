@@ -5,7 +5,7 @@
     packed = pack_dataset(dataset, 2048, causal=True)        # datasets.Dataset -> a datasets.Dataset of packs
     stream = pack_iterable(iterable, 2048, buffer_size=100_000)   # IterableDataset -> packs, a buffer at a time
     collator = PackedDataCollator(model)                     # reads the attention implementation off the model
-    args = TrainingArguments(..., remove_unused_columns=False)   # keep sequence_ids for the collator
+    args = TrainingArguments(..., remove_unused_columns=False)   # keep sequence_lengths for the collator
     Trainer(model, args, train_dataset=packed, data_collator=collator, compute_loss_func=token_loss(causal=True))
     rows = unpack_outputs(packed, trainer.predict(packed).predictions)   # per source row, in source order
     preprocess, compute = token_metrics(causal=True)  # evaluate: token-average loss/accuracy, same as unpacked
@@ -14,8 +14,12 @@
 algorithm of `bert_ipu.packing` (CGHP by default: a proven lower bound on the packs), assigns every sequence to
 one pack, and writes the packs as Arrow files (one per shard, `num_proc` processes; the same files whatever
 `num_proc`), returned memory-mapped: the source and the packs need not fit in memory. Each pack has
-`input_ids`, `position_ids` (0, 1, ... restarting in every document), `sequence_ids` (1..k, 0 = padding),
-`labels` and `source_rows`; the packing report is printed and kept in `info.description` (`packing_report`).
+`input_ids` (pack_length tokens: its documents back to back, then padding), `sequence_lengths` (its documents'
+lengths, in order), `labels` where the source has per-token labels, and `source_rows`; the packing report is
+printed and kept in `info.description` (`packing_report`). Everything else follows from the lengths and is made
+by the collator, per micro-batch: `position_ids` (0, 1, ... restarting in every document), `sequence_ids`
+(1..k, 0 = padding) and a causal LM's labels (its input_ids). Storing them would be four times the bytes to
+write (TRL's packs store ids and lengths alike).
 
 Labels never cross documents. A causal LM's model shifts labels inside (the logit at t is scored against
 label t + 1), so the label at each document's first token, which the previous document's last token would be
@@ -55,6 +59,7 @@ TOO_LONG = ("error", "truncate", "drop")
 MASK_IMPLEMENTATIONS = ("eager", "sdpa")   # transformers uses a 4D mask as given (tests/test_hf.py checks both)
 FLASH_PREFIX = "flash_attention_"                            # varlen kernels: cu_seq_lens of flattened rows
 OWN_MODELS = "bert_ipu"                                      # this project's packed models: sequence_ids
+LAYOUT = "sequence_lengths"   # what a pack stores besides its tokens (in the cache key: other layouts are not reused)
 CHUNK_TOKENS = 2**18          # pack tokens built and written at a time (bounds the memory of pack_dataset;
                               # 2**18 was 15% faster than 2**20 on 400k SFT-like sequences: arrays stay in the heap)
 SHARD_CHUNKS = 16             # chunks per Arrow file: one file = one unit of work for num_proc
@@ -115,9 +120,10 @@ def pack_dataset(dataset, pack_length: int, algorithm: str = "cghp", max_sequenc
     cache_dir: where the packed Arrow files go (default: the `datasets` cache); a second call with the same source
         fingerprint and arguments reuses them.
 
-    Returns a memory-mapped `datasets.Dataset`, one row per pack: input_ids, position_ids, sequence_ids, the other
-    `columns`, labels where there are labels (int32, (pack_length,) each: the collator makes them int64), and
-    source_rows (the source rows of the pack, in order). Its `info.description` holds the packing report
+    Returns a memory-mapped `datasets.Dataset`, one row per pack: input_ids, the other `columns`, labels where the
+    source has them (int32, (pack_length,) each: the collator makes them int64), sequence_lengths (the lengths of
+    the pack's documents, in order) and source_rows (their source rows). PackedDataCollator derives position_ids,
+    sequence_ids and a causal LM's labels from sequence_lengths. Its `info.description` holds the packing report
     (`packing_report`).
     """
     import datasets
@@ -150,7 +156,8 @@ def pack_dataset(dataset, pack_length: int, algorithm: str = "cghp", max_sequenc
                          too_long, pad_token_id, seed, time_limit, batch_size, sequence_label_column)
     offsets, rows = plan.offsets, plan.rows
     key = hashlib.sha256(json.dumps([dataset._fingerprint, pack_length, columns, label_column, causal, too_long,
-                                     pad_token_id, sequence_label_column, CHUNK_TOKENS, SHARD_CHUNKS]).encode()
+                                     pad_token_id, sequence_label_column, LAYOUT, CHUNK_TOKENS,
+                                     SHARD_CHUNKS]).encode()
                          + offsets.tobytes() + rows.tobytes()).hexdigest()[:24]
     root = Path(cache_dir) if cache_dir is not None else Path(datasets.config.HF_DATASETS_CACHE) / "bert_ipu_packed"
     packed = _write(plan, root / key, num_proc or 1)
@@ -222,6 +229,7 @@ def _buffer_packs(buffer: list, start: int, settings: dict, verbose: bool):
     for a in range(0, n_packs, _chunk(plan.pack_length)):
         batch = _build(plan, a, min(a + _chunk(plan.pack_length), n_packs))
         batch["source_rows"] = [[start + r for r in rows] for rows in batch["source_rows"].to_pylist()]
+        batch["sequence_lengths"] = batch["sequence_lengths"].to_pylist()
         for p in range(len(batch["source_rows"])):
             yield {k: v[p] for k, v in batch.items()}
 
@@ -305,12 +313,13 @@ def _features(plan: _Plan):
     import datasets
 
     ids = datasets.Sequence(datasets.Value("int32"), length=plan.pack_length)
-    features = {c: ids for c in plan.columns} | {"position_ids": ids, "sequence_ids": ids}
+    features = {c: ids for c in plan.columns}
     if plan.sequence_label_column:
         slots = int(np.diff(plan.offsets).max())
         features["sequence_labels"] = datasets.Sequence(datasets.Value("int64"), length=slots)
-    elif plan.label_column or plan.causal:
-        features["labels"] = datasets.Sequence(datasets.Value("int32"), length=plan.pack_length)
+    elif plan.label_column:
+        features["labels"] = ids
+    features["sequence_lengths"] = datasets.Sequence(datasets.Value("int32"))
     features["source_rows"] = datasets.Sequence(datasets.Value("int64"))
     return datasets.Features(features)
 
@@ -332,8 +341,8 @@ def _write_shard(plan: _Plan, job) -> None:
 
 
 def _build(plan: _Plan, a: int, b: int) -> dict:
-    """The columns of packs [a, b) (int32 rows; `source_rows` an Arrow list array): the source rows are read
-    once, as Arrow, truncated to pack_length."""
+    """The columns of packs [a, b) (int32 rows; `sequence_lengths` and `source_rows` Arrow list arrays): the
+    source rows are read once, as Arrow, truncated to pack_length."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -352,14 +361,14 @@ def _build(plan: _Plan, a: int, b: int) -> dict:
     fields = {c: flat[c] for c in plan.columns}
     if plan.label_column:
         fields["labels"] = flat[plan.label_column]
-    elif plan.causal:
-        fields["labels"] = flat["input_ids"]
     fill = {"input_ids": plan.pad_token_id, "labels": IGNORE_INDEX}
-    batch, *_ = rows_from_packs(lengths, fields, plan.pack_length, offsets, np.arange(len(rows)), fill=fill,
-                                dtype=np.int32)
+    batch, pack, _, column = rows_from_packs(lengths, fields, plan.pack_length, offsets, np.arange(len(rows)),
+                                             fill=fill, dtype=np.int32, layout=False)
     if plan.causal and "labels" in batch:
-        batch["labels"][batch["position_ids"] == 0] = IGNORE_INDEX   # a document's first token: never a target
-    batch["source_rows"] = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(rows, pa.int64()))
+        batch["labels"][pack, column] = IGNORE_INDEX   # a document's first token: never a target
+    pack_offsets = pa.array(offsets.astype(np.int32))
+    batch["sequence_lengths"] = pa.ListArray.from_arrays(pack_offsets, pa.array(lengths.astype(np.int32)))
+    batch["source_rows"] = pa.ListArray.from_arrays(pack_offsets, pa.array(rows, pa.int64()))
     if plan.sequence_label_column:  # document k of a pack (sequence_ids k + 1) -> slot k
         labels = table[plan.sequence_label_column].to_numpy(zero_copy_only=False).astype(np.int64)
         slots = np.full((b - a, int(np.diff(plan.offsets).max())), IGNORE_INDEX, dtype=np.int64)
@@ -412,13 +421,14 @@ def unpack_outputs(packed, outputs) -> list:
         raise ValueError(f"outputs of shape {outputs.shape} are not (packs, pack_length, ...) = "
                          f"({len(packed)}, {report['pack_length']}, ...); predict on the packed dataset, in order")
     result = [None] * report["source_rows"]
-    columns = packed.select_columns(["sequence_ids", "source_rows"]).with_format("numpy")
+    columns = packed.select_columns(["sequence_lengths", "source_rows"]).with_format("numpy")
     step = _chunk(report["pack_length"])
     for start in range(0, len(packed), step):
         chunk = columns[start:start + step]
-        for p, (ids, sources) in enumerate(zip(chunk["sequence_ids"], chunk["source_rows"])):
-            for k, row in enumerate(sources, start=1):
-                result[int(row)] = outputs[start + p][ids == k]
+        for p, (lengths, sources) in enumerate(zip(chunk["sequence_lengths"], chunk["source_rows"])):
+            ends = np.cumsum(lengths)
+            for row, begin, end in zip(sources, ends - lengths, ends):
+                result[int(row)] = outputs[start + p][begin:end]
     return result
 
 
@@ -443,7 +453,12 @@ def _position_offset(model) -> int:
 
 class PackedDataCollator:
     """A `data_collator` for `transformers.Trainer` (and TRL's SFTTrainer) taking packed rows (`pack_dataset`:
-    input_ids, position_ids, sequence_ids, labels) to inputs on which the model attends within documents only.
+    input_ids, sequence_lengths, labels if any) to inputs on which the model attends within documents only.
+
+    From each pack's sequence_lengths it makes position_ids (restarting at 0 in every document, 0 on padding),
+    sequence_ids (1..k, 0 on padding) and, for a causal LM whose packs hold no labels, labels: the input_ids,
+    IGNORE_INDEX at every document's first token and on padding (the model shifts labels inside). A causal LM's
+    stored labels get IGNORE_INDEX at document starts too.
 
     model: read for the attention implementation (`model.config._attn_implementation`), whether it is causal
         (a decoder or a *ForCausalLM) and RoBERTa's position offset; or give them:
@@ -456,7 +471,7 @@ class PackedDataCollator:
         token of the same document at each position). Anything else: ValueError.
     causal, position_offset: override what `model` says. dtype: the float mask's dtype (the model's).
 
-    The Trainer must keep `sequence_ids`: TrainingArguments(remove_unused_columns=False).
+    The Trainer must keep `sequence_lengths`: TrainingArguments(remove_unused_columns=False).
     """
 
     def __init__(self, model=None, *, attn_implementation: str | None = None, causal: bool | None = None,
@@ -483,13 +498,18 @@ class PackedDataCollator:
 
         if not features:
             raise ValueError("an empty batch: there are no packs to collate")
-        if "sequence_ids" not in features[0]:
-            raise ValueError("the packs have no sequence_ids (the Trainer removes columns the model does not "
+        if "sequence_lengths" not in features[0]:
+            raise ValueError("the packs have no sequence_lengths (the Trainer removes columns the model does not "
                              "take): set TrainingArguments(remove_unused_columns=False) and pack with "
                              "bert_ipu.hf.pack_dataset")
         stack = {k: torch.as_tensor(np.stack([np.asarray(f[k]) for f in features]), dtype=torch.long)
-                 for k in ("input_ids", "position_ids", "sequence_ids", "labels", "token_type_ids")
-                 if k in features[0]}
+                 for k in ("input_ids", "labels", "token_type_ids") if k in features[0]}
+        positions, sequence_ids = _layout([f["sequence_lengths"] for f in features], stack["input_ids"].shape[1])
+        stack["position_ids"], stack["sequence_ids"] = torch.from_numpy(positions), torch.from_numpy(sequence_ids)
+        if self.causal and "sequence_labels" not in features[0]:
+            labels = stack["labels"] if "labels" in stack else stack["input_ids"].clone()
+            stack["labels"] = labels.masked_fill_((stack["position_ids"] == 0) | (stack["sequence_ids"] == 0),
+                                                  IGNORE_INDEX)   # a document's first token: never a target
         if "sequence_labels" in features[0]:  # sequence classification: a label and a pooled token per document
             if self.attn_implementation.startswith(FLASH_PREFIX) or self.attn_implementation == OWN_MODELS:
                 raise ValueError("packs with sequence_labels train with packed_sequence_classifier on an eager or "
@@ -532,6 +552,23 @@ class PackedDataCollator:
         cu = torch.cat([starts, torch.tensor([out["input_ids"].shape[1]])]).to(torch.int32)
         longest = int((cu[1:] - cu[:-1]).max())
         return out | {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest}
+
+
+def _layout(sequence_lengths: list, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """(position_ids, sequence_ids), (B, width) int64 each, of packs holding documents of these lengths back to
+    back from column 0: positions restart at 0 in every document, ids are 1..k; 0 on padding for both."""
+    positions = np.zeros((len(sequence_lengths), width), dtype=np.int64)
+    sequence_ids = np.zeros((len(sequence_lengths), width), dtype=np.int64)
+    for p, lengths in enumerate(sequence_lengths):
+        lengths = np.asarray(lengths, dtype=np.int64)
+        used = int(lengths.sum())
+        if (lengths < 1).any() or used > width:
+            raise ValueError(f"pack {p} has sequence_lengths {lengths.tolist()}: they must be >= 1 and sum to at "
+                             f"most its {width} tokens; make the packs with bert_ipu.hf.pack_dataset")
+        starts = np.cumsum(lengths) - lengths
+        positions[p, :used] = np.arange(used) - np.repeat(starts, lengths)
+        sequence_ids[p, :used] = np.repeat(np.arange(1, len(lengths) + 1), lengths)
+    return positions, sequence_ids
 
 
 def document_positions(sequence_ids, slots: int, last: bool = False):

@@ -39,38 +39,48 @@ def source(n=200, low=1, high=30, seed=0, labels=False):
     return datasets.Dataset.from_dict(columns)
 
 
+def documents(row, values) -> list:
+    """A pack's (pack_length,) values cut by its sequence_lengths: its documents' values, then its padding's."""
+    return np.split(np.asarray(values), np.cumsum(row["sequence_lengths"]))
+
+
 # ---------------------------------------------------------------------------------------------- pack_dataset
 
-@pytest.mark.parametrize("causal", [True, False])
-def test_every_token_lands_once_positions_restart_and_labels_stay_inside_documents(tmp_path, causal, capsys):
-    """Every source token appears exactly once, in its own document's slot and order; position_ids restart at 0,
-    sequence_ids are 1..k then 0; a causal LM's labels are its tokens but IGNORE_INDEX at each document's first
-    token and on padding; an encoder's labels are the source's. The report is printed and kept in the info."""
-    src = source(labels=not causal)
+@pytest.mark.parametrize("causal,labels", [(True, False), (False, True), (True, True)],
+                         ids=["causal", "encoder", "causal-with-labels"])
+def test_every_token_lands_once_positions_restart_and_labels_stay_inside_documents(tmp_path, causal, labels,
+                                                                                    capsys):
+    """Every source token appears exactly once, in its own document's slot and order (the pack's
+    sequence_lengths); the collator's position_ids restart at 0; a causal LM's labels are its tokens but
+    IGNORE_INDEX at each document's first token and on padding (made by the collator where the packs store none);
+    an encoder's labels are the source's. The packs store ids, labels only where the source has them, and
+    lengths: nothing that follows from the lengths. The report is printed and kept in the info."""
+    src = source(labels=labels)
     packed = hf.pack_dataset(src, 48, columns=("input_ids", "token_type_ids"), causal=causal, cache_dir=tmp_path)
     report = hf.packing_report(packed)
     assert "packs over the proven lower bound" in capsys.readouterr().out
     assert report["packs"] == len(packed) and report["sequences"] == len(src) and report["lower_bound_packs"] >= 1
     assert report["packs"] >= report["lower_bound_packs"] and report["gap_to_bound"] >= 0
+    assert set(packed.column_names) == {"input_ids", "token_type_ids", "sequence_lengths", "source_rows"} | (
+        {"labels"} if labels else set())
+    batch = hf.PackedDataCollator(attn_implementation="sdpa", causal=causal)(list(packed))
     seen = []
-    for row in packed:
-        ids, pos, seq, lab = (np.array(row[k]) for k in ("input_ids", "position_ids", "sequence_ids", "labels"))
-        types = np.array(row["token_type_ids"])
-        assert ids.shape == (48,)
-        k = len(row["source_rows"])
-        assert set(seq[seq > 0]) == set(range(1, k + 1)) and (np.diff(seq[seq > 0]) >= 0).all()
-        assert (seq[np.argmax(seq == 0):] == 0).all() if (seq == 0).any() else True  # padding only at the end
-        assert (lab[seq == 0] == IGNORE_INDEX).all() and (pos[seq == 0] == 0).all()
-        for j, r in enumerate(row["source_rows"], start=1):
-            doc = seq == j
+    for p, row in enumerate(packed):
+        assert len(row["input_ids"]) == 48 and len(row["sequence_lengths"]) == len(row["source_rows"])
+        ids, types, pos, lab = (documents(row, x) for x in (row["input_ids"], row["token_type_ids"],
+                                                             batch["position_ids"][p], batch["labels"][p]))
+        assert (lab[-1] == IGNORE_INDEX).all() and (pos[-1] == 0).all()     # the padding
+        for j, r in enumerate(row["source_rows"]):
             want = src[r]
-            np.testing.assert_array_equal(ids[doc], want["input_ids"])
-            np.testing.assert_array_equal(types[doc], want["token_type_ids"])
-            np.testing.assert_array_equal(pos[doc], np.arange(doc.sum()))
-            expected = np.array(want["input_ids"]) if causal else np.array(want["labels"])
+            np.testing.assert_array_equal(ids[j], want["input_ids"])
+            np.testing.assert_array_equal(types[j], want["token_type_ids"])
+            np.testing.assert_array_equal(pos[j], np.arange(len(ids[j])))
+            expected = np.array(want["labels"] if labels else want["input_ids"])
             if causal:
                 expected[0] = IGNORE_INDEX
-            np.testing.assert_array_equal(lab[doc], expected)
+            np.testing.assert_array_equal(lab[j], expected)
+            if labels:   # stored as the model takes them, also without the collator
+                np.testing.assert_array_equal(documents(row, row["labels"])[j], expected)
             seen.append(r)
     assert sorted(seen) == list(range(len(src)))
 
@@ -82,8 +92,7 @@ def test_too_long_rows_error_truncate_or_drop(tmp_path):
     with pytest.raises(ValueError, match=r"row 1 has 12 tokens, more than pack_length 8 \(2 such rows\).*too_long"):
         hf.pack_dataset(src, 8, cache_dir=tmp_path, verbose=False)
     cut = hf.pack_dataset(src, 8, too_long="truncate", cache_dir=tmp_path, verbose=False)
-    rows = {r: np.array(p["input_ids"])[np.array(p["sequence_ids"]) == j + 1]
-            for p in cut for j, r in enumerate(p["source_rows"])}
+    rows = {r: doc for p in cut for r, doc in zip(p["source_rows"], documents(p, p["input_ids"]))}
     assert rows[1].tolist() == [2] * 8 and rows[3].tolist() == [4] * 8 and rows[0].tolist() == [1] * 5
     assert hf.packing_report(cut)["truncated"] == 2 and hf.packing_report(cut)["dropped"] == 0
     dropped = hf.pack_dataset(src, 8, too_long="drop", cache_dir=tmp_path, verbose=False)
@@ -151,7 +160,8 @@ def test_a_dataset_on_disk_larger_than_the_memory_allowed_is_packed(tmp_path):
         grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
         got_total = got_count = 0
         for batch in packed.with_format("numpy").iter(batch_size=4096):
-            real = batch["sequence_ids"] > 0
+            used = np.array([lengths.sum() for lengths in batch["sequence_lengths"]])
+            real = np.arange(batch["input_ids"].shape[1]) < used[:, None]
             got_total += int(batch["input_ids"][real].astype(np.int64).sum()); got_count += int(real.sum())
         print(size, grown, total == got_total, count == got_count, len(src), hf.packing_report(packed)["sequences"])
     """)
@@ -207,15 +217,14 @@ def test_each_document_of_a_pack_sees_only_itself(tmp_path, make, impl):
     with torch.no_grad():
         logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits
         for p, row in enumerate(packed):
-            seq = np.array(row["sequence_ids"])
-            for j, r in enumerate(row["source_rows"], start=1):
+            for r, doc in zip(row["source_rows"], documents(row, logits[p])):
                 alone = model(input_ids=torch.tensor([src[r]["input_ids"]])).logits[0]
-                torch.testing.assert_close(logits[p][torch.from_numpy(seq == j)], alone, rtol=0, atol=1e-5)
+                torch.testing.assert_close(torch.from_numpy(doc), alone, rtol=0, atol=1e-5)
 
 
 def test_a_model_that_would_attend_across_documents_is_refused():
     """An attention implementation not known to honour the block mask is a ValueError naming it and the fix;
-    so are packs whose sequence_ids the Trainer removed, and a collator given nothing to decide with."""
+    so are packs whose sequence_lengths the Trainer removed, and a collator given nothing to decide with."""
     with pytest.raises(ValueError, match=r"'flex_attention' is not known to keep packed documents apart.*eager, sdpa"):
         hf.PackedDataCollator(attn_implementation="flex_attention", causal=True)
     model = llama()
@@ -224,6 +233,9 @@ def test_a_model_that_would_attend_across_documents_is_refused():
         hf.PackedDataCollator(model)
     with pytest.raises(ValueError, match="remove_unused_columns=False"):
         hf.PackedDataCollator(llama())([{"input_ids": [1, 2], "position_ids": [0, 1]}])
+    with pytest.raises(ValueError, match=r"pack 1 has sequence_lengths \[2, 2\]: .* at most its 3 tokens"):
+        hf.PackedDataCollator(llama())([{"input_ids": [1, 2, 0], "sequence_lengths": [2]},
+                                        {"input_ids": [1, 2, 3], "sequence_lengths": [2, 2]}])
     with pytest.raises(ValueError, match="needs the model, or both attn_implementation and causal"):
         hf.PackedDataCollator(attn_implementation="sdpa")
 
@@ -504,14 +516,15 @@ def test_a_stream_is_packed_buffer_by_buffer(tmp_path):
     src = source(230, seed=6)
     stream = hf.pack_iterable(src.to_iterable_dataset(), 48, buffer_size=100, columns=("input_ids", "token_type_ids"))
     seen = []
+    collate = hf.PackedDataCollator(attn_implementation="sdpa", causal=True)
     for row in stream:
-        ids, pos, seq, lab = (np.array(row[k]) for k in ("input_ids", "position_ids", "sequence_ids", "labels"))
+        batch = collate([row])
+        ids, pos, lab = (documents(row, x) for x in (row["input_ids"], batch["position_ids"][0], batch["labels"][0]))
         assert len({r // 100 for r in row["source_rows"]}) == 1          # one buffer a pack
-        for j, r in enumerate(row["source_rows"], start=1):
-            doc = seq == j
-            np.testing.assert_array_equal(ids[doc], src[r]["input_ids"])
-            np.testing.assert_array_equal(pos[doc], np.arange(doc.sum()))
-            np.testing.assert_array_equal(lab[doc], [IGNORE_INDEX] + src[r]["input_ids"][1:])
+        for j, r in enumerate(row["source_rows"]):
+            np.testing.assert_array_equal(ids[j], src[r]["input_ids"])
+            np.testing.assert_array_equal(pos[j], np.arange(len(ids[j])))
+            np.testing.assert_array_equal(lab[j], [IGNORE_INDEX] + src[r]["input_ids"][1:])
             seen.append(r)
     assert sorted(seen) == list(range(len(src)))
     with pytest.raises(ValueError, match="pack a datasets.Dataset with pack_dataset"):

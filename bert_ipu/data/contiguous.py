@@ -57,13 +57,13 @@ class PackedSequences:
 
 
 def rows_from_packs(lengths: np.ndarray, token_fields: dict[str, np.ndarray], max_len: int, offsets: np.ndarray,
-                    order: np.ndarray, fill: dict | None = None, dtype=np.int64) -> tuple[dict[str, np.ndarray],
-                                                                                     np.ndarray, np.ndarray,
-                                                                                     np.ndarray]:
+                    order: np.ndarray, fill: dict | None = None, dtype=np.int64,
+                    layout: bool = True) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, np.ndarray]:
     """The one row packer: rows of `max_len` whose pack p holds the sequences order[offsets[p]:offsets[p + 1]]
     back to back, then padding. `lengths` (N,) are every sequence's lengths and each token field one flat
     array of sum(lengths) tokens (sequence i's at its cumulative start); `order` may leave sequences out.
-    Adds `position_ids` (restarting at 0) and `sequence_ids` (1..k in pack order, 0 = padding). Padding is 0,
+    Adds `position_ids` (restarting at 0) and `sequence_ids` (1..k in pack order, 0 = padding) unless `layout` is
+    False (`pack_dataset` stores each pack's sequence lengths instead, from which they follow). Padding is 0,
     or `fill[name]`. Fields keep bool, else become `dtype` (int64 by default). Returns (rows, row, slot,
     column): for each packed sequence, in `order`'s order, its pack, its slot (0-based) and where it starts in
     its row. Vectorised: no Python loop over sequences or tokens.
@@ -95,7 +95,8 @@ def rows_from_packs(lengths: np.ndarray, token_fields: dict[str, np.ndarray], ma
     else:
         gather = np.repeat((np.cumsum(lengths) - lengths)[order], seq_len) + position
     fields = {name: np.asarray(v)[gather] for name, v in token_fields.items()}
-    fields |= {"position_ids": position, "sequence_ids": np.repeat((slot + 1).astype(dtype), seq_len)}
+    if layout:
+        fields |= {"position_ids": position, "sequence_ids": np.repeat((slot + 1).astype(dtype), seq_len)}
     filled = np.arange(max_len) < used[:, None]                  # (n_packs, max_len): the cells with tokens
     rows = {}
     for name, values in fields.items():
