@@ -610,12 +610,13 @@ def test_a_fine_packing_above_the_goal_is_the_start_of_exact_column_generation(m
     assert np.array_equal(result.mixture.coverage(len(hist)), hist)
 
 
-@pytest.mark.parametrize("seed, case, depth", [(4, 13, 16), (2, 30, 8)])
-def test_a_start_within_the_goal_is_kept_where_exact_pricing_would_be_slow(monkeypatch, seed, case, depth):
+@pytest.mark.parametrize("seed, case, depth, made", [(4, 13, 16, "planned"), (2, 30, 8, "improved")])
+def test_a_start_within_the_goal_is_kept_where_exact_pricing_would_be_slow(monkeypatch, seed, case, depth, made):
     """`--family ranges` seed 4, case 13: 29,593 lengths uniform in 6-32% of 4,096, depth 16 (exact column
     generation took 3.7 s for the same packs, 5,657 against 5,654); seed 2, case 30: 8,851 in 9-21% of 8,192,
     depth 8, 1,336 packs, where 0.1% is one pack (22 s for the same 1,337). The plan packs within 0.1% of the
-    bound, and is kept without any LP over the lengths."""
+    bound, and is kept without any LP over the lengths; on the second, a pack above the bound, gathering its
+    room and the pool search then reach the bound ("improved", `cghp.EARLY_POOL_SECONDS`)."""
     from packing_small import ranges_case
 
     from bert_ipu.packing import cghp as cghp_module
@@ -626,8 +627,9 @@ def test_a_start_within_the_goal_is_kept_where_exact_pricing_would_be_slow(monke
     monkeypatch.setattr(cghp_module, "_bucketed", forbidden)
     monkeypatch.setattr(cghp_module, "_exact", forbidden)
     result = pack(hist, "cghp", depth, time_limit=120)
-    assert result.strategy == "planned"
+    assert result.strategy == made
     assert result.lower_bound_packs <= result.packs <= result.lower_bound_packs * 1.001
+    assert made != "improved" or result.packs == result.lower_bound_packs == 1336
     assert np.array_equal(result.mixture.coverage(len(hist)), hist)
 
 
@@ -1061,5 +1063,30 @@ def test_a_pool_search_on_the_gathered_packing_a_pack_above_its_bound_reaches_it
         raise ToTheLP  # (which path, not the 5.8 s it takes)
     monkeypatch.setattr(cghp_module, "EARLY_POOL_SECONDS", 0)
     monkeypatch.setattr(cghp_module, "_exact", exact)
+    with pytest.raises(ToTheLP):
+        pack(hist, "cghp", depth)
+
+
+def test_the_plans_packing_a_pack_above_its_bound_is_gathered_and_searched_before_any_lp(monkeypatch):
+    """`benchmarks/packing_small.py --family ranges --seed 5 --max-sequences 60000`, case 30: 7,511 lengths
+    uniform in 4-19% of 4,096, depth 16, whose tokens set the bound (843). The plan packs 844; gathering its
+    room and the pool search on it reach 843 at once, where the LP's dive took 9.5 s and saved nothing, and the
+    last step then reached 843. Without that early step (GATHER_SECONDS and EARLY_POOL_SECONDS 0), CGHP goes on
+    to the LP."""
+    from bert_ipu.packing import cghp as cghp_module
+
+    class ToTheLP(Exception):
+        pass
+
+    def exact(*args):
+        raise ToTheLP  # (which path, not the 9.5 s it takes)
+    hist, depth = _benchmark_case("ranges", 5, 30, 60_000)
+    monkeypatch.setattr(cghp_module, "_exact", exact)
+    result = pack(hist, "cghp", depth)  # with no LP
+    assert result.packs == result.lower_bound_packs == 843 and result.strategy == "improved"
+    assert np.array_equal(result.mixture.coverage(len(hist)), hist) and not result.time_limit_reached
+    assert result.mixture.depth <= depth and (result.mixture.pack_lengths() <= len(hist)).all()
+    monkeypatch.setattr(cghp_module, "GATHER_SECONDS", 0)
+    monkeypatch.setattr(cghp_module, "EARLY_POOL_SECONDS", 0)
     with pytest.raises(ToTheLP):
         pack(hist, "cghp", depth)
