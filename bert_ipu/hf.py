@@ -435,11 +435,24 @@ def unpack_outputs(packed, outputs) -> list:
 # ------------------------------------------------------------------------------------------------ the collator
 
 def _is_causal(model) -> bool:
+    """Whether `model` attends causally: a decoder (`config.is_decoder`), a causal LM, or any head on a
+    decoder-only architecture (one with a causal LM and no masked LM in `transformers`: Llama's or GPT-2's
+    sequence and token classifiers)."""
+    from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+                                                        MODEL_FOR_MASKED_LM_MAPPING_NAMES)
+
+    kind = getattr(model.config, "model_type", None)
+    decoder_only = kind in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and kind not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+    return bool(getattr(model.config, "is_decoder", False)) or _shifts_labels(model) or decoder_only
+
+
+def _shifts_labels(model) -> bool:
+    """Whether `model`'s loss shifts its labels (the logits at t predict labels[t + 1]): a causal LM, not a
+    decoder's token classifier (its labels are per position, as they come)."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     name = type(model).__name__
-    return bool(getattr(model.config, "is_decoder", False)) or name in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values() \
-        or (name.endswith("ForSequenceClassification") and hasattr(model, "score"))  # a decoder's classifier
+    return name in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values() or name.endswith("ForCausalLM")
 
 
 def _position_offset(model) -> int:
@@ -458,10 +471,12 @@ class PackedDataCollator:
     From each pack's sequence_lengths it makes position_ids (restarting at 0 in every document, 0 on padding),
     sequence_ids (1..k, 0 on padding) and, for a causal LM whose packs hold no labels, labels: the input_ids,
     IGNORE_INDEX at every document's first token and on padding (the model shifts labels inside). A causal LM's
-    stored labels get IGNORE_INDEX at document starts too.
+    stored labels get IGNORE_INDEX at document starts too; other models' stored labels (a decoder's token
+    classifier's too: its labels are not shifted) are used as they are.
 
     model: read for the attention implementation (`model.config._attn_implementation`), whether it is causal
-        (a decoder or a *ForCausalLM) and RoBERTa's position offset; or give them:
+        (a decoder, a *ForCausalLM, or a head on a decoder-only architecture such as LlamaForTokenClassification),
+        whether it shifts labels (a causal LM) and RoBERTa's position offset; or give them:
     attn_implementation: "eager", "sdpa" -> a 4D mask (batch, 1, S, S) that is block-diagonal (and causal
         inside each document for causal LMs): additive float (0 / dtype min) for eager, boolean (True = attend)
         for sdpa; padding attends to itself only, so no row is empty. "flash_attention_*"
@@ -469,13 +484,14 @@ class PackedDataCollator:
         cu_seq_lens_q/k, max_length_q/k (what the varlen kernels take). "bert_ipu" -> input_ids, position_ids,
         sequence_ids, labels for this project's packed models (a causal LM's labels as they take them: the next
         token of the same document at each position). Anything else: ValueError.
-    causal, position_offset: override what `model` says. dtype: the float mask's dtype (the model's).
+    causal, shift_labels, position_offset: override what `model` says (without a model, shift_labels is
+        `causal`: a causal LM). dtype: the float mask's dtype (the model's).
 
     The Trainer must keep `sequence_lengths`: TrainingArguments(remove_unused_columns=False).
     """
 
     def __init__(self, model=None, *, attn_implementation: str | None = None, causal: bool | None = None,
-                 position_offset: int | None = None, dtype=None):
+                 shift_labels: bool | None = None, position_offset: int | None = None, dtype=None):
         import torch
 
         if model is None and (attn_implementation is None or causal is None):
@@ -489,6 +505,9 @@ class PackedDataCollator:
                              f"{', '.join(MASK_IMPLEMENTATIONS)} or a {FLASH_PREFIX}* kernel, or train it unpacked")
         self.attn_implementation = attn_implementation
         self.causal = _is_causal(model) if causal is None else bool(causal)
+        if shift_labels is None:
+            shift_labels = _shifts_labels(model) if model is not None else self.causal
+        self.shift_labels = bool(shift_labels)
         self.position_offset = (_position_offset(model) if model is not None else 0) if position_offset is None \
             else int(position_offset)
         self.dtype = dtype if dtype is not None else (model.dtype if model is not None else torch.float32)
@@ -502,11 +521,15 @@ class PackedDataCollator:
             raise ValueError("the packs have no sequence_lengths (the Trainer removes columns the model does not "
                              "take): set TrainingArguments(remove_unused_columns=False) and pack with "
                              "bert_ipu.hf.pack_dataset")
+        widths = sorted({len(f["input_ids"]) for f in features})
+        if len(widths) > 1:
+            raise ValueError(f"one batch holds packs of {widths[0]} and {widths[-1]} tokens: batch packs of one "
+                             "pack_length only (one pack_dataset call, or one dataset per pack length)")
         stack = {k: torch.as_tensor(np.stack([np.asarray(f[k]) for f in features]), dtype=torch.long)
                  for k in ("input_ids", "labels", "token_type_ids") if k in features[0]}
         positions, sequence_ids = _layout([f["sequence_lengths"] for f in features], stack["input_ids"].shape[1])
         stack["position_ids"], stack["sequence_ids"] = torch.from_numpy(positions), torch.from_numpy(sequence_ids)
-        if self.causal and "sequence_labels" not in features[0]:
+        if self.shift_labels and "sequence_labels" not in features[0]:
             labels = stack["labels"] if "labels" in stack else stack["input_ids"].clone()
             stack["labels"] = labels.masked_fill_((stack["position_ids"] == 0) | (stack["sequence_ids"] == 0),
                                                   IGNORE_INDEX)   # a document's first token: never a target
@@ -518,7 +541,7 @@ class PackedDataCollator:
             stack["pooled_positions"] = document_positions(stack["sequence_ids"], stack["labels"].shape[1],
                                                            last=self.causal)
         if self.attn_implementation == OWN_MODELS:
-            if self.causal and "labels" in stack:  # our causal LMs take next-token labels (bert_ipu.models.causal_lm)
+            if self.shift_labels and "labels" in stack:  # our causal LMs take next-token labels (models.causal_lm)
                 stack["labels"] = torch.nn.functional.pad(stack["labels"][:, 1:], (0, 1), value=IGNORE_INDEX)
             return stack
         sequence_ids = stack.pop("sequence_ids")

@@ -224,7 +224,8 @@ def test_each_document_of_a_pack_sees_only_itself(tmp_path, make, impl):
 
 def test_a_model_that_would_attend_across_documents_is_refused():
     """An attention implementation not known to honour the block mask is a ValueError naming it and the fix;
-    so are packs whose sequence_lengths the Trainer removed, and a collator given nothing to decide with."""
+    so are packs whose sequence_lengths the Trainer removed, packs of two lengths in one batch, and a collator
+    given nothing to decide with."""
     with pytest.raises(ValueError, match=r"'flex_attention' is not known to keep packed documents apart.*eager, sdpa"):
         hf.PackedDataCollator(attn_implementation="flex_attention", causal=True)
     model = llama()
@@ -236,6 +237,9 @@ def test_a_model_that_would_attend_across_documents_is_refused():
     with pytest.raises(ValueError, match=r"pack 1 has sequence_lengths \[2, 2\]: .* at most its 3 tokens"):
         hf.PackedDataCollator(llama())([{"input_ids": [1, 2, 0], "sequence_lengths": [2]},
                                         {"input_ids": [1, 2, 3], "sequence_lengths": [2, 2]}])
+    with pytest.raises(ValueError, match="one batch holds packs of 2 and 3 tokens: batch packs of one pack_length"):
+        hf.PackedDataCollator(llama())([{"input_ids": [1, 2], "sequence_lengths": [2]},
+                                        {"input_ids": [1, 2, 3], "sequence_lengths": [3]}])
     with pytest.raises(ValueError, match="needs the model, or both attn_implementation and causal"):
         hf.PackedDataCollator(attn_implementation="sdpa")
 
@@ -573,6 +577,47 @@ def classifier(kind):
         return transformers.BertForSequenceClassification(config)
     config = transformers.LlamaConfig(**common, num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0)
     return transformers.LlamaForSequenceClassification(config)
+
+
+def token_classifier(kind):
+    torch.manual_seed(0)
+    if kind == "gpt2":
+        config = transformers.GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=64, num_labels=3,
+                                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, classifier_dropout=0.0,
+                                         attn_implementation="sdpa")
+        return transformers.GPT2ForTokenClassification(config)
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                      num_labels=3, attn_implementation="sdpa")
+    return transformers.LlamaForTokenClassification(config)
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_a_decoders_token_classifier_sees_each_document_alone_with_its_labels_as_they_are(tmp_path, kind):
+    """A token classifier on a decoder-only architecture (LlamaForTokenClassification; GPT-2's, whose head is
+    `classifier`, not `score`) attends causally, so the collator gives it a causal block mask: every document's
+    logits equal the model's on that document alone (1e-5, as above). Its labels are per position, not shifted:
+    they reach the model as the source gave them, the first token of every document included, IGNORE_INDEX on
+    padding only."""
+    src = source(12, high=20, seed=3)
+    rng = np.random.default_rng(3)
+    src = src.add_column("labels", [rng.integers(0, 3, size=len(x)).tolist() for x in src["input_ids"]])
+    packed = hf.pack_dataset(src, 40, causal=False, columns=("input_ids",), label_column="labels",
+                             cache_dir=tmp_path, verbose=False)
+    model = token_classifier(kind).eval()
+    collator = hf.PackedDataCollator(model)
+    batch = collator([packed[i] for i in range(len(packed))])
+    with torch.no_grad():
+        logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits
+    for p, row in enumerate(packed):
+        labels = documents(row, batch["labels"][p])
+        for r, doc, doc_labels in zip(row["source_rows"], documents(row, logits[p]), labels):
+            with torch.no_grad():
+                alone = model(input_ids=torch.tensor([src[r]["input_ids"]])).logits[0]
+            torch.testing.assert_close(torch.from_numpy(doc), alone, rtol=0, atol=1e-5)
+            assert doc_labels.tolist() == src[r]["labels"]
+        assert (labels[-1] == IGNORE_INDEX).all()
+    assert collator.causal and not collator.shift_labels
 
 
 def labelled_source(n=60, seed=2):
