@@ -1090,3 +1090,25 @@ def test_the_plans_packing_a_pack_above_its_bound_is_gathered_and_searched_befor
     monkeypatch.setattr(cghp_module, "EARLY_POOL_SECONDS", 0)
     with pytest.raises(ToTheLP):
         pack(hist, "cghp", depth)
+
+
+def test_a_packing_above_the_cheap_bound_gets_the_lps_bound_where_no_lp_ran(monkeypatch):
+    """`benchmarks/packing_small.py --family dear --seed 1`, case 16: 946 lengths uniform in 0-86% of 8,192,
+    depth 16, 885 distinct. Exact pricing is dear there, so CGHP returns the plan or best fit (416 packs) with
+    the cheap bound, 415, and no search saves a pack: 416 is optimal, as the LP relaxation proves (its optimum is
+    416.0). The last step (`cghp._prove`) prices the real lengths for its bound only and reports 416; without it
+    (PROVE_SECONDS 0) the same packing comes with 415."""
+    from bert_ipu.packing import cghp as cghp_module
+    from bert_ipu.packing.lp import solve_relaxation
+
+    hist, depth = _benchmark_case("dear", 1, 16)
+    result = pack(hist, "cghp", depth)
+    assert result.packs == result.lower_bound_packs == 416 and not result.time_limit_reached
+    assert np.array_equal(result.mixture.coverage(len(hist)), hist) and result.mixture.depth <= depth
+    assert (result.mixture.pack_lengths() <= len(hist)).all()
+    # the bound is the LP's: its optimum, solved to the end here, is at least 415 and a bit
+    value = solve_relaxation(hist, depth, [], True, None, swaps=True, gap=0)[2]
+    assert 415 < value <= 416 + 1e-6
+    monkeypatch.setattr(cghp_module, "PROVE_SECONDS", 0)
+    slower = pack(hist, "cghp", depth)
+    assert slower.packs == 416 and slower.lower_bound_packs == 415
