@@ -435,24 +435,25 @@ def unpack_outputs(packed, outputs) -> list:
 # ------------------------------------------------------------------------------------------------ the collator
 
 def _is_causal(model) -> bool:
-    """Whether `model` attends causally: a decoder (`config.is_decoder`), a causal LM, or any head on a
-    decoder-only architecture (one with a causal LM and no masked LM in `transformers`: Llama's or GPT-2's
-    sequence and token classifiers)."""
+    """Whether `model` attends causally: a decoder (`config.is_decoder`), a causal LM (its class or a base
+    class), any head on a decoder-only architecture (one with a causal LM and no masked LM in `transformers`:
+    Llama's or GPT-2's sequence and token classifiers), or a classifier head named `score` (decoders' name for
+    it: Mistral 4's, whose causal LM `transformers` lists only as image-text-to-text)."""
     from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
                                                         MODEL_FOR_MASKED_LM_MAPPING_NAMES)
 
     kind = getattr(model.config, "model_type", None)
     decoder_only = kind in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and kind not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
-    return bool(getattr(model.config, "is_decoder", False)) or _shifts_labels(model) or decoder_only
+    names = [c.__name__ for c in type(model).__mro__]
+    causal_lm = any(n in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values() or n.endswith("ForCausalLM") for n in names)
+    scored = hasattr(model, "score") and names[0].endswith(("ForSequenceClassification", "ForTokenClassification"))
+    return bool(getattr(model.config, "is_decoder", False)) or causal_lm or decoder_only or scored
 
 
-def _shifts_labels(model) -> bool:
-    """Whether `model`'s loss shifts its labels (the logits at t predict labels[t + 1]): a causal LM, not a
-    decoder's token classifier (its labels are per position, as they come)."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-    name = type(model).__name__
-    return name in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values() or name.endswith("ForCausalLM")
+def _token_classifier(model) -> bool:
+    """Whether `model` (or a base class) is a *ForTokenClassification: its labels are per position, not
+    shifted as a causal LM's are."""
+    return any(c.__name__.endswith("ForTokenClassification") for c in type(model).__mro__)
 
 
 def _position_offset(model) -> int:
@@ -484,8 +485,8 @@ class PackedDataCollator:
         cu_seq_lens_q/k, max_length_q/k (what the varlen kernels take). "bert_ipu" -> input_ids, position_ids,
         sequence_ids, labels for this project's packed models (a causal LM's labels as they take them: the next
         token of the same document at each position). Anything else: ValueError.
-    causal, shift_labels, position_offset: override what `model` says (without a model, shift_labels is
-        `causal`: a causal LM). dtype: the float mask's dtype (the model's).
+    causal, shift_labels, position_offset: override what `model` says (shift_labels defaults to `causal`,
+        except for a *ForTokenClassification). dtype: the float mask's dtype (the model's).
 
     The Trainer must keep `sequence_lengths`: TrainingArguments(remove_unused_columns=False).
     """
@@ -505,8 +506,8 @@ class PackedDataCollator:
                              f"{', '.join(MASK_IMPLEMENTATIONS)} or a {FLASH_PREFIX}* kernel, or train it unpacked")
         self.attn_implementation = attn_implementation
         self.causal = _is_causal(model) if causal is None else bool(causal)
-        if shift_labels is None:
-            shift_labels = _shifts_labels(model) if model is not None else self.causal
+        if shift_labels is None:  # a causal model's labels are next tokens, but a token classifier's
+            shift_labels = self.causal and not (model is not None and _token_classifier(model))
         self.shift_labels = bool(shift_labels)
         self.position_offset = (_position_offset(model) if model is not None else 0) if position_offset is None \
             else int(position_offset)

@@ -620,6 +620,46 @@ def test_a_decoders_token_classifier_sees_each_document_alone_with_its_labels_as
     assert collator.causal and not collator.shift_labels
 
 
+def test_a_causal_lm_is_known_by_its_base_class_and_a_decoders_classifier_by_its_score():
+    """A subclass of a causal LM (a user's, or TRL's wrappers) gets a causal mask and labels (its tokens,
+    IGNORE_INDEX at each document's first token and on padding), as does this project's PackedGPT2LMHeadModel
+    given causal=True; Mistral 4's sequence classifier, whose causal LM `transformers` lists only as
+    image-text-to-text, is known as causal by its `score` head and classifies each document by its last token,
+    as alone (1e-5)."""
+    from bert_ipu.models.gpt2 import PackedGPT2LMHeadModel
+
+    class MyLM(transformers.LlamaForCausalLM):
+        pass
+
+    rows = [{"input_ids": [5, 6, 7, 8, 9, 0], "sequence_lengths": [2, 3]}]
+    expected = [[IGNORE_INDEX, 6, IGNORE_INDEX, 8, 9, IGNORE_INDEX]]
+    torch.manual_seed(0)
+    mine = MyLM(transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=4, max_position_embeddings=64))
+    assert hf.PackedDataCollator(mine)(rows)["labels"].tolist() == expected
+    ours = PackedGPT2LMHeadModel(transformers.GPT2Config(n_embd=32, n_layer=1, n_head=4, vocab_size=64,
+                                                         n_positions=64))
+    own = hf.PackedDataCollator(ours, attn_implementation="bert_ipu", causal=True, dtype=torch.float32)(rows)
+    assert own["labels"].tolist() == [[6, IGNORE_INDEX, 8, 9, IGNORE_INDEX, IGNORE_INDEX]]  # next tokens
+    small = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=4,
+                 intermediate_size=64, moe_intermediate_size=32, vocab_size=64, max_position_embeddings=64,
+                 n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1, q_lora_rank=16, kv_lora_rank=16,
+                 qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=8, first_k_dense_replace=1, num_labels=2,
+                 pad_token_id=0)
+    defaults = transformers.Mistral4Config()
+    config = transformers.Mistral4Config(**{k: v for k, v in small.items() if hasattr(defaults, k)},
+                                         attn_implementation="sdpa")
+    torch.manual_seed(0)
+    model = transformers.Mistral4ForSequenceClassification(config).eval()
+    docs = [[5, 6, 7, 8], [9, 10, 11]]
+    batch = hf.PackedDataCollator(model)([{"input_ids": docs[0] + docs[1] + [0], "sequence_lengths": [4, 3],
+                                           "sequence_labels": [1, 0]}])
+    with torch.no_grad():
+        packed = hf.packed_sequence_classifier(model)(**batch)["logits"][0]
+        alone = torch.stack([model(input_ids=torch.tensor([d])).logits[0] for d in docs])
+    torch.testing.assert_close(packed, alone, rtol=0, atol=1e-5)
+
+
 def labelled_source(n=60, seed=2):
     src = source(n, high=20, seed=seed)
     rng = np.random.default_rng(seed)
