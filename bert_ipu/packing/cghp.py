@@ -239,9 +239,10 @@ def _prove(result: CGHPResult, histogram: np.ndarray, depth: int, deadline) -> C
     them, from a cold start, for PROVE_SECONDS estimated seconds, for its Farley bound only (valid at any
     round); the packing stays. Where exact pricing is dear CGHP returns the plan or best fit with the cheap
     bound, and the packing is often optimal: this says so."""
-    if result.priced or PROVE_SECONDS <= 0 or not _above_goal(result.mixture.n_packs, result.lower_bound) \
-            or past(deadline):
+    if result.priced or PROVE_SECONDS <= 0 or not _above_goal(result.mixture.n_packs, result.lower_bound):
         return result
+    if past(deadline):  # (a call without one may then report a stronger bound)
+        return replace(result, time_limit_reached=True)
     *_, farley_bound, late, _, _ = solve_relaxation(histogram, depth, [], False, deadline, swaps=True, gap=0,
                                                     known=result.lower_bound, budget=PROVE_SECONDS)
     lower = max(result.lower_bound, math.ceil(farley_bound - 1e-6))
