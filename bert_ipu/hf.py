@@ -476,8 +476,9 @@ class PackedDataCollator:
     classifier's too: its labels are not shifted) are used as they are.
 
     model: read for the attention implementation (`model.config._attn_implementation`), whether it is causal
-        (a decoder, a *ForCausalLM, or a head on a decoder-only architecture such as LlamaForTokenClassification),
-        whether it shifts labels (a causal LM) and RoBERTa's position offset; or give them:
+        (a decoder, a causal LM or a subclass of one, a head on a decoder-only architecture such as
+        LlamaForTokenClassification, or a classifier whose head is `score`), whether it shifts labels (a causal
+        model that is no token classifier) and RoBERTa's position offset; or give them:
     attn_implementation: "eager", "sdpa" -> a 4D mask (batch, 1, S, S) that is block-diagonal (and causal
         inside each document for causal LMs): additive float (0 / dtype min) for eager, boolean (True = attend)
         for sdpa; padding attends to itself only, so no row is empty. "flash_attention_*"
