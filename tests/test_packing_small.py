@@ -95,7 +95,8 @@ def test_the_slow_sft_case_packs_at_its_bound_at_once():
     print(f"packed in {time.perf_counter() - start:.2f} s")  # a figure for the log, not an assertion
 
 
-STRATEGIES = {"heuristic", "gathered", "filled", "planned", "exact", "bucketed", "integer", "completed", "improved"}
+STRATEGIES = {"heuristic", "gathered", "filled", "planned", "exact", "bucketed", "integer", "completed", "improved",
+              "branched"}
 
 
 def test_the_benchmark_reports_every_case_and_the_worst(tmp_path):
@@ -678,8 +679,9 @@ def _packed_at_the_bound_only_with(monkeypatch, hist, depth, bound, knob, strate
     """CGHP packs `hist` at its proven bound `bound` (by `strategy`, if given): a valid packing; and with
     `module`'s (default: the cghp module's) `knob` set to 0, a pack more. (In that second call the local search
     of `neighbourhood.py` is off too, both as the last step, with its pool (`tabu.py`), and as the early
-    gathering of best fit's room, with its pool: it reaches the bound on some of these cases by itself, so
-    only with it off does the call show what `knob` does.)"""
+    gathering of best fit's room, with its pool, and so is the integer program over the LP's patterns
+    (`cghp._branch`): they reach the bound on some of these cases by themselves, so only with them off does
+    the call show what `knob` does.)"""
     from bert_ipu.packing import cghp as cghp_module, neighbourhood
 
     result = pack(hist, "cghp", depth)
@@ -691,6 +693,7 @@ def _packed_at_the_bound_only_with(monkeypatch, hist, depth, bound, knob, strate
     monkeypatch.setattr(neighbourhood, "POOL_SECONDS", 0)
     monkeypatch.setattr(cghp_module, "GATHER_SECONDS", 0)
     monkeypatch.setattr(cghp_module, "EARLY_POOL_SECONDS", 0)
+    monkeypatch.setattr(cghp_module, "BRANCH_NODES", 0)
     monkeypatch.setattr(module or cghp_module, knob, 0)
     assert pack(hist, "cghp", depth).packs == bound + 1
 
@@ -1112,3 +1115,29 @@ def test_a_packing_above_the_cheap_bound_gets_the_lps_bound_where_no_lp_ran(monk
     monkeypatch.setattr(cghp_module, "PROVE_SECONDS", 0)
     slower = pack(hist, "cghp", depth)
     assert slower.packs == 416 and slower.lower_bound_packs == 415
+
+
+def test_price_and_branch_packs_from_an_lps_patterns_with_swapped_slots():
+    """`repack.pack_from`: sequences of 2, 3, 5 and 5 tokens at 8, packed one a pack, and the one pattern
+    [5, 3]: two copies of it hold every sequence once a 3-token slot takes the 2 (the LP's swap columns), so
+    two packs; with a node limit the search still starts from the packing given, and never returns more packs."""
+    from bert_ipu.packing.mixture import Mixture
+    from bert_ipu.packing.repack import pack_from
+
+    hist = np.zeros(8, dtype=np.int64)
+    hist[[1, 2, 4]] = [1, 1, 2]
+    start = Mixture.from_lists([[5], [3], [2]], [2, 1, 1])
+    found = pack_from(hist, [np.array([5, 3])], start, node_limit=10)
+    assert found.n_packs == 2 and np.array_equal(found.coverage(8), hist)
+    assert sorted(map(tuple, found.expand().tolist())) == [(5, 2), (5, 3)]
+    # no pattern but the packing's own: nothing better
+    assert pack_from(hist, [], start, node_limit=10) is None
+
+
+def test_price_and_branch_packs_a_small_histogram_at_its_bound(monkeypatch):
+    """`benchmarks/packing_small.py --seed 7`, case 25: 276 log-normal lengths at 512, depth 3 (179 distinct),
+    bound 143. The dive, the integer program's size limit and every search end at 144; the integer program over
+    the LP's patterns and the packing's own packs (`cghp._branch`) finds 143 at its root; without it
+    (BRANCH_NODES 0), 144."""
+    hist, depth = _benchmark_case("mixed", 7, 25)
+    _packed_at_the_bound_only_with(monkeypatch, hist, depth, 143, "BRANCH_NODES", strategy="branched")

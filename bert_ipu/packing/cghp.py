@@ -38,8 +38,9 @@ integer optimum is almost always ceil(LP) or ceil(LP) + 1. We
    the packs fixed plus the residual's bound cannot beat the best candidate, or 100 steps;
 5. every step's candidate is the packs fixed so far plus LPFHP best fit, or the fill where it takes fewer
    packs, on the rest; the best wins. A time-capped MIP over the generated patterns was tried here and never
-   beat best fit on the paper's histograms. Once at most ENDGAME sequences are left, bin completion
-   (`complete.py`) decides them exactly at the residual's bound, within a node limit;
+   beat best fit on the paper's histograms (it is the last step, 9, on small ones). Once at most ENDGAME
+   sequences are left, bin completion (`complete.py`) decides them exactly at the residual's bound, within a
+   node limit;
 6. on a small histogram still above its bound (present lengths x bound at most 5,000), ask an integer
    program over copies of each length in each pack (`repack.py`) for a packing at the bound, where it decides
    nothing bin completion with more nodes, and where either proves there is none, raise the bound by one
@@ -51,7 +52,9 @@ integer optimum is almost always ceil(LP) or ceil(LP) + 1. We
    returned at once, often a pack above the bound, and this is what reaches it;
 8. on a packing still above the goal whose bound no LP on the real lengths proved (the plan or best fit returned
    at once, bucketed lengths), column generation on the real lengths for PROVE_SECONDS, for its bound only
-   (`_prove`): there the packing is often optimal and only the cheap bound said otherwise.
+   (`_prove`): there the packing is often optimal and only the cheap bound said otherwise;
+9. on a packing still above the goal, the integer program over the patterns of that LP or the dive's first
+   and the packing's own packs, from the packing, within BRANCH_NODES nodes (`_branch`, price and branch).
 
 `lower_bound = max(cheap bound, ceil(Farley bound))` comes with the result, so users see how far from
 optimal the packing is; with more than 600 distinct lengths also `lp.coarse_bound`, proven first from a small
@@ -67,7 +70,7 @@ the LPs stop within 0.05% of the bound and the dive at a packing within 0.1% of 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -81,7 +84,7 @@ from .effort import GOAL_GAP, counting, effort
 from .lp import COARSE_START_LENGTHS, coarse_bound, farley, interpolated, pricing_seconds, solve_relaxation
 from .neighbourhood import neighbourhood
 from .planned import PLAN_ENOUGH, PLAN_MAX_PACKS, PLAN_MIN_DEPTH, planned
-from .repack import INFEASIBLE, MAX_VARIABLES, pack_into
+from .repack import INFEASIBLE, MAX_VARIABLES, pack_from, pack_into
 
 
 
@@ -184,6 +187,17 @@ EARLY_POOL_PACKS = 100
 # bound it proved nothing more in 0.1-0.2 s (docs/results/packing-scale.md, "The LP's bound where the packing is
 # above the cheap one").
 PROVE_SECONDS = 0.5
+# A packing still above the goal after that gets the integer program over the patterns of an LP on the real
+# lengths (the dive's first, or `_prove`'s) and its own packs, from itself (`_branch`, `repack.pack_from`: price
+# and branch), with at most BRANCH_NODES branch-and-bound nodes, where that model has at most BRANCH_SIZE
+# entries (present lengths x patterns). On the 880 cases of benchmarks/packing_small.py it ran on the eight
+# still a pack above their bound and packed two at the bound, both at the root: 276 log-normal lengths at 512,
+# depth 3 (179 x 549): 143 in 0.2 s, which an arc-flow integer program took 31 s to find; 243 at 1,024, depth 6
+# (193 x 1,058): 100 in 1.1 s. The six larger models (1.1M-5.7M entries) found nothing, one in 2.5 s (531 x
+# 5,202: HiGHS' root LP alone took 1.2 s), the others in 0.1-0.9 s (docs/results/packing-scale.md, "Price and
+# branch").
+BRANCH_NODES = 100
+BRANCH_SIZE = 1_000_000
 
 
 def _slack(lp_bound: float) -> int:
@@ -206,8 +220,10 @@ class CGHPResult:
                              # "completed": packed at the bound by bin completion (`complete.py`): first,
                              # at the cheap bound, or in `_settle` after the integer program;
                              # "improved": the packing above with packs saved by the local search of
-                             # `neighbourhood.py` (room gathered until a pack empties, the pool, groups)
+                             # `neighbourhood.py` (room gathered until a pack empties, the pool, groups);
+                             # "branched": the integer program over an LP's patterns (`_branch`)
     priced: bool = False  # lp_bound comes from column generation on the real lengths (else `_prove` may try)
+    columns: list | None = field(default=None, repr=False, compare=False)  # that LP's patterns, for `_branch`
 
 
 def _as_matrix(patterns: list[np.ndarray]) -> np.ndarray:
@@ -225,7 +241,8 @@ def cghp(histogram: np.ndarray, depth: int, steps: int | None = None, deadline: 
     the LPs and the dive stop within 0.1% of the bound."""
     with counting(int(histogram.sum())):
         result = _settle(_cghp(histogram, depth, steps, deadline), histogram, depth, deadline)
-        return _prove(_improve(result, histogram, depth, deadline), histogram, depth, deadline)
+        result = _prove(_improve(result, histogram, depth, deadline), histogram, depth, deadline)
+        return _branch(result, histogram, deadline)
 
 
 def _above_goal(packs: int, bound: int) -> bool:
@@ -243,12 +260,26 @@ def _prove(result: CGHPResult, histogram: np.ndarray, depth: int, deadline) -> C
         return result
     if past(deadline):  # (a call without one may then report a stronger bound)
         return replace(result, time_limit_reached=True)
-    *_, farley_bound, late, _, _ = solve_relaxation(histogram, depth, [], False, deadline, swaps=True, gap=0,
-                                                    known=result.lower_bound, budget=PROVE_SECONDS)
+    columns, _, _, farley_bound, late, _, _ = solve_relaxation(histogram, depth, [], False, deadline, swaps=True,
+                                                               gap=0, known=result.lower_bound, budget=PROVE_SECONDS)
     lower = max(result.lower_bound, math.ceil(farley_bound - 1e-6))
     # a deadline that stops it leaves the bound weaker (the packing is the same): said where it still misses
     late = result.time_limit_reached or (late and _above_goal(result.mixture.n_packs, lower))
-    return replace(result, lp_bound=max(result.lp_bound, farley_bound), lower_bound=lower, time_limit_reached=late)
+    return replace(result, lp_bound=max(result.lp_bound, farley_bound), lower_bound=lower, time_limit_reached=late,
+                   columns=columns)
+
+
+def _branch(result: CGHPResult, histogram: np.ndarray, deadline) -> CGHPResult:
+    """A packing still above the goal, with the patterns of an LP on the real lengths (the dive's first, or
+    `_prove`'s): the integer program over them and the packing's own packs (`repack.pack_from`, price and
+    branch), from the packing, within BRANCH_NODES nodes, where that model has at most BRANCH_SIZE entries."""
+    if BRANCH_NODES <= 0 or not result.columns or not _above_goal(result.mixture.n_packs, result.lower_bound) or \
+            past(deadline) or np.count_nonzero(histogram) * len(result.columns) > BRANCH_SIZE:
+        return replace(result, columns=None)
+    found = pack_from(histogram, result.columns, result.mixture, BRANCH_NODES, deadline)
+    if found is None:
+        return replace(result, columns=None, time_limit_reached=result.time_limit_reached or past(deadline))
+    return replace(result, mixture=found, strategy="branched", columns=None)
 
 
 def _improve(result: CGHPResult, histogram: np.ndarray, depth: int, deadline) -> CGHPResult:
@@ -383,10 +414,10 @@ def _cghp(histogram: np.ndarray, depth: int, steps: int | None, deadline: float 
         start, made = tried.mixture, tried.strategy  # (never more packs than `start`)
         if counted.near(start.n_packs) or tried.time_limit_reached:
             return CGHPResult(start, coarse, known, tried.time_limit_reached, made)
-    mixture, lp_bound, _, late = _exact(histogram, depth, start, known, steps or DIVE_STEPS, deadline)
+    mixture, lp_bound, _, late, columns = _exact(histogram, depth, start, known, steps or DIVE_STEPS, deadline)
     lp_bound = max(lp_bound, coarse)
     return CGHPResult(mixture, lp_bound, max(known, math.ceil(lp_bound - 1e-6)), late,
-                      "exact" if mixture.n_packs < start.n_packs else made, priced=True)
+                      "exact" if mixture.n_packs < start.n_packs else made, priced=True, columns=columns)
 
 
 def _plannable(histogram: np.ndarray, depth: int, cheap: int, expensive: bool) -> bool:
@@ -416,10 +447,11 @@ def _exact(histogram, depth, start, cheap, steps, deadline):
     patience is within 0.1% of the best bound known (`effort.Effort.accepts`), when the packs fixed plus the
     residual's proven bound cannot beat the best candidate, after `steps` steps, or at the deadline.
     Returns (mixture, LP bound of the full problem, the dual point that proved it (per present length, or
-    None), stopped)."""
+    None), stopped, the first LP's patterns)."""
     max_len = len(histogram)
     patterns, x, value, lp_bound, late, point, solver = solve_relaxation(histogram, depth, [], True, deadline,
                                                                          swaps=True, gap=0, known=cheap)
+    columns = patterns  # (the first LP's, grown in place by the warm re-solves: for `_branch`)
     built_for = int(histogram.sum())
     # (the slack by the size of the problem: the LP may stop early at the cheap bound, with a far weaker bound)
     target = max(cheap, math.ceil(lp_bound - 1e-6)) + _slack(max(cheap, lp_bound))
@@ -474,7 +506,7 @@ def _exact(histogram, depth, start, cheap, steps, deadline):
                 break
             if found is INFEASIBLE and fixed_packs + bound + 1 >= best_packs:
                 break
-    return Mixture.concat(best), lp_bound, point, late
+    return Mixture.concat(best), lp_bound, point, late, columns
 
 
 def _pack_rest(residual: np.ndarray, depth: int) -> Mixture:
@@ -568,7 +600,7 @@ def _bucketed(histogram, depth, start, cheap, steps, deadline, grid=GRID, step=B
     coarse_start, late = run_lpfhp(coarse, depth, deadline=deadline)
     lp_bound, lower = float(cheap), cheap
     if not late:
-        mixture, _, point, late = _exact(coarse, depth, coarse_start, cheap_lower_bound(coarse, depth), steps,
+        mixture, _, point, late, _ = _exact(coarse, depth, coarse_start, cheap_lower_bound(coarse, depth), steps,
                                          deadline)
         if mixture.n_packs < start.n_packs:
             start, made = _realise(mixture, histogram, present, rounded_up), "bucketed"

@@ -16,6 +16,12 @@ and does nothing against the symmetry between packs: ordering them by the tokens
 A node limit (more nodes for a smaller model), not a clock, bounds the search, so the same histogram always gets the same answer (a deadline,
 when given, can stop it sooner); HiGHS' RINS and RENS sub-MIP heuristics are off, as they spent most of the
 time of the searches that found nothing (3.8 s instead of 1.0 s at 20 nodes) and none of the ones that did.
+
+    packs = pack_from(histogram, patterns, start, node_limit)   # fewer packs than `start`, or None
+
+is the other integer program, for CGHP's last step (price and branch): the fewest packs drawn from an LP's
+patterns (and `start`'s own packs), from `start`. Its size is the LP's, not lengths x packs, so it also runs
+where the model above would be too large; it proves nothing.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import numpy as np
 from scipy import sparse
 
 from .lp import highs_integer
-from .mixture import Mixture
+from .mixture import Mixture, trim_excess
 
 INFEASIBLE = "infeasible"
 # The largest model tried, in integer variables (present lengths x packs), and the branch-and-bound nodes it
@@ -85,3 +91,65 @@ def pack_into(histogram: np.ndarray, bins: int, depth: int, node_limit: int | No
         return None  # within HiGHS' integrality tolerance but not a packing once rounded: none found
     packs = [np.repeat(lengths, y[:, b])[::-1].tolist() for b in range(bins) if y[:, b].any()]
     return Mixture.from_lists(packs, [1] * len(packs))
+
+
+def pack_from(histogram: np.ndarray, patterns: list[np.ndarray], start: Mixture, node_limit: int,
+              deadline: float | None = None) -> Mixture | None:
+    """The integer program of the restricted master LP (price and branch): the fewest packs drawn from
+    `patterns` (length arrays, e.g. an LP's columns) and `start`'s own packs that cover `histogram`, with the
+    LP's swap columns (a slot of a longer length may hold a shorter sequence: `lp.MasterLP`), from `start` as
+    the incumbent. Returns a packing with fewer packs than `start`, or None (none within `node_limit`
+    branch-and-bound nodes or before `deadline`). It proves nothing: a packing may exist that uses other
+    patterns."""
+    max_len = len(histogram)
+    lengths = np.nonzero(histogram)[0] + 1
+    m = len(lengths)
+    own = [s[s > 0] for s in start.strategies]
+    columns = list({tuple(p): p for p in list(patterns) + own if len(p)}.values())
+    where = {tuple(p): i for i, p in enumerate(columns)}
+    index_of = np.full(max_len + 1, -1)
+    index_of[lengths] = np.arange(m)
+    rows = np.concatenate([index_of[p] for p in columns])
+    cols = np.repeat(np.arange(len(columns)), [len(p) for p in columns])
+    A = sparse.csc_matrix((np.ones(len(rows)), (rows, cols)), shape=(m, len(columns)))
+    A.sum_duplicates()
+
+    h, integer = highs_integer()
+    inf = h.getInfinity()
+    h.setOptionValue("mip_max_nodes", int(node_limit))
+    h.setOptionValue("mip_abs_gap", 1 - 1e-6)  # packs are whole: an incumbent within a pack of the LP is optimal
+    # (as in `pack_into`: with RINS and RENS, 1,058 patterns of 193 lengths took 4.6 s at the root to find the
+    # packing that took 1.1 s without them)
+    h.setOptionValue("mip_heuristic_run_rins", False)
+    h.setOptionValue("mip_heuristic_run_rens", False)
+    if deadline is not None:
+        h.setOptionValue("time_limit", max(deadline - time.perf_counter(), 1e-3))
+    h.addRows(m, histogram[lengths - 1].astype(np.float64), np.full(m, inf), 0, np.zeros(m, dtype=np.int32),
+              np.zeros(0, dtype=np.int32), np.zeros(0))
+    k = m - 1  # swap columns first: +1 in a length's row, -1 in the next longer one's
+    if k:
+        swap_rows = np.stack([np.arange(k), np.arange(1, k + 1)], axis=1).ravel().astype(np.int32)
+        h.addCols(k, np.zeros(k), np.zeros(k), np.full(k, inf), 2 * k, np.arange(0, 2 * k, 2, dtype=np.int32),
+                  swap_rows, np.tile([1.0, -1.0], k))
+    n = len(columns)
+    h.addCols(n, np.ones(n), np.zeros(n), np.full(n, inf), A.nnz, A.indptr[:-1].astype(np.int32),
+              A.indices.astype(np.int32), A.data)
+    h.changeColsIntegrality(n + k, np.arange(n + k, dtype=np.int32), np.array([integer] * (n + k)))
+    incumbent = np.zeros(n + k)
+    for p, count in zip(own, start.counts):
+        incumbent[k + where[tuple(p)]] += count
+    h.setSolution(n + k, np.arange(n + k, dtype=np.int32), incumbent)
+    h.run()
+    if not h.getInfo().primal_solution_status:
+        return None
+    x = np.rint(np.array(h.getSolution().col_value)[k:]).astype(np.int64)
+    if x.sum() >= start.n_packs:
+        return None
+    used = np.nonzero(x)[0]
+    widest = max(len(columns[j]) for j in used)
+    mat = np.zeros((len(used), widest), dtype=np.int64)
+    for i, j in enumerate(used):
+        mat[i, : len(columns[j])] = columns[j]
+    packed = trim_excess(mat, x[used], histogram, swap=True)
+    # (within HiGHS' tolerances but not a packing of every sequence once realised: none found)
+    return packed if np.array_equal(packed.coverage(max_len), histogram) else None
