@@ -1120,7 +1120,7 @@ def test_a_packing_above_the_cheap_bound_gets_the_lps_bound_where_no_lp_ran(monk
 def test_price_and_branch_packs_from_an_lps_patterns_with_swapped_slots():
     """`repack.pack_from`: sequences of 2, 3, 5 and 5 tokens at 8, packed one a pack, and the one pattern
     [5, 3]: two copies of it hold every sequence once a 3-token slot takes the 2 (the LP's swap columns), so
-    two packs; with a node limit the search still starts from the packing given, and never returns more packs."""
+    two packs. Given only the packing's own packs, it finds nothing better and says so (None)."""
     from bert_ipu.packing.mixture import Mixture
     from bert_ipu.packing.repack import pack_from
 
@@ -1141,3 +1141,33 @@ def test_price_and_branch_packs_a_small_histogram_at_its_bound(monkeypatch):
     (BRANCH_NODES 0), 144."""
     hist, depth = _benchmark_case("mixed", 7, 25)
     _packed_at_the_bound_only_with(monkeypatch, hist, depth, 143, "BRANCH_NODES", strategy="branched")
+
+
+def test_price_and_branch_reports_a_deadline_that_stops_it_above_the_goal(monkeypatch):
+    """`cghp._branch` as the other steps: where the deadline stops the integer program (here a stand-in that
+    returns a better packing, still above the bound, once the deadline is past) or has passed before it, the
+    result says time_limit_reached; without a deadline the real program packs six 5-token sequences at 10 into
+    three packs, and says nothing of a limit."""
+    from bert_ipu.packing import cghp as cghp_module
+    from bert_ipu.packing.mixture import Mixture
+
+    hist = np.zeros(10, dtype=np.int64)
+    hist[4] = 6
+    start = Mixture.from_lists([[5]], [6])
+
+    def above(columns=(np.array([5, 5]),)):
+        return cghp_module.CGHPResult(start, 3.0, 3, False, "heuristic", priced=True, columns=list(columns))
+
+    done = cghp_module._branch(above(), hist, None)
+    assert done.mixture.n_packs == 3 and done.strategy == "branched" and not done.time_limit_reached
+    assert done.columns is None
+    assert cghp_module._branch(above(), hist, time.perf_counter() - 1).time_limit_reached
+
+    def stopped(histogram, columns, mixture, nodes, deadline):
+        while time.perf_counter() <= deadline:
+            time.sleep(0.001)
+        return Mixture.from_lists([[5, 5], [5]], [2, 2])  # 4 packs: fewer, still above 3
+
+    monkeypatch.setattr(cghp_module, "pack_from", stopped)
+    late = cghp_module._branch(above(), hist, time.perf_counter() + 0.02)
+    assert late.mixture.n_packs == 4 and late.strategy == "branched" and late.time_limit_reached

@@ -38,9 +38,9 @@ integer optimum is almost always ceil(LP) or ceil(LP) + 1. We
    the packs fixed plus the residual's bound cannot beat the best candidate, or 100 steps;
 5. every step's candidate is the packs fixed so far plus LPFHP best fit, or the fill where it takes fewer
    packs, on the rest; the best wins. A time-capped MIP over the generated patterns was tried here and never
-   beat best fit on the paper's histograms (it is the last step, 9, on small ones). Once at most ENDGAME
-   sequences are left, bin completion (`complete.py`) decides them exactly at the residual's bound, within a
-   node limit;
+   beat best fit on the paper's histograms (a node-limited one is the last step, 9, on small models). Once
+   at most ENDGAME sequences are left, bin completion (`complete.py`) decides them exactly at the residual's
+   bound, within a node limit;
 6. on a small histogram still above its bound (present lengths x bound at most 5,000), ask an integer
    program over copies of each length in each pack (`repack.py`) for a packing at the bound, where it decides
    nothing bin completion with more nodes, and where either proves there is none, raise the bound by one
@@ -190,12 +190,12 @@ PROVE_SECONDS = 0.5
 # A packing still above the goal after that gets the integer program over the patterns of an LP on the real
 # lengths (the dive's first, or `_prove`'s) and its own packs, from itself (`_branch`, `repack.pack_from`: price
 # and branch), with at most BRANCH_NODES branch-and-bound nodes, where that model has at most BRANCH_SIZE
-# entries (present lengths x patterns). On the 880 cases of benchmarks/packing_small.py it ran on the eight
-# still a pack above their bound and packed two at the bound, both at the root: 276 log-normal lengths at 512,
-# depth 3 (179 x 549): 143 in 0.2 s, which an arc-flow integer program took 31 s to find; 243 at 1,024, depth 6
-# (193 x 1,058): 100 in 1.1 s. The six larger models (1.1M-5.7M entries) found nothing, one in 2.5 s (531 x
-# 5,202: HiGHS' root LP alone took 1.2 s), the others in 0.1-0.9 s (docs/results/packing-scale.md, "Price and
-# branch").
+# entries (present lengths x columns, its own packs among them). On the 880 cases of benchmarks/packing_small.py
+# it ran on the eight still a pack above their bound and packed two at the bound, both at the root: 276
+# log-normal lengths at 512, depth 3 (179 x 549 patterns): 143 in 0.2 s, which an arc-flow integer program took
+# 31 s to find; 243 at 1,024, depth 6 (193 x 1,058): 100 in 1.1 s. The six larger models (1.1M-5.7M entries)
+# found nothing, one in 2.5 s (531 x 5,202: HiGHS' root LP alone took 1.2 s), the others in 0.1-0.9 s
+# (docs/results/packing-scale.md, "Price and branch").
 BRANCH_NODES = 100
 BRANCH_SIZE = 1_000_000
 
@@ -270,16 +270,23 @@ def _prove(result: CGHPResult, histogram: np.ndarray, depth: int, deadline) -> C
 
 
 def _branch(result: CGHPResult, histogram: np.ndarray, deadline) -> CGHPResult:
-    """A packing still above the goal, with the patterns of an LP on the real lengths (the dive's first, or
-    `_prove`'s): the integer program over them and the packing's own packs (`repack.pack_from`, price and
-    branch), from the packing, within BRANCH_NODES nodes, where that model has at most BRANCH_SIZE entries."""
-    if BRANCH_NODES <= 0 or not result.columns or not _above_goal(result.mixture.n_packs, result.lower_bound) or \
-            past(deadline) or np.count_nonzero(histogram) * len(result.columns) > BRANCH_SIZE:
-        return replace(result, columns=None)
-    found = pack_from(histogram, result.columns, result.mixture, BRANCH_NODES, deadline)
-    if found is None:
-        return replace(result, columns=None, time_limit_reached=result.time_limit_reached or past(deadline))
-    return replace(result, mixture=found, strategy="branched", columns=None)
+    """A packing still above the goal, with the patterns of an LP on the real lengths (the dive's first, as its
+    warm re-solves grew it, or `_prove`'s): the integer program over them and the packing's own packs
+    (`repack.pack_from`, price and branch), from the packing, within BRANCH_NODES nodes, where that model has at
+    most BRANCH_SIZE entries. Where the deadline stops (or precedes) it above the goal, the result says so
+    (time_limit_reached), as the other steps' do."""
+    columns, result = result.columns, replace(result, columns=None)
+    if BRANCH_NODES <= 0 or not columns or not _above_goal(result.mixture.n_packs, result.lower_bound):
+        return result
+    if past(deadline):
+        return replace(result, time_limit_reached=True)
+    if np.count_nonzero(histogram) * (len(columns) + len(result.mixture.counts)) > BRANCH_SIZE:
+        return result
+    found = pack_from(histogram, columns, result.mixture, BRANCH_NODES, deadline)
+    if found is not None:
+        result = replace(result, mixture=found, strategy="branched")
+    late = result.time_limit_reached or (past(deadline) and _above_goal(result.mixture.n_packs, result.lower_bound))
+    return replace(result, time_limit_reached=late)
 
 
 def _improve(result: CGHPResult, histogram: np.ndarray, depth: int, deadline) -> CGHPResult:
