@@ -450,6 +450,16 @@ def _is_causal(model) -> bool:
     return bool(getattr(model.config, "is_decoder", False)) or causal_lm or decoder_only or scored
 
 
+def _refuse_encoder_decoder(model, what: str) -> None:
+    """An encoder-decoder (`config.is_encoder_decoder`: BART's, T5's classifiers) runs its decoder on the packed
+    rows too, where it reads across the documents of a pack (a BART classifier ran on them without an error):
+    refused."""
+    if model is not None and getattr(model.config, "is_encoder_decoder", False):
+        raise ValueError(f"{what} packs encoder-only and decoder-only models; {type(model).__name__} is an "
+                         "encoder-decoder (config.is_encoder_decoder), whose decoder would read across the "
+                         "documents of a pack: train it unpacked")
+
+
 def _token_classifier(model) -> bool:
     """Whether `model` (or a base class) is a *ForTokenClassification: its labels are per position, not
     shifted as a causal LM's are."""
@@ -498,6 +508,7 @@ class PackedDataCollator:
 
         if model is None and (attn_implementation is None or causal is None):
             raise ValueError("PackedDataCollator needs the model, or both attn_implementation and causal")
+        _refuse_encoder_decoder(model, "PackedDataCollator")
         if attn_implementation is None:
             attn_implementation = getattr(model.config, "_attn_implementation", None) or "eager"
         if not (attn_implementation in MASK_IMPLEMENTATIONS or attn_implementation == OWN_MODELS
@@ -638,6 +649,7 @@ def _classifier_class():
     class _Classifier(torch.nn.Module):
         def __init__(self, model):
             super().__init__()
+            _refuse_encoder_decoder(model, "packed_sequence_classifier")
             config = model.config
             if config.num_labels < 2 or config.problem_type not in (None, "single_label_classification"):
                 raise ValueError(f"packed_sequence_classifier does single-label classification (num_labels >= 2); "

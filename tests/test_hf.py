@@ -224,8 +224,9 @@ def test_each_document_of_a_pack_sees_only_itself(tmp_path, make, impl):
 
 def test_a_model_that_would_attend_across_documents_is_refused():
     """An attention implementation not known to honour the block mask is a ValueError naming it and the fix;
-    so are packs whose sequence_lengths the Trainer removed, packs of two lengths in one batch, and a collator
-    given nothing to decide with."""
+    so are packs whose sequence_lengths the Trainer removed, packs of two lengths in one batch, a collator
+    given nothing to decide with, and an encoder-decoder (a BART classifier ran on packed rows without an error,
+    its decoder reading across their documents), to the collator and to packed_sequence_classifier."""
     with pytest.raises(ValueError, match=r"'flex_attention' is not known to keep packed documents apart.*eager, sdpa"):
         hf.PackedDataCollator(attn_implementation="flex_attention", causal=True)
     model = llama()
@@ -242,6 +243,12 @@ def test_a_model_that_would_attend_across_documents_is_refused():
                                         {"input_ids": [1, 2, 3], "sequence_lengths": [3]}])
     with pytest.raises(ValueError, match="needs the model, or both attn_implementation and causal"):
         hf.PackedDataCollator(attn_implementation="sdpa")
+    bart = transformers.BartForSequenceClassification(transformers.BartConfig(
+        vocab_size=50, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=32))
+    for make in (hf.PackedDataCollator, hf.packed_sequence_classifier):
+        with pytest.raises(ValueError, match=r"BartForSequenceClassification is an encoder-decoder .* unpacked"):
+            make(bart)
 
 
 def test_flash_inputs_equal_transformers_own_flattening(tmp_path):
