@@ -777,3 +777,20 @@ def test_the_packing_benchmark_removes_what_it_writes(tmp_path):
     finally:
         proc.kill()
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+def test_an_encoder_of_an_encoder_decoder_family_packs_as_its_documents_alone(impl):
+    """T5EncoderModel is not an encoder-decoder (its config says so), so the collator takes it: with T5's
+    relative position bias and the block mask, each document of a pack gets the hidden states it gets alone
+    (float64; what is left is rounding, ~1e-15)."""
+    config = transformers.T5Config(vocab_size=100, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4)
+    config._attn_implementation = impl
+    model = transformers.T5EncoderModel(config).eval().double()
+    documents = [[5, 6, 7, 2], [8, 9, 2]]
+    batch = hf.PackedDataCollator(model)([{"input_ids": [5, 6, 7, 2, 8, 9, 2, 0], "sequence_lengths": [4, 3]}])
+    with torch.no_grad():
+        packed = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state[0]
+        alone = [model(input_ids=torch.tensor([d])).last_hidden_state[0] for d in documents]
+    torch.testing.assert_close(packed[:4], alone[0], rtol=0, atol=1e-12)
+    torch.testing.assert_close(packed[4:7], alone[1], rtol=0, atol=1e-12)
