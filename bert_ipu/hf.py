@@ -438,15 +438,18 @@ def _is_causal(model) -> bool:
     """Whether `model` attends causally: a decoder (`config.is_decoder`), a causal LM (its class or a base
     class), any head on a decoder-only architecture (one with a causal LM and no masked LM in `transformers`:
     Llama's or GPT-2's sequence and token classifiers), or a classifier head named `score` (decoders' name for
-    it: Mistral 4's, whose causal LM `transformers` lists only as image-text-to-text)."""
+    it: Mistral 4's, whose causal LM `transformers` lists only as image-text-to-text) but on an encoder-decoder
+    family's encoder (T5Gemma's encoder-only classifier attends both ways)."""
     from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
-                                                        MODEL_FOR_MASKED_LM_MAPPING_NAMES)
+                                                        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+                                                        MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES)
 
     kind = getattr(model.config, "model_type", None)
     decoder_only = kind in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and kind not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
     names = [c.__name__ for c in type(model).__mro__]
     causal_lm = any(n in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values() or n.endswith("ForCausalLM") for n in names)
-    scored = hasattr(model, "score") and names[0].endswith(("ForSequenceClassification", "ForTokenClassification"))
+    scored = hasattr(model, "score") and names[0].endswith(("ForSequenceClassification", "ForTokenClassification")) \
+        and kind not in MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES
     return bool(getattr(model.config, "is_decoder", False)) or causal_lm or decoder_only or scored
 
 
@@ -487,8 +490,11 @@ class PackedDataCollator:
 
     model: read for the attention implementation (`model.config._attn_implementation`), whether it is causal
         (a decoder, a causal LM or a subclass of one, a head on a decoder-only architecture such as
-        LlamaForTokenClassification, or a classifier whose head is `score`), whether it shifts labels (a causal
-        model that is no token classifier) and RoBERTa's position offset; or give them:
+        LlamaForTokenClassification, or a classifier whose head is `score` but on an encoder-decoder family's
+        encoder), whether it shifts labels (a causal model that is no token classifier), which token of a
+        document `packed_sequence_classifier` pools (the last under a `score` head, else the first) and
+        RoBERTa's position offset; or give them. An encoder-decoder (`config.is_encoder_decoder`) is refused:
+        its decoder would read across the documents of a pack.
     attn_implementation: "eager", "sdpa" -> a 4D mask (batch, 1, S, S) that is block-diagonal (and causal
         inside each document for causal LMs): additive float (0 / dtype min) for eager, boolean (True = attend)
         for sdpa; padding attends to itself only, so no row is empty. "flash_attention_*"
@@ -518,6 +524,9 @@ class PackedDataCollator:
                              f"{', '.join(MASK_IMPLEMENTATIONS)} or a {FLASH_PREFIX}* kernel, or train it unpacked")
         self.attn_implementation = attn_implementation
         self.causal = _is_causal(model) if causal is None else bool(causal)
+        # a document's pooled token for packed_sequence_classifier: the last under a `score` head (which its
+        # model's own forward pools there, causal or not), else the first; without a model, by `causal`
+        self.pool_last = hasattr(model, "score") if model is not None else self.causal
         if shift_labels is None:  # a causal model's labels are next tokens, but a token classifier's
             shift_labels = self.causal and not (model is not None and _token_classifier(model))
         self.shift_labels = bool(shift_labels)
@@ -552,7 +561,7 @@ class PackedDataCollator:
                                  f"sdpa model; attn_implementation {self.attn_implementation!r} is not supported")
             stack["labels"] = torch.as_tensor(np.stack([np.asarray(f["sequence_labels"]) for f in features]))
             stack["pooled_positions"] = document_positions(stack["sequence_ids"], stack["labels"].shape[1],
-                                                           last=self.causal)
+                                                           last=self.pool_last)
         if self.attn_implementation == OWN_MODELS:
             if self.shift_labels and "labels" in stack:  # our causal LMs take next-token labels (models.causal_lm)
                 stack["labels"] = torch.nn.functional.pad(stack["labels"][:, 1:], (0, 1), value=IGNORE_INDEX)
@@ -632,8 +641,8 @@ def packed_sequence_classifier(model):
         model.model.save_pretrained(...)   # the wrapped model is the Hugging Face model itself, unchanged
 
     The forward runs the model's base (`model.base_model`) on the packs with the collator's mask, gathers each
-    document's pooled token (the collator's `pooled_positions`: its first token for encoders, its last for
-    decoders) and applies the model's own head to it, as its forward does to a row's: BERT-style
+    document's pooled token (the collator's `pooled_positions`: its last token under a `score` head, as the
+    model's own forward pools, else its first) and applies the model's own head to it, as its forward does to a row's: BERT-style
     (`base_model.pooler`, `dropout`, `classifier`), RoBERTa-style (`classifier` taking the [CLS] hidden state) or
     decoder-style (`score`). Returns `logits` (B, slots, num_labels), and `loss` when labels are given: the
     summed cross-entropy over documents divided by `num_items_in_batch` (the Trainer's count of labelled

@@ -794,3 +794,24 @@ def test_an_encoder_of_an_encoder_decoder_family_packs_as_its_documents_alone(im
         alone = [model(input_ids=torch.tensor([d])).last_hidden_state[0] for d in documents]
     torch.testing.assert_close(packed[:4], alone[0], rtol=0, atol=1e-12)
     torch.testing.assert_close(packed[4:7], alone[1], rtol=0, atol=1e-12)
+
+
+def test_an_encoder_only_classifier_with_a_score_head_attends_both_ways_and_pools_its_last_token():
+    """T5GemmaForSequenceClassification(is_encoder_decoder=False): a bidirectional encoder with a `score` head
+    that pools each row's last token. The collator took it as causal (its `score`), so its documents' logits
+    were 0.03 off the documents alone; now it attends both ways and pools each document's last token, as the
+    model alone does (float64, 2 layers: with one, the last token sees its whole document either way)."""
+    layers = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=8)
+    config = transformers.T5GemmaConfig(encoder=layers, decoder=layers, num_labels=3, pad_token_id=0)
+    model = transformers.T5GemmaForSequenceClassification(config, is_encoder_decoder=False)
+    model.config._attn_implementation = "eager"
+    model = model.eval().double()
+    collator = hf.PackedDataCollator(model)
+    assert not collator.causal and collator.pool_last
+    docs = [[5, 6, 7, 8], [9, 10, 11]]
+    batch = collator([{"input_ids": docs[0] + docs[1] + [0], "sequence_lengths": [4, 3], "sequence_labels": [1, 0]}])
+    with torch.no_grad():
+        packed = hf.packed_sequence_classifier(model)(**batch)["logits"][0]
+        alone = torch.stack([model(input_ids=torch.tensor([d])).logits[0] for d in docs])
+    torch.testing.assert_close(packed, alone, rtol=0, atol=1e-12)
