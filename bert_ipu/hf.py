@@ -438,26 +438,28 @@ def _is_causal(model) -> bool:
     """Whether `model` attends causally: a decoder (`config.is_decoder`), a causal LM (its class or a base
     class), any head on a decoder-only architecture (one with a causal LM and no masked LM in `transformers`:
     Llama's or GPT-2's sequence and token classifiers), or a classifier head named `score` (decoders' name for
-    it: Mistral 4's, whose causal LM `transformers` lists only as image-text-to-text) but on an encoder-decoder
-    family's encoder (T5Gemma's encoder-only classifier attends both ways)."""
+    it: Mistral 4's, whose causal LM `transformers` lists only as image-text-to-text) but on an encoder (a base
+    named *EncoderModel: T5Gemma's encoder-only classifier attends both ways)."""
     from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
-                                                        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
-                                                        MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES)
+                                                        MODEL_FOR_MASKED_LM_MAPPING_NAMES)
 
     kind = getattr(model.config, "model_type", None)
     decoder_only = kind in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and kind not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
     names = [c.__name__ for c in type(model).__mro__]
     causal_lm = any(n in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values() or n.endswith("ForCausalLM") for n in names)
+    base = type(getattr(model, "base_model", model)).__name__
     scored = hasattr(model, "score") and names[0].endswith(("ForSequenceClassification", "ForTokenClassification")) \
-        and kind not in MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES
+        and not base.endswith("EncoderModel")
     return bool(getattr(model.config, "is_decoder", False)) or causal_lm or decoder_only or scored
 
 
 def _refuse_encoder_decoder(model, what: str) -> None:
-    """An encoder-decoder (`config.is_encoder_decoder`: BART's, T5's classifiers) runs its decoder on the packed
-    rows too, where it reads across the documents of a pack (a BART classifier ran on them without an error):
-    refused."""
-    if model is not None and getattr(model.config, "is_encoder_decoder", False):
+    """An encoder-decoder (`config.is_encoder_decoder`, and its base has a decoder: BART's, T5's classifiers)
+    runs its decoder on the packed rows too, where it reads across the documents of a pack (a BART classifier ran
+    on them without an error): refused. An encoder alone (T5EncoderModel, UMT5's token classifier, whose configs
+    may still say is_encoder_decoder) is not."""
+    if model is not None and getattr(model.config, "is_encoder_decoder", False) \
+            and hasattr(getattr(model, "base_model", model), "decoder"):
         raise ValueError(f"{what} packs encoder-only and decoder-only models; {type(model).__name__} is an "
                          "encoder-decoder (config.is_encoder_decoder), whose decoder would read across the "
                          "documents of a pack: train it unpacked")
@@ -470,10 +472,13 @@ def _token_classifier(model) -> bool:
 
 
 def _position_offset(model) -> int:
-    """RoBERTa-style embeddings number positions from padding_idx + 1 (they make position_ids from input_ids
-    when none are given); our positions start at 0, so they are shifted by that much."""
+    """RoBERTa-style embeddings (RoBERTa's family, MPNet) number positions from padding_idx + 1 (they make
+    position_ids from input_ids when none are given); our positions start at 0, so they are shifted by that much."""
     embeddings = getattr(getattr(model, "base_model", model), "embeddings", None)
-    if embeddings is not None and hasattr(type(embeddings), "create_position_ids_from_input_ids"):
+    # (RoBERTa's embeddings have both methods, MPNet's only the second: the first is a module function there)
+    padding_positions = ("create_position_ids_from_input_ids", "create_position_ids_from_inputs_embeds")
+    if embeddings is not None and any(hasattr(type(embeddings), name) for name in padding_positions) \
+            and getattr(embeddings, "padding_idx", None) is not None:
         return int(embeddings.padding_idx) + 1
     return 0
 
@@ -524,9 +529,10 @@ class PackedDataCollator:
                              f"{', '.join(MASK_IMPLEMENTATIONS)} or a {FLASH_PREFIX}* kernel, or train it unpacked")
         self.attn_implementation = attn_implementation
         self.causal = _is_causal(model) if causal is None else bool(causal)
-        # a document's pooled token for packed_sequence_classifier: the last under a `score` head (which its
-        # model's own forward pools there, causal or not), else the first; without a model, by `causal`
-        self.pool_last = hasattr(model, "score") if model is not None else self.causal
+        # a document's pooled token for packed_sequence_classifier: the last for a causal model or under a `score`
+        # head (where their own forward pools, T5Gemma's bidirectional encoder-only classifier's too), else the
+        # first
+        self.pool_last = self.causal or (model is not None and hasattr(model, "score"))
         if shift_labels is None:  # a causal model's labels are next tokens, but a token classifier's
             shift_labels = self.causal and not (model is not None and _token_classifier(model))
         self.shift_labels = bool(shift_labels)
@@ -641,13 +647,15 @@ def packed_sequence_classifier(model):
         model.model.save_pretrained(...)   # the wrapped model is the Hugging Face model itself, unchanged
 
     The forward runs the model's base (`model.base_model`) on the packs with the collator's mask, gathers each
-    document's pooled token (the collator's `pooled_positions`: its last token under a `score` head, as the
-    model's own forward pools, else its first) and applies the model's own head to it, as its forward does to a row's: BERT-style
-    (`base_model.pooler`, `dropout`, `classifier`), RoBERTa-style (`classifier` taking the [CLS] hidden state) or
-    decoder-style (`score`). Returns `logits` (B, slots, num_labels), and `loss` when labels are given: the
-    summed cross-entropy over documents divided by `num_items_in_batch` (the Trainer's count of labelled
-    documents over the whole update), so packed and unpacked runs agree however the update is cut.
-    Single-label classification only (num_labels > 1)."""
+    document's pooled token (the collator's `pooled_positions`: its last token for a causal model or under a
+    `score` head, as their own forward pools, else its first) and applies the model's own head to it, as its
+    forward does to a row's: BERT-style (`base_model.pooler`, ALBERT's `pooler_activation` after it, `dropout`,
+    `classifier`), RoBERTa-style (`classifier` taking the [CLS] hidden state; a plain Linear `classifier` too,
+    CTRL's) or decoder-style (`score`). A model with any other module beside its base and dropout (DistilBERT's
+    pre_classifier, ModernBERT's head) is refused. Returns `logits` (B, slots, num_labels), and `loss` when
+    labels are given: the summed cross-entropy over documents divided by `num_items_in_batch` (the Trainer's
+    count of labelled documents over the whole update), so packed and unpacked runs agree however the update is
+    cut. Single-label classification only (num_labels > 1)."""
     return _classifier_class()(model)
 
 
@@ -664,15 +672,20 @@ def _classifier_class():
                 raise ValueError(f"packed_sequence_classifier does single-label classification (num_labels >= 2); "
                                  f"this model has num_labels {config.num_labels}, problem_type "
                                  f"{config.problem_type!r}")
-            if hasattr(model, "score"):
-                self.kind = "last"
-            elif hasattr(model, "classifier") and getattr(model.base_model, "pooler", None) is not None:
+            # the modules beside the base and dropout: what the model's forward applies to its pooled token
+            heads = sorted(name for name, child in model.named_children()
+                           if child is not model.base_model and not isinstance(child, torch.nn.Dropout))
+            if heads == ["score"]:
+                self.kind = "score"
+            elif heads == ["classifier"] and getattr(model.base_model, "pooler", None) is not None:
                 self.kind = "pooler"
-            elif hasattr(model, "classifier"):
+            elif heads == ["classifier"]:
                 self.kind = "cls"
             else:
-                raise ValueError(f"{type(model).__name__} has no classifier or score head that "
-                                 "packed_sequence_classifier knows; give a *ForSequenceClassification model")
+                raise ValueError(f"{type(model).__name__}'s head ({', '.join(heads) or 'none'}) is not one that "
+                                 "packed_sequence_classifier knows (a classifier, after the base's pooler or not, "
+                                 "or a score): give a *ForSequenceClassification model of such a head, or train "
+                                 "it unpacked")
             self.model, self.config = model, config
 
         def forward(self, input_ids, attention_mask, position_ids, pooled_positions, labels=None,
@@ -685,7 +698,11 @@ def _classifier_class():
             pooled = torch.gather(hidden, 1, index[..., None].expand(B, slots, hidden.shape[-1]))
             flat = pooled.reshape(B * slots, 1, -1)
             if self.kind == "pooler":
-                logits = self.model.classifier(self.model.dropout(self.model.base_model.pooler(flat)))
+                base = self.model.base_model
+                summary = base.pooler(flat)
+                if hasattr(base, "pooler_activation"):  # ALBERT's pooler is a Linear, its tanh apart
+                    summary = base.pooler_activation(summary)
+                logits = self.model.classifier(self.model.dropout(summary))
             elif self.kind == "cls":
                 logits = self.model.classifier(flat)
             else:

@@ -815,3 +815,75 @@ def test_an_encoder_only_classifier_with_a_score_head_attends_both_ways_and_pool
         packed = hf.packed_sequence_classifier(model)(**batch)["logits"][0]
         alone = torch.stack([model(input_ids=torch.tensor([d])).logits[0] for d in docs])
     torch.testing.assert_close(packed, alone, rtol=0, atol=1e-12)
+
+
+def _tiny_classifier(kind):
+    small = dict(vocab_size=64, num_labels=3)
+    layers = dict(intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
+    T = transformers
+    return {
+        "albert": lambda: T.AlbertForSequenceClassification(T.AlbertConfig(embedding_size=16, hidden_size=32,
+                                                                           **layers, **small)),
+        "mpnet": lambda: T.MPNetForSequenceClassification(T.MPNetConfig(hidden_size=32, **layers, **small)),
+        "electra": lambda: T.ElectraForSequenceClassification(T.ElectraConfig(embedding_size=16, hidden_size=32,
+                                                                              **layers, **small)),
+        "ctrl": lambda: T.CTRLForSequenceClassification(T.CTRLConfig(n_embd=32, dff=64, n_layer=2, n_head=4, **small)),
+        "distilbert": lambda: T.DistilBertForSequenceClassification(T.DistilBertConfig(dim=32, hidden_dim=64,
+                                                                                       n_layers=2, n_heads=4, **small)),
+        "deberta-v2": lambda: T.DebertaV2ForSequenceClassification(T.DebertaV2Config(hidden_size=32, **layers,
+                                                                                     **small)),
+    }[kind]()
+
+
+@pytest.mark.parametrize("kind", ["albert", "mpnet", "electra", "ctrl"])
+def test_packed_sequence_classifier_gives_each_document_its_logits_alone_under_other_heads(kind):
+    """Heads beside BERT's and Llama's: ALBERT (its pooler a Linear, its tanh apart: was 9e-5 off with small
+    weights), MPNet (positions from padding_idx + 1, as RoBERTa's: was 2.8 off), ELECTRA (a classification head
+    on the first token) and CTRL (causal, a `classifier` on the last token: was 0.23 off after fa93d68); float64,
+    eager, two documents in one pack, against each alone (what is left is rounding)."""
+    torch.manual_seed(0)
+    model = _tiny_classifier(kind)
+    model.config._attn_implementation = "eager"
+    model = model.eval().double()
+    docs = [[5, 6, 7, 8], [9, 10, 11]]
+    batch = hf.PackedDataCollator(model)([{"input_ids": docs[0] + docs[1] + [0], "sequence_lengths": [4, 3],
+                                           "sequence_labels": [1, 0]}])
+    with torch.no_grad():
+        packed = hf.packed_sequence_classifier(model)(**batch)["logits"][0]
+        alone = torch.stack([model(input_ids=torch.tensor([d])).logits[0] for d in docs])
+    torch.testing.assert_close(packed, alone, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["distilbert", "deberta-v2"])
+def test_a_head_packed_sequence_classifier_does_not_know_is_refused(kind):
+    """DistilBERT applies pre_classifier before its classifier, DeBERTa-v2 a pooler of its own: the wrapper,
+    which applied the classifier alone, gave DistilBERT's documents logits 0.18 off; now such heads are a
+    ValueError naming them."""
+    model = _tiny_classifier(kind)
+    with pytest.raises(ValueError, match=r"'s head \(classifier, p\w+\) is not one that packed_sequence_classifier"):
+        hf.packed_sequence_classifier(model)
+
+
+def test_an_encoder_alone_whose_config_says_encoder_decoder_is_taken():
+    """UMT5's token classifier keeps config.is_encoder_decoder, but its base is an encoder (no decoder): the
+    collator takes it, and each document of a pack gets the logits it gets alone (float64). A Qwen3-ASR token
+    classifier (a decoder, listed among sequence-to-sequence types) stays causal."""
+    torch.manual_seed(0)
+    config = transformers.UMT5Config(vocab_size=100, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+                                     num_labels=3)
+    config._attn_implementation = "eager"
+    model = transformers.UMT5ForTokenClassification(config).eval().double()
+    assert model.config.is_encoder_decoder
+    documents = [[5, 6, 7, 2], [8, 9, 2]]
+    batch = hf.PackedDataCollator(model)([{"input_ids": [5, 6, 7, 2, 8, 9, 2, 0], "sequence_lengths": [4, 3]}])
+    with torch.no_grad():
+        packed = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[0]
+        alone = [model(input_ids=torch.tensor([d])).logits[0] for d in documents]
+    torch.testing.assert_close(packed[:4], alone[0], rtol=0, atol=1e-12)
+    torch.testing.assert_close(packed[4:7], alone[1], rtol=0, atol=1e-12)
+    text = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=8, pad_token_id=0)
+    audio = dict(d_model=16, encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=32, output_dim=32)
+    asr = transformers.Qwen3ASRForTokenClassification(transformers.Qwen3ASRConfig(text_config=text,
+                                                                                  audio_config=audio, num_labels=3))
+    assert hf.PackedDataCollator(asr).causal
