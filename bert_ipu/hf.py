@@ -465,6 +465,31 @@ def _refuse_encoder_decoder(model, what: str) -> None:
                          "documents of a pack: train it unpacked")
 
 
+# Model types whose rows mix tokens where no attention mask reaches, found by running each document of a pack
+# against it alone (float64, 2026-11-29): Fourier mixing (fnet), convolutions (convbert), embeddings that read
+# the neighbouring tokens (mobilebert), a 4D mask read as 2D (layoutlm: NaN; markuplm), approximations of
+# attention that ignore the mask (nystromformer, mra). Not refused: a Switch Transformers encoder (its experts'
+# capacity is shared by a row's tokens, as by a batch's unpacked).
+MIXING_MODEL_TYPES = ("fnet", "convbert", "mobilebert", "layoutlm", "markuplm", "nystromformer", "mra")
+# config.layer_types that keep the documents of a pack apart under the collator's mask (others, linear attention
+# and recurrent or hybrid layers, carry a state from one document into the next)
+MASKED_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention", "mlp", "moe")
+
+
+def _refuse_mixing(model, what: str) -> None:
+    """A model whose rows mix tokens outside attention: the documents of a pack would read each other, whatever
+    the mask. Refused by model type (MIXING_MODEL_TYPES) or by its layer types (linear attention, Mamba)."""
+    if model is None:
+        return
+    kind = getattr(model.config, "model_type", None)
+    text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    layers = sorted(set(getattr(text, "layer_types", None) or ()) - set(MASKED_LAYER_TYPES))
+    if kind in MIXING_MODEL_TYPES or layers:
+        how = f"its layer types {', '.join(layers)} carry a state" if layers else "it mixes tokens outside attention"
+        raise ValueError(f"{what} cannot keep packed documents apart in {type(model).__name__} (model type {kind}): "
+                         f"{how} from one document of a pack into the next; train it unpacked")
+
+
 def _token_classifier(model) -> bool:
     """Whether `model` (or a base class) is a *ForTokenClassification: its labels are per position, not
     shifted as a causal LM's are."""
@@ -520,6 +545,7 @@ class PackedDataCollator:
         if model is None and (attn_implementation is None or causal is None):
             raise ValueError("PackedDataCollator needs the model, or both attn_implementation and causal")
         _refuse_encoder_decoder(model, "PackedDataCollator")
+        _refuse_mixing(model, "PackedDataCollator")
         if attn_implementation is None:
             attn_implementation = getattr(model.config, "_attn_implementation", None) or "eager"
         if not (attn_implementation in MASK_IMPLEMENTATIONS or attn_implementation == OWN_MODELS
@@ -667,6 +693,7 @@ def _classifier_class():
         def __init__(self, model):
             super().__init__()
             _refuse_encoder_decoder(model, "packed_sequence_classifier")
+            _refuse_mixing(model, "packed_sequence_classifier")
             config = model.config
             if config.num_labels < 2 or config.problem_type not in (None, "single_label_classification"):
                 raise ValueError(f"packed_sequence_classifier does single-label classification (num_labels >= 2); "
@@ -677,8 +704,9 @@ def _classifier_class():
                            if child is not model.base_model and not isinstance(child, torch.nn.Dropout))
             if heads == ["score"]:
                 self.kind = "score"
-            elif heads == ["classifier"] and getattr(model.base_model, "pooler", None) is not None:
-                self.kind = "pooler"
+            elif heads == ["classifier"] and getattr(model.base_model, "pooler", None) is not None \
+                    and isinstance(getattr(model, "dropout", None), torch.nn.Dropout):
+                self.kind = "pooler"  # (BigBird's base has a pooler its classification head does not use)
             elif heads == ["classifier"]:
                 self.kind = "cls"
             else:

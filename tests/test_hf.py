@@ -828,6 +828,8 @@ def _tiny_classifier(kind):
         "electra": lambda: T.ElectraForSequenceClassification(T.ElectraConfig(embedding_size=16, hidden_size=32,
                                                                               **layers, **small)),
         "ctrl": lambda: T.CTRLForSequenceClassification(T.CTRLConfig(n_embd=32, dff=64, n_layer=2, n_head=4, **small)),
+        "bigbird": lambda: T.BigBirdForSequenceClassification(T.BigBirdConfig(
+            hidden_size=32, attention_type="original_full", **layers, **small)),
         "distilbert": lambda: T.DistilBertForSequenceClassification(T.DistilBertConfig(dim=32, hidden_dim=64,
                                                                                        n_layers=2, n_heads=4, **small)),
         "deberta-v2": lambda: T.DebertaV2ForSequenceClassification(T.DebertaV2Config(hidden_size=32, **layers,
@@ -835,12 +837,13 @@ def _tiny_classifier(kind):
     }[kind]()
 
 
-@pytest.mark.parametrize("kind", ["albert", "mpnet", "electra", "ctrl"])
+@pytest.mark.parametrize("kind", ["albert", "mpnet", "electra", "ctrl", "bigbird"])
 def test_packed_sequence_classifier_gives_each_document_its_logits_alone_under_other_heads(kind):
     """Heads beside BERT's and Llama's: ALBERT (its pooler a Linear, its tanh apart: was 9e-5 off with small
     weights), MPNet (positions from padding_idx + 1, as RoBERTa's: was 2.8 off), ELECTRA (a classification head
-    on the first token) and CTRL (causal, a `classifier` on the last token: was 0.23 off after fa93d68); float64,
-    eager, two documents in one pack, against each alone (what is left is rounding)."""
+    on the first token), CTRL (causal, a `classifier` on the last token: was 0.23 off after fa93d68) and BigBird
+    (a base with a pooler its classification head does not use: was an AttributeError); float64, eager, two
+    documents in one pack, against each alone (what is left is rounding)."""
     torch.manual_seed(0)
     model = _tiny_classifier(kind)
     model.config._attn_implementation = "eager"
@@ -887,3 +890,28 @@ def test_an_encoder_alone_whose_config_says_encoder_decoder_is_taken():
     asr = transformers.Qwen3ASRForTokenClassification(transformers.Qwen3ASRConfig(text_config=text,
                                                                                   audio_config=audio, num_labels=3))
     assert hf.PackedDataCollator(asr).causal
+
+
+@pytest.mark.parametrize("kind", ["fnet", "convbert", "mobilebert", "qwen3_next"])
+def test_a_model_that_mixes_tokens_outside_attention_is_refused(kind):
+    """Rows mixed where no mask reaches let the documents of a pack read each other (each measured against the
+    documents alone, float64: FNet's Fourier mixing 3.5e-3 in logits, ConvBERT's convolution 1e-2 in hidden
+    states, MobileBERT's embeddings reading neighbouring tokens 8.9e-5, Qwen3-Next's linear attention carrying a
+    state into the next document 7.8e-4): the collator and packed_sequence_classifier refuse them in one line."""
+    small = dict(vocab_size=64, num_labels=3)
+    layers = dict(intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
+    T = transformers
+    model = {
+        "fnet": lambda: T.FNetForSequenceClassification(T.FNetConfig(hidden_size=32, intermediate_size=64,
+                                                                     num_hidden_layers=2, **small)),
+        "convbert": lambda: T.ConvBertForSequenceClassification(T.ConvBertConfig(embedding_size=32, hidden_size=32,
+                                                                                 **layers, **small)),
+        "mobilebert": lambda: T.MobileBertForSequenceClassification(T.MobileBertConfig(
+            hidden_size=32, embedding_size=16, intra_bottleneck_size=16, true_hidden_size=16, **layers, **small)),
+        "qwen3_next": lambda: T.Qwen3NextForSequenceClassification(T.Qwen3NextConfig(
+            hidden_size=32, num_key_value_heads=2, head_dim=8, **layers, **small)),
+    }[kind]()
+    for make in (hf.PackedDataCollator, hf.packed_sequence_classifier):
+        with pytest.raises(ValueError, match=rf"cannot keep packed documents apart in \w+ \(model type {kind}\).*"
+                                             "train it unpacked"):
+            make(model)
