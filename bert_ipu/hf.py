@@ -490,6 +490,17 @@ def _refuse_mixing(model, what: str) -> None:
                          f"{how} from one document of a pack into the next; train it unpacked")
 
 
+def _sliding_window(model) -> int | None:
+    """The sliding window of a model any of whose layers attend through one (Mistral's: all of them when set;
+    Gemma 2-3's, GPT-OSS's, OLMo 3's: their sliding_attention layers), else None. The collator's 4D mask is
+    passed through as given, window or not, so a document longer than the window would attend too far back."""
+    text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    window, kinds = getattr(text, "sliding_window", None), getattr(text, "layer_types", None)
+    if not window or getattr(text, "use_sliding_window", True) is False:
+        return None
+    return int(window) if kinds is None or "sliding_attention" in kinds else None
+
+
 def _token_classifier(model) -> bool:
     """Whether `model` (or a base class) is a *ForTokenClassification: its labels are per position, not
     shifted as a causal LM's are."""
@@ -559,6 +570,7 @@ class PackedDataCollator:
         # head (where their own forward pools, T5Gemma's bidirectional encoder-only classifier's too), else the
         # first
         self.pool_last = self.causal or (model is not None and hasattr(model, "score"))
+        self.window = _sliding_window(model) if model is not None else None
         if shift_labels is None:  # a causal model's labels are next tokens, but a token classifier's
             shift_labels = self.causal and not (model is not None and _token_classifier(model))
         self.shift_labels = bool(shift_labels)
@@ -579,6 +591,12 @@ class PackedDataCollator:
         if len(widths) > 1:
             raise ValueError(f"one batch holds packs of {widths[0]} and {widths[-1]} tokens: batch packs of one "
                              "pack_length only (one pack_dataset call, or one dataset per pack length)")
+        longest = max((int(n) for f in features for n in f["sequence_lengths"]), default=0)
+        if self.window is not None and self.attn_implementation in MASK_IMPLEMENTATIONS and longest > self.window:
+            raise ValueError(f"a document of {longest} tokens is longer than the model's sliding window "
+                             f"({self.window}), which the collator's {self.attn_implementation} mask does not "
+                             f"apply: pack documents of at most {self.window} tokens, or use a flash_attention_* "
+                             "kernel (it applies the window itself)")
         stack = {k: torch.as_tensor(np.stack([np.asarray(f[k]) for f in features]), dtype=torch.long)
                  for k in ("input_ids", "labels", "token_type_ids") if k in features[0]}
         positions, sequence_ids = _layout([f["sequence_lengths"] for f in features], stack["input_ids"].shape[1])

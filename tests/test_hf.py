@@ -915,3 +915,31 @@ def test_a_model_that_mixes_tokens_outside_attention_is_refused(kind):
         with pytest.raises(ValueError, match=rf"cannot keep packed documents apart in \w+ \(model type {kind}\).*"
                                              "train it unpacked"):
             make(model)
+
+
+def test_a_document_longer_than_the_sliding_window_is_refused_under_a_mask():
+    """Gemma 3's sliding layers attend to the last `sliding_window` tokens only, which the collator's 4D mask
+    (passed through as given) does not say: documents of 8 and 6 tokens under a window of 3 got logits 0.23 off
+    the documents alone (float64, eager). Such a batch is now a ValueError naming the window; documents within
+    it pack exactly."""
+    torch.manual_seed(0)
+    config = transformers.Gemma3TextConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                           num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=3,
+                                           layer_types=["sliding_attention", "full_attention"])
+    config._attn_implementation = "eager"
+    model = transformers.Gemma3ForCausalLM(config).eval().double()
+    collator = hf.PackedDataCollator(model)
+    assert collator.window == 3
+    with pytest.raises(ValueError, match=r"a document of 8 tokens is longer than the model's sliding window \(3\)"):
+        collator([{"input_ids": list(range(5, 19)) + [0, 0], "sequence_lengths": [8, 6]}])
+    documents = [[5, 6, 7], [8, 9]]
+    batch = collator([{"input_ids": [5, 6, 7, 8, 9, 0], "sequence_lengths": [3, 2]}])
+    with torch.no_grad():
+        packed = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                       position_ids=batch["position_ids"]).logits[0]
+        alone = [model(input_ids=torch.tensor([d])).logits[0] for d in documents]
+    torch.testing.assert_close(packed[:3], alone[0], rtol=0, atol=1e-12)
+    torch.testing.assert_close(packed[3:5], alone[1], rtol=0, atol=1e-12)
+    # a flash kernel applies the window itself: not refused
+    flash = hf.PackedDataCollator(model, attn_implementation="flash_attention_2")
+    assert flash([{"input_ids": list(range(5, 19)) + [0, 0], "sequence_lengths": [8, 6]}])["input_ids"].shape == (1, 14)
