@@ -476,14 +476,19 @@ MIXING_MODEL_TYPES = ("fnet", "convbert", "mobilebert", "layoutlm", "markuplm", 
 MASKED_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention", "mlp", "moe")
 
 
+def _text_config(model):
+    """The config of the model's language part (a multimodal model's text config; else the config itself)."""
+    config = model.config
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
 def _refuse_mixing(model, what: str) -> None:
     """A model whose rows mix tokens outside attention: the documents of a pack would read each other, whatever
     the mask. Refused by model type (MIXING_MODEL_TYPES) or by its layer types (linear attention, Mamba)."""
     if model is None:
         return
     kind = getattr(model.config, "model_type", None)
-    text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    layers = sorted(set(getattr(text, "layer_types", None) or ()) - set(MASKED_LAYER_TYPES))
+    layers = sorted(set(getattr(_text_config(model), "layer_types", None) or ()) - set(MASKED_LAYER_TYPES))
     if kind in MIXING_MODEL_TYPES or layers:
         how = f"its layer types {', '.join(layers)} carry a state" if layers else "it mixes tokens outside attention"
         raise ValueError(f"{what} cannot keep packed documents apart in {type(model).__name__} (model type {kind}): "
@@ -494,7 +499,7 @@ def _sliding_window(model) -> int | None:
     """The sliding window of a model any of whose layers attend through one (Mistral's: all of them when set;
     Gemma 2-3's, GPT-OSS's, OLMo 3's: their sliding_attention layers), else None. The collator's 4D mask is
     passed through as given, window or not, so a document longer than the window would attend too far back."""
-    text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    text = _text_config(model)
     window, kinds = getattr(text, "sliding_window", None), getattr(text, "layer_types", None)
     if not window or getattr(text, "use_sliding_window", True) is False:
         return None
@@ -531,11 +536,11 @@ class PackedDataCollator:
 
     model: read for the attention implementation (`model.config._attn_implementation`), whether it is causal
         (a decoder, a causal LM or a subclass of one, a head on a decoder-only architecture such as
-        LlamaForTokenClassification, or a classifier whose head is `score` but on an encoder-decoder family's
-        encoder), whether it shifts labels (a causal model that is no token classifier), which token of a
-        document `packed_sequence_classifier` pools (the last under a `score` head, else the first) and
-        RoBERTa's position offset; or give them. An encoder-decoder (`config.is_encoder_decoder`) is refused:
-        its decoder would read across the documents of a pack.
+        LlamaForTokenClassification, or a classifier whose head is `score` but not on an encoder base), whether
+        it shifts labels (a causal model that is no token classifier), which token of a document
+        `packed_sequence_classifier` pools (the last for a causal model or under a `score` head, else the
+        first), its sliding window and RoBERTa's (or MPNet's) position offset; or give them. An encoder-decoder
+        with a decoder in its base, or a model that mixes tokens outside attention, is refused.
     attn_implementation: "eager", "sdpa" -> a 4D mask (batch, 1, S, S) that is block-diagonal (and causal
         inside each document for causal LMs): additive float (0 / dtype min) for eager, boolean (True = attend)
         for sdpa; padding attends to itself only, so no row is empty. "flash_attention_*"
@@ -591,12 +596,13 @@ class PackedDataCollator:
         if len(widths) > 1:
             raise ValueError(f"one batch holds packs of {widths[0]} and {widths[-1]} tokens: batch packs of one "
                              "pack_length only (one pack_dataset call, or one dataset per pack length)")
-        longest = max((int(n) for f in features for n in f["sequence_lengths"]), default=0)
-        if self.window is not None and self.attn_implementation in MASK_IMPLEMENTATIONS and longest > self.window:
-            raise ValueError(f"a document of {longest} tokens is longer than the model's sliding window "
-                             f"({self.window}), which the collator's {self.attn_implementation} mask does not "
-                             f"apply: pack documents of at most {self.window} tokens, or use a flash_attention_* "
-                             "kernel (it applies the window itself)")
+        if self.window is not None and self.attn_implementation in MASK_IMPLEMENTATIONS:
+            longest = max((int(n) for f in features for n in f["sequence_lengths"]), default=0)
+            if longest > self.window:
+                raise ValueError(f"a document of {longest} tokens is longer than the model's sliding window "
+                                 f"({self.window}), which the collator's {self.attn_implementation} mask does not "
+                                 f"apply: pack documents of at most {self.window} tokens, or use a "
+                                 "flash_attention_* kernel (it applies the window itself)")
         stack = {k: torch.as_tensor(np.stack([np.asarray(f[k]) for f in features]), dtype=torch.long)
                  for k in ("input_ids", "labels", "token_type_ids") if k in features[0]}
         positions, sequence_ids = _layout([f["sequence_lengths"] for f in features], stack["input_ids"].shape[1])

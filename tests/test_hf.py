@@ -658,13 +658,20 @@ def test_a_causal_lm_is_known_by_its_base_class_and_a_decoders_classifier_by_its
                                          attn_implementation="sdpa")
     torch.manual_seed(0)
     model = transformers.Mistral4ForSequenceClassification(config).eval()
+    packed, alone = _two_documents_classified(model)
+    torch.testing.assert_close(packed, alone, rtol=0, atol=1e-5)
+
+
+def _two_documents_classified(model, collator=None):
+    """packed_sequence_classifier's logits for documents [5, 6, 7, 8] and [9, 10, 11] packed in one row of 8, and
+    the model's logits for each alone: ((2, labels), (2, labels))."""
     docs = [[5, 6, 7, 8], [9, 10, 11]]
-    batch = hf.PackedDataCollator(model)([{"input_ids": docs[0] + docs[1] + [0], "sequence_lengths": [4, 3],
-                                           "sequence_labels": [1, 0]}])
+    batch = (collator or hf.PackedDataCollator(model))([{"input_ids": docs[0] + docs[1] + [0],
+                                                         "sequence_lengths": [4, 3], "sequence_labels": [1, 0]}])
     with torch.no_grad():
         packed = hf.packed_sequence_classifier(model)(**batch)["logits"][0]
         alone = torch.stack([model(input_ids=torch.tensor([d])).logits[0] for d in docs])
-    torch.testing.assert_close(packed, alone, rtol=0, atol=1e-5)
+    return packed, alone
 
 
 def labelled_source(n=60, seed=2):
@@ -809,11 +816,7 @@ def test_an_encoder_only_classifier_with_a_score_head_attends_both_ways_and_pool
     model = model.eval().double()
     collator = hf.PackedDataCollator(model)
     assert not collator.causal and collator.pool_last
-    docs = [[5, 6, 7, 8], [9, 10, 11]]
-    batch = collator([{"input_ids": docs[0] + docs[1] + [0], "sequence_lengths": [4, 3], "sequence_labels": [1, 0]}])
-    with torch.no_grad():
-        packed = hf.packed_sequence_classifier(model)(**batch)["logits"][0]
-        alone = torch.stack([model(input_ids=torch.tensor([d])).logits[0] for d in docs])
+    packed, alone = _two_documents_classified(model, collator)
     torch.testing.assert_close(packed, alone, rtol=0, atol=1e-12)
 
 
@@ -848,12 +851,7 @@ def test_packed_sequence_classifier_gives_each_document_its_logits_alone_under_o
     model = _tiny_classifier(kind)
     model.config._attn_implementation = "eager"
     model = model.eval().double()
-    docs = [[5, 6, 7, 8], [9, 10, 11]]
-    batch = hf.PackedDataCollator(model)([{"input_ids": docs[0] + docs[1] + [0], "sequence_lengths": [4, 3],
-                                           "sequence_labels": [1, 0]}])
-    with torch.no_grad():
-        packed = hf.packed_sequence_classifier(model)(**batch)["logits"][0]
-        alone = torch.stack([model(input_ids=torch.tensor([d])).logits[0] for d in docs])
+    packed, alone = _two_documents_classified(model)
     torch.testing.assert_close(packed, alone, rtol=0, atol=1e-12)
 
 

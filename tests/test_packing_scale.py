@@ -14,6 +14,7 @@ from bert_ipu.packing import (ALGORITHMS, EMPTY, Mixture, PackingInputError, app
 from bert_ipu.packing import cghp as cghp_module, lp as lp_module, neighbourhood
 from bert_ipu.packing.__main__ import main
 from bert_ipu.packing.heuristics import lpfhp, spfhp
+from bert_ipu.packing.mixture import pattern_matrix
 from bert_ipu.packing.synthetic import long_context_lengths, stretch_histogram
 
 from test_packing_properties import brute_force_min_packs, histograms
@@ -290,8 +291,8 @@ def test_iterated_rounding_rounds_up_without_padding_and_meets_the_bound(monkeyp
         floor = np.floor(x + 1e-9).astype(int)
         by_part = np.where(x - floor >= up, whole - floor, 0)  # rounded up for a fractional part >= up
         calls.append(by_part.sum())
-        floor_part = Mixture.from_matrix(cghp_module._as_matrix(patterns[:len(x)]), floor)
-        rounded_up = Mixture.from_matrix(cghp_module._as_matrix(patterns[:len(x)]), by_part)
+        floor_part = Mixture.from_matrix(pattern_matrix(patterns[:len(x)]), floor)
+        rounded_up = Mixture.from_matrix(pattern_matrix(patterns[:len(x)]), by_part)
         left = np.maximum(residual - floor_part.coverage(len(residual)), 0)
         assert (rounded_up.coverage(len(residual)) <= left).all()
         return whole

@@ -79,7 +79,7 @@ from .complete import NODE_LIMIT, complete
 from .fill import FILL_WORDS, fill
 from .heuristics import lpfhp, run_lpfhp
 from .histogram import expand_histogram
-from .mixture import Mixture, trim_excess
+from .mixture import Mixture, pattern_matrix, trim_excess
 from .effort import GOAL_GAP, counting, effort
 from .lp import COARSE_START_LENGTHS, coarse_bound, farley, interpolated, pricing_seconds, solve_relaxation
 from .neighbourhood import neighbourhood
@@ -224,14 +224,6 @@ class CGHPResult:
                              # "branched": the integer program over an LP's patterns (`_branch`)
     priced: bool = False  # lp_bound comes from column generation on the real lengths (else `_prove` may try)
     columns: list | None = field(default=None, repr=False, compare=False)  # that LP's patterns, for `_branch`
-
-
-def _as_matrix(patterns: list[np.ndarray]) -> np.ndarray:
-    """Ragged patterns (0 entries allowed) as one zero-padded (n, width) matrix."""
-    mat = np.zeros((len(patterns), max(len(p) for p in patterns)), dtype=np.int64)
-    for i, p in enumerate(patterns):
-        mat[i, : len(p)] = p
-    return mat
 
 
 def cghp(histogram: np.ndarray, depth: int, steps: int | None = None, deadline: float | None = None) -> CGHPResult:
@@ -475,7 +467,7 @@ def _exact(histogram, depth, start, cheap, steps, deadline):
             break
         whole = _round(patterns, x, residual, up, max(1, int((value or 0) / DIVE_SHARE)))
         used = np.nonzero(whole)[0]
-        part = trim_excess(_as_matrix([patterns[j] for j in used]), whole[used], residual, swap=True)
+        part = trim_excess(pattern_matrix([patterns[j] for j in used]), whole[used], residual, swap=True)
         fixed.append(part)
         fixed_packs += part.n_packs
         residual = residual - part.coverage(max_len)

@@ -206,6 +206,17 @@ def highs():
 DUAL_SIMPLEX = 1
 
 
+def add_swap_columns(h, m: int) -> int:
+    """Adds to HiGHS model `h` (rows: `m` lengths, ascending) one zero-cost column per pair of neighbouring
+    lengths, +1 in the shorter one's row and -1 in the longer one's (`MasterLP`'s swaps); returns how many."""
+    k = max(m - 1, 0)
+    if k:
+        rows = np.stack([np.arange(k), np.arange(1, k + 1)], axis=1).ravel().astype(np.int32)
+        h.addCols(k, np.zeros(k), np.zeros(k), np.full(k, h.getInfinity()), 2 * k,
+                  np.arange(0, 2 * k, 2, dtype=np.int32), rows, np.tile([1.0, -1.0], k))
+    return k
+
+
 class MasterLP:
     """The restricted master LP  min sum x  s.t.  A x >= demand, x >= 0, kept alive between rounds of
     column generation: new columns are added to the model and HiGHS re-optimises from the last basis (a
@@ -232,12 +243,7 @@ class MasterLP:
         self.demand = demand.astype(np.float64)
         self.h.addRows(m, self.demand, np.full(m, inf), 0, np.zeros(m, dtype=np.int32),
                        np.zeros(0, dtype=np.int32), np.zeros(0))
-        self.swaps = m - 1 if swaps and m > 1 else 0  # the swap columns come first
-        if self.swaps:
-            k = self.swaps
-            rows = np.stack([np.arange(k), np.arange(1, k + 1)], axis=1).ravel().astype(np.int32)
-            self.h.addCols(k, np.zeros(k), np.zeros(k), np.full(k, inf), 2 * k,
-                           np.arange(0, 2 * k, 2, dtype=np.int32), rows, np.tile([1.0, -1.0], k))
+        self.swaps = add_swap_columns(self.h, m) if swaps else 0  # the swap columns come first
 
     def add(self, patterns: list[np.ndarray]) -> None:
         if not patterns:

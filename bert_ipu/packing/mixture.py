@@ -223,6 +223,14 @@ def _group_equal_rows(mat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return order[changed], group
 
 
+def pattern_matrix(patterns: list[np.ndarray]) -> np.ndarray:
+    """Ragged patterns (0 entries allowed) as one zero-padded (n, width) matrix."""
+    mat = np.zeros((len(patterns), max(len(p) for p in patterns)), dtype=np.int64)
+    for i, p in enumerate(patterns):
+        mat[i, : len(p)] = p
+    return mat
+
+
 def trim_excess(strategies: np.ndarray, counts: np.ndarray, histogram: np.ndarray, swap: bool = False) -> Mixture:
     """Remove the slots that a mixture has beyond `histogram`, so that coverage <= histogram everywhere.
 

@@ -31,8 +31,8 @@ import time
 import numpy as np
 from scipy import sparse
 
-from .lp import highs_integer
-from .mixture import Mixture, trim_excess
+from .lp import _column_matrix, add_swap_columns, highs_integer, length_index
+from .mixture import Mixture, pattern_matrix, trim_excess
 
 INFEASIBLE = "infeasible"
 # The largest model tried, in integer variables (present lengths x packs), and the branch-and-bound nodes it
@@ -107,12 +107,7 @@ def pack_from(histogram: np.ndarray, patterns: list[np.ndarray], start: Mixture,
     own = [s[s > 0] for s in start.strategies]
     columns = list({tuple(p): p for p in list(patterns) + own if len(p)}.values())
     where = {tuple(p): i for i, p in enumerate(columns)}
-    index_of = np.full(max_len + 1, -1)
-    index_of[lengths] = np.arange(m)
-    rows = np.concatenate([index_of[p] for p in columns])
-    cols = np.repeat(np.arange(len(columns)), [len(p) for p in columns])
-    A = sparse.csc_matrix((np.ones(len(rows)), (rows, cols)), shape=(m, len(columns)))
-    A.sum_duplicates()
+    A = _column_matrix(columns, length_index(lengths, max_len), m)  # the LP's own (csc, duplicates summed)
 
     h, integer = highs_integer()
     inf = h.getInfinity()
@@ -126,11 +121,7 @@ def pack_from(histogram: np.ndarray, patterns: list[np.ndarray], start: Mixture,
         h.setOptionValue("time_limit", max(deadline - time.perf_counter(), 1e-3))
     h.addRows(m, histogram[lengths - 1].astype(np.float64), np.full(m, inf), 0, np.zeros(m, dtype=np.int32),
               np.zeros(0, dtype=np.int32), np.zeros(0))
-    k = m - 1  # swap columns first: +1 in a length's row, -1 in the next longer one's
-    if k:
-        swap_rows = np.stack([np.arange(k), np.arange(1, k + 1)], axis=1).ravel().astype(np.int32)
-        h.addCols(k, np.zeros(k), np.zeros(k), np.full(k, inf), 2 * k, np.arange(0, 2 * k, 2, dtype=np.int32),
-                  swap_rows, np.tile([1.0, -1.0], k))
+    k = add_swap_columns(h, m)  # first, as in the LP: a slot of a longer length may hold a shorter sequence
     n = len(columns)
     h.addCols(n, np.ones(n), np.zeros(n), np.full(n, inf), A.nnz, A.indptr[:-1].astype(np.int32),
               A.indices.astype(np.int32), A.data)
@@ -146,10 +137,6 @@ def pack_from(histogram: np.ndarray, patterns: list[np.ndarray], start: Mixture,
     if x.sum() >= start.n_packs:
         return None
     used = np.nonzero(x)[0]
-    widest = max(len(columns[j]) for j in used)
-    mat = np.zeros((len(used), widest), dtype=np.int64)
-    for i, j in enumerate(used):
-        mat[i, : len(columns[j])] = columns[j]
-    packed = trim_excess(mat, x[used], histogram, swap=True)
+    packed = trim_excess(pattern_matrix([columns[j] for j in used]), x[used], histogram, swap=True)
     # (within HiGHS' tolerances but not a packing of every sequence once realised: none found)
     return packed if np.array_equal(packed.coverage(max_len), histogram) else None
