@@ -438,8 +438,9 @@ def _is_causal(model) -> bool:
     """Whether `model` attends causally: a decoder (`config.is_decoder`), a causal LM (its class or a base
     class), any head on a decoder-only architecture (one with a causal LM and no masked LM in `transformers`:
     Llama's or GPT-2's sequence and token classifiers), or a classifier head named `score` (decoders' name for
-    it: Mistral 4's, whose causal LM `transformers` lists only as image-text-to-text) but on an encoder (a base
-    named *EncoderModel: T5Gemma's encoder-only classifier attends both ways)."""
+    it: Mistral 4's, whose causal LM `transformers` lists only as image-text-to-text) unless every attention
+    module of the model says it is not causal (`is_causal` False: T5Gemma's encoder-only classifier, OpenAI's
+    privacy filter, ESM C attend both ways; a causal mask put their logits 0.03-0.08 off)."""
     from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
                                                         MODEL_FOR_MASKED_LM_MAPPING_NAMES)
 
@@ -447,9 +448,9 @@ def _is_causal(model) -> bool:
     decoder_only = kind in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and kind not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
     names = [c.__name__ for c in type(model).__mro__]
     causal_lm = any(n in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values() or n.endswith("ForCausalLM") for n in names)
-    base = type(getattr(model, "base_model", model)).__name__
+    flags = {m.is_causal for m in model.modules() if isinstance(getattr(m, "is_causal", None), bool)}
     scored = hasattr(model, "score") and names[0].endswith(("ForSequenceClassification", "ForTokenClassification")) \
-        and not base.endswith("EncoderModel")
+        and flags != {False}
     return bool(getattr(model.config, "is_decoder", False)) or causal_lm or decoder_only or scored
 
 
@@ -465,12 +466,23 @@ def _refuse_encoder_decoder(model, what: str) -> None:
                          "documents of a pack: train it unpacked")
 
 
-# Model types whose rows mix tokens where no attention mask reaches, found by running each document of a pack
-# against it alone (float64, 2026-11-29): Fourier mixing (fnet), convolutions (convbert), embeddings that read
-# the neighbouring tokens (mobilebert), a 4D mask read as 2D (layoutlm: NaN; markuplm), approximations of
-# attention that ignore the mask (nystromformer, mra). Not refused: a Switch Transformers encoder (its experts'
-# capacity is shared by a row's tokens, as by a batch's unpacked).
-MIXING_MODEL_TYPES = ("fnet", "convbert", "mobilebert", "layoutlm", "markuplm", "nystromformer", "mra")
+# Model types whose documents a packed row cannot keep apart, and why: each found by running every document of a
+# pack against it alone (float64, 2026-11-29), where it ran at all. Not refused: a Switch Transformers encoder (its
+# experts' capacity is shared by a row's tokens, as by a batch's unpacked).
+_MIXES = "it mixes tokens outside attention, so one document of a pack reads the next"
+_MASK_2D = "its attention takes a 2D padding mask only, not the 4D mask that keeps a pack's documents apart"
+UNPACKABLE_MODEL_TYPES = {
+    "fnet": _MIXES + " (Fourier transforms)",
+    "convbert": _MIXES + " (convolutions)",
+    "mobilebert": _MIXES + " (its embeddings read the neighbouring tokens)",
+    "nystromformer": _MIXES + " (its approximation of attention ignores the mask)",
+    "mra": _MIXES + " (its approximation of attention ignores the mask)",
+    "layoutlm": "it reads the 4D mask as a 2D one (NaN logits)",
+    "markuplm": "it reads the 4D mask as a 2D one",
+    "cpmant": "it makes its own attention mask from the input ids and ignores the one given (logits 25 off)",
+    **dict.fromkeys(("bloom", "canine", "deberta", "deberta-v2", "esm", "flaubert", "funnel", "longformer", "longt5",
+                     "openai-gpt", "xlm", "xlnet", "yoso"), _MASK_2D),
+}
 # config.layer_types that keep the documents of a pack apart under the collator's mask (others, linear attention
 # and recurrent or hybrid layers, carry a state from one document into the next)
 MASKED_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention", "mlp", "moe")
@@ -482,17 +494,37 @@ def _text_config(model):
     return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
-def _refuse_mixing(model, what: str) -> None:
-    """A model whose rows mix tokens outside attention: the documents of a pack would read each other, whatever
-    the mask. Refused by model type (MIXING_MODEL_TYPES) or by its layer types (linear attention, Mamba)."""
+def _refuse_unpackable(model, what: str) -> None:
+    """A model whose documents a packed row cannot keep apart, whatever the collator's mask: refused by model type
+    (UNPACKABLE_MODEL_TYPES: it mixes tokens outside attention, or its attention takes no 4D mask) or by its layer
+    types (linear attention, Mamba: a state carried from one document into the next)."""
     if model is None:
         return
     kind = getattr(model.config, "model_type", None)
     layers = sorted(set(getattr(_text_config(model), "layer_types", None) or ()) - set(MASKED_LAYER_TYPES))
-    if kind in MIXING_MODEL_TYPES or layers:
-        how = f"its layer types {', '.join(layers)} carry a state" if layers else "it mixes tokens outside attention"
+    if kind in UNPACKABLE_MODEL_TYPES or layers:
+        why = UNPACKABLE_MODEL_TYPES.get(kind) or \
+            f"its layer types {', '.join(layers)} carry a state from one document of a pack into the next"
         raise ValueError(f"{what} cannot keep packed documents apart in {type(model).__name__} (model type {kind}): "
-                         f"{how} from one document of a pack into the next; train it unpacked")
+                         f"{why}; train it unpacked")
+
+
+def _refuse_bidirectional_causal_lm(model, what: str) -> None:
+    """A causal LM class of an encoder family (BertLMHeadModel, RobertaForCausalLM, BertGenerationDecoder) attends
+    causally only when config.is_decoder is set; without it transformers runs it both ways (and warns), while its
+    loss still shifts labels. The collator's causal mask would then differ from the model unpacked (logits 3e-3 to
+    5e-3 off), and a bidirectional one would let a document's first label be read from the one before it: refused."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+    if model is None or getattr(model.config, "is_decoder", False):
+        return
+    encoder_family = getattr(model.config, "model_type", None) in MODEL_FOR_MASKED_LM_MAPPING_NAMES \
+        or type(getattr(model, "base_model", model)).__name__.endswith("Encoder")
+    causal_lm = any(c.__name__.endswith(("ForCausalLM", "LMHeadModel", "Decoder")) for c in type(model).__mro__)
+    if encoder_family and causal_lm:
+        raise ValueError(f"{what}: {type(model).__name__} is a causal LM of an encoder family whose config has "
+                         "is_decoder=False, so transformers runs it bidirectionally: load it with is_decoder=True "
+                         "(from_pretrained(..., is_decoder=True))")
 
 
 def _sliding_window(model) -> int | None:
@@ -540,7 +572,9 @@ class PackedDataCollator:
         it shifts labels (a causal model that is no token classifier), which token of a document
         `packed_sequence_classifier` pools (the last for a causal model or under a `score` head, else the
         first), its sliding window and RoBERTa's (or MPNet's) position offset; or give them. An encoder-decoder
-        with a decoder in its base, or a model that mixes tokens outside attention, is refused.
+        with a decoder in its base, a model whose documents a pack cannot keep apart (it mixes tokens outside
+        attention, or its attention takes no 4D mask: UNPACKABLE_MODEL_TYPES), and an encoder family's causal LM
+        without config.is_decoder (transformers runs it bidirectionally) are refused.
     attn_implementation: "eager", "sdpa" -> a 4D mask (batch, 1, S, S) that is block-diagonal (and causal
         inside each document for causal LMs): additive float (0 / dtype min) for eager, boolean (True = attend)
         for sdpa; padding attends to itself only, so no row is empty. "flash_attention_*"
@@ -561,7 +595,8 @@ class PackedDataCollator:
         if model is None and (attn_implementation is None or causal is None):
             raise ValueError("PackedDataCollator needs the model, or both attn_implementation and causal")
         _refuse_encoder_decoder(model, "PackedDataCollator")
-        _refuse_mixing(model, "PackedDataCollator")
+        _refuse_unpackable(model, "PackedDataCollator")
+        _refuse_bidirectional_causal_lm(model, "PackedDataCollator")
         if attn_implementation is None:
             attn_implementation = getattr(model.config, "_attn_implementation", None) or "eager"
         if not (attn_implementation in MASK_IMPLEMENTATIONS or attn_implementation == OWN_MODELS
@@ -717,7 +752,7 @@ def _classifier_class():
         def __init__(self, model):
             super().__init__()
             _refuse_encoder_decoder(model, "packed_sequence_classifier")
-            _refuse_mixing(model, "packed_sequence_classifier")
+            _refuse_unpackable(model, "packed_sequence_classifier")
             config = model.config
             if config.num_labels < 2 or config.problem_type not in (None, "single_label_classification"):
                 raise ValueError(f"packed_sequence_classifier does single-label classification (num_labels >= 2); "

@@ -835,8 +835,8 @@ def _tiny_classifier(kind):
             hidden_size=32, attention_type="original_full", **layers, **small)),
         "distilbert": lambda: T.DistilBertForSequenceClassification(T.DistilBertConfig(dim=32, hidden_dim=64,
                                                                                        n_layers=2, n_heads=4, **small)),
-        "deberta-v2": lambda: T.DebertaV2ForSequenceClassification(T.DebertaV2Config(hidden_size=32, **layers,
-                                                                                     **small)),
+        "modernbert": lambda: T.ModernBertForSequenceClassification(T.ModernBertConfig(hidden_size=32, **layers,
+                                                                                       pad_token_id=0, **small)),
     }[kind]()
 
 
@@ -855,13 +855,14 @@ def test_packed_sequence_classifier_gives_each_document_its_logits_alone_under_o
     torch.testing.assert_close(packed, alone, rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("kind", ["distilbert", "deberta-v2"])
+@pytest.mark.parametrize("kind", ["distilbert", "modernbert"])
 def test_a_head_packed_sequence_classifier_does_not_know_is_refused(kind):
-    """DistilBERT applies pre_classifier before its classifier, DeBERTa-v2 a pooler of its own: the wrapper,
-    which applied the classifier alone, gave DistilBERT's documents logits 0.18 off; now such heads are a
-    ValueError naming them."""
+    """DistilBERT applies pre_classifier before its classifier, ModernBERT a head of its own: the wrapper, which
+    applied the classifier alone, gave their documents logits 0.18 and 2.8 off; now such heads are a ValueError
+    naming them."""
     model = _tiny_classifier(kind)
-    with pytest.raises(ValueError, match=r"'s head \(classifier, p\w+\) is not one that packed_sequence_classifier"):
+    with pytest.raises(ValueError, match=r"'s head \(classifier, (pre_classifier|head)\) is not one that "
+                                         "packed_sequence_classifier"):
         hf.packed_sequence_classifier(model)
 
 
@@ -913,6 +914,103 @@ def test_a_model_that_mixes_tokens_outside_attention_is_refused(kind):
         with pytest.raises(ValueError, match=rf"cannot keep packed documents apart in \w+ \(model type {kind}\).*"
                                              "train it unpacked"):
             make(model)
+
+
+def _packed_and_alone(model, collator, documents=([5, 6, 7, 8], [9, 10, 11])):
+    """The logits of `documents` packed in one row by `collator` (then a padding token), and each one alone."""
+    batch = collator([{"input_ids": documents[0] + documents[1] + [0],
+                       "sequence_lengths": [len(documents[0]), len(documents[1])]}])
+    batch.pop("labels", None)
+    with torch.no_grad():
+        packed = model(**batch).logits[0]
+        alone = [model(input_ids=torch.tensor([d])).logits[0] for d in documents]
+    cut = len(documents[0])
+    return (packed[:cut], packed[cut:cut + len(documents[1])]), alone
+
+
+@pytest.mark.parametrize("kind", ["bloom", "openai-gpt", "xlnet", "longformer", "cpmant"])
+def test_a_model_whose_attention_takes_no_4d_mask_is_refused(kind):
+    """BLOOM (ALiBi made from a 2D mask), OpenAI GPT, XLNet and Longformer failed with a traceback deep in
+    transformers on the collator's 4D mask, and CPM-Ant ignored it (it makes its own mask from the input ids: logits
+    25 off the documents alone, float64): the collator now refuses them in one line naming why."""
+    T = transformers
+    torch.manual_seed(0)
+    model = {
+        "bloom": lambda: T.BloomForCausalLM(T.BloomConfig(vocab_size=64, hidden_size=32, n_layer=2, n_head=4)),
+        "openai-gpt": lambda: T.OpenAIGPTLMHeadModel(T.OpenAIGPTConfig(vocab_size=64, n_embd=32, n_layer=2, n_head=4)),
+        "xlnet": lambda: T.XLNetLMHeadModel(T.XLNetConfig(vocab_size=64, d_model=32, n_layer=2, n_head=4, d_inner=64)),
+        "longformer": lambda: T.LongformerForMaskedLM(T.LongformerConfig(
+            vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            attention_window=4, pad_token_id=1)),
+        "cpmant": lambda: T.CpmAntForCausalLM(T.CpmAntConfig(vocab_size=64, hidden_size=32, dim_ff=64,
+                                                             num_hidden_layers=2, num_attention_heads=4, dim_head=8,
+                                                             prompt_length=4)),
+    }[kind]()
+    model.config._attn_implementation = "eager"
+    model = model.eval().double()
+    with pytest.raises(ValueError, match=rf"cannot keep packed documents apart in \w+ \(model type {kind}\): "
+                                         r"(its attention takes a 2D padding mask only|it makes its own attention mask)"
+                                         ".*train it unpacked"):
+        hf.PackedDataCollator(model)
+    # what the refusal saves from: a collator told only "eager", "causal" hands the model a 4D mask
+    unchecked = hf.PackedDataCollator(attn_implementation="eager", causal=kind != "longformer", dtype=torch.float64)
+    try:
+        packed, alone = _packed_and_alone(model, unchecked)
+    except Exception:  # noqa: BLE001 - a traceback from inside transformers is the failure refused here
+        return
+    assert max((p - a).abs().max().item() for p, a in zip(packed, alone)) > 1e-3
+
+
+def test_an_encoder_familys_causal_lm_without_is_decoder_is_refused():
+    """BertLMHeadModel (RobertaForCausalLM, BertGenerationDecoder) attends causally only under config.is_decoder;
+    without it transformers runs it bidirectionally, so the collator's causal mask gave logits 3e-3 off the
+    documents alone (float64). Refused, naming the fix; with is_decoder=True it is taken and packs exactly."""
+    T = transformers
+    layers = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
+    torch.manual_seed(0)
+    model = T.BertLMHeadModel(T.BertConfig(**layers)).eval().double()
+    with pytest.raises(ValueError, match=r"BertLMHeadModel is a causal LM of an encoder family whose config has "
+                                         r"is_decoder=False.*load it with is_decoder=True"):
+        hf.PackedDataCollator(model)
+    unchecked = hf.PackedDataCollator(attn_implementation="eager", causal=True, dtype=torch.float64)
+    packed, alone = _packed_and_alone(model, unchecked)
+    assert max((p - a).abs().max().item() for p, a in zip(packed, alone)) > 1e-3
+    generation = T.BertGenerationDecoder(T.BertGenerationConfig(**layers))
+    with pytest.raises(ValueError, match="BertGenerationDecoder is a causal LM of an encoder family"):
+        hf.PackedDataCollator(generation)
+    torch.manual_seed(0)
+    decoder = T.BertLMHeadModel(T.BertConfig(is_decoder=True, **layers)).eval().double()
+    decoder.config._attn_implementation = "eager"
+    packed, alone = _packed_and_alone(decoder, hf.PackedDataCollator(decoder))
+    for p, a in zip(packed, alone):
+        torch.testing.assert_close(p, a, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["esmc", "openai_privacy_filter"])
+def test_a_score_head_on_a_bidirectional_model_gets_a_bidirectional_mask(kind):
+    """ESM C's and OpenAI's privacy filter's token classifiers have a `score` head (decoders' name for it) on
+    attention that is not causal (every attention module's is_causal is False): the collator gave them a causal
+    mask, logits 0.03-0.08 off each document alone (float64). Now bidirectional and exact (the privacy filter's
+    softmax, experts and norms run in float32 whatever the model's dtype: 1.3e-8, hence the tolerance)."""
+    T = transformers
+    layers = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_labels=3)
+    torch.manual_seed(0)
+    model = {
+        "esmc": lambda: T.EsmcForTokenClassification(T.EsmcConfig(**layers)),
+        "openai_privacy_filter": lambda: T.OpenAIPrivacyFilterForTokenClassification(T.OpenAIPrivacyFilterConfig(
+            vocab_size=64, pad_token_id=0, num_key_value_heads=2, head_dim=8, num_local_experts=4, num_experts_per_tok=2,
+            **layers)),
+    }[kind]()
+    model.config._attn_implementation = "eager"
+    model = model.eval().double()
+    collator = hf.PackedDataCollator(model)
+    assert not collator.causal
+    packed, alone = _packed_and_alone(model, collator)
+    for p, a in zip(packed, alone):
+        torch.testing.assert_close(p, a, rtol=0, atol=1e-7)
+    causal, _ = _packed_and_alone(model, hf.PackedDataCollator(attn_implementation="eager", causal=True,
+                                                                dtype=torch.float64))
+    assert max((p - a).abs().max().item() for p, a in zip(causal, alone)) > 1e-3
 
 
 def test_a_document_longer_than_the_sliding_window_is_refused_under_a_mask():
