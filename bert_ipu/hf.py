@@ -480,8 +480,11 @@ UNPACKABLE_MODEL_TYPES = {
     "layoutlm": "it reads the 4D mask as a 2D one (NaN logits)",
     "markuplm": "it reads the 4D mask as a 2D one",
     "cpmant": "it makes its own attention mask from the input ids and ignores the one given (logits 25 off)",
+    "trocr": "it numbers positions from the start of the row and ignores position_ids (logits 0.27 off)",
+    "rwkv": "it is recurrent: its state runs from one document of a pack into the next",
+    "xlstm": "it is recurrent: its state runs from one document of a pack into the next",
     **dict.fromkeys(("bloom", "canine", "deberta", "deberta-v2", "esm", "flaubert", "funnel", "longformer", "longt5",
-                     "openai-gpt", "xlm", "xlnet", "yoso"), _MASK_2D),
+                     "openai-gpt", "prophetnet", "xlm", "xlnet", "yoso"), _MASK_2D),
 }
 # config.layer_types that keep the documents of a pack apart under the collator's mask (others, linear attention
 # and recurrent or hybrid layers, carry a state from one document into the next)

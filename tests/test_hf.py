@@ -928,11 +928,12 @@ def _packed_and_alone(model, collator, documents=([5, 6, 7, 8], [9, 10, 11])):
     return (packed[:cut], packed[cut:cut + len(documents[1])]), alone
 
 
-@pytest.mark.parametrize("kind", ["bloom", "openai-gpt", "xlnet", "longformer", "cpmant"])
-def test_a_model_whose_attention_takes_no_4d_mask_is_refused(kind):
+@pytest.mark.parametrize("kind", ["bloom", "openai-gpt", "xlnet", "longformer", "cpmant", "trocr"])
+def test_a_model_that_takes_no_4d_mask_or_no_positions_is_refused(kind):
     """BLOOM (ALiBi made from a 2D mask), OpenAI GPT, XLNet and Longformer failed with a traceback deep in
-    transformers on the collator's 4D mask, and CPM-Ant ignored it (it makes its own mask from the input ids: logits
-    25 off the documents alone, float64): the collator now refuses them in one line naming why."""
+    transformers on the collator's 4D mask; CPM-Ant ignored it (it makes its own mask from the input ids: logits
+    25 off the documents alone, float64) and TrOCR the position_ids (it counts from the row's start: 0.27 off).
+    The collator now refuses them in one line naming why."""
     T = transformers
     torch.manual_seed(0)
     model = {
@@ -945,11 +946,14 @@ def test_a_model_whose_attention_takes_no_4d_mask_is_refused(kind):
         "cpmant": lambda: T.CpmAntForCausalLM(T.CpmAntConfig(vocab_size=64, hidden_size=32, dim_ff=64,
                                                              num_hidden_layers=2, num_attention_heads=4, dim_head=8,
                                                              prompt_length=4)),
+        "trocr": lambda: T.TrOCRForCausalLM(T.TrOCRConfig(vocab_size=64, d_model=32, decoder_layers=2,
+                                                          decoder_attention_heads=4, decoder_ffn_dim=64)),
     }[kind]()
     model.config._attn_implementation = "eager"
     model = model.eval().double()
     with pytest.raises(ValueError, match=rf"cannot keep packed documents apart in \w+ \(model type {kind}\): "
-                                         r"(its attention takes a 2D padding mask only|it makes its own attention mask)"
+                                         r"(its attention takes a 2D padding mask only|it makes its own attention "
+                                         r"mask|.*ignores position_ids)"
                                          ".*train it unpacked"):
         hf.PackedDataCollator(model)
     # what the refusal saves from: a collator told only "eager", "causal" hands the model a 4D mask
@@ -998,8 +1002,8 @@ def test_a_score_head_on_a_bidirectional_model_gets_a_bidirectional_mask(kind):
     model = {
         "esmc": lambda: T.EsmcForTokenClassification(T.EsmcConfig(**layers)),
         "openai_privacy_filter": lambda: T.OpenAIPrivacyFilterForTokenClassification(T.OpenAIPrivacyFilterConfig(
-            vocab_size=64, pad_token_id=0, num_key_value_heads=2, head_dim=8, num_local_experts=4, num_experts_per_tok=2,
-            **layers)),
+            vocab_size=64, pad_token_id=0, num_key_value_heads=2, head_dim=8, num_local_experts=4,
+            num_experts_per_tok=2, **layers)),
     }[kind]()
     model.config._attn_implementation = "eager"
     model = model.eval().double()
