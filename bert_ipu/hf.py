@@ -530,15 +530,45 @@ def _refuse_bidirectional_causal_lm(model, what: str) -> None:
                          "(from_pretrained(..., is_decoder=True))")
 
 
-def _sliding_window(model) -> int | None:
-    """The sliding window of a model any of whose layers attend through one (Mistral's: all of them when set;
-    Gemma 2-3's, GPT-OSS's, OLMo 3's: their sliding_attention layers), else None. The collator's 4D mask is
-    passed through as given, window or not, so a document longer than the window would attend too far back."""
+def _layer_limits(model, causal: bool) -> tuple[tuple | None, dict, bool]:
+    """How far each kind of layer attends, which the collator's eager or sdpa mask must say itself (transformers
+    passes a 4D mask through as given, so a document longer than a window would attend too far back: Gemma 3's
+    logits were 0.23 off). Returns (layer types, {layer type or None: (span, overlay)}, masks_by_type):
+
+    - the model's distinct `layer_types` (None where it has none: every layer alike);
+    - per kind of layer that sees less than its whole document, its span and overlay: a sliding window (Mistral's
+      on every layer when set, Gemma 2-3's, GPT-OSS's, OLMo 3's sliding_attention layers; both ways for an
+      encoder: OpenAI's privacy filter) or chunks (Llama 4's chunked_attention layers); key None for every layer
+      of a model without layer types. The overlays are transformers' own (`masking_utils`), applied to positions
+      inside documents;
+    - whether the model takes a mask per layer type (a dict, as its forward accepts: `attention_mask, dict)`).
+    """
+    import inspect
+
+    from transformers import masking_utils
+
     text = _text_config(model)
-    window, kinds = getattr(text, "sliding_window", None), getattr(text, "layer_types", None)
-    if not window or getattr(text, "use_sliding_window", True) is False:
-        return None
-    return int(window) if kinds is None or "sliding_attention" in kinds else None
+    kinds = getattr(text, "layer_types", None)
+    kinds = tuple(dict.fromkeys(kinds)) if kinds else None
+    limits = {}
+    window = getattr(text, "sliding_window", None)
+    if window and getattr(text, "use_sliding_window", True) is not False and (kinds is None
+                                                                              or "sliding_attention" in kinds):
+        overlay = masking_utils.sliding_window_overlay if causal else masking_utils.sliding_window_bidirectional_overlay
+        limits["sliding_attention" if kinds else None] = (int(window), overlay(int(window)))
+    chunk = getattr(text, "attention_chunk_size", None)
+    if chunk and kinds and "chunked_attention" in kinds:
+        # (masking_utils.chunked_overlay with no left padding: chunks count from each document's start)
+        limits["chunked_attention"] = (int(chunk), lambda b, h, q, k: q // int(chunk) == k // int(chunk))
+    by_type = False
+    if kinds and limits:
+        for cls in {type(m) for m in model.modules()}:
+            forward = cls.__dict__.get("forward")
+            try:
+                by_type = by_type or (forward is not None and "attention_mask, dict)" in inspect.getsource(forward))
+            except (OSError, TypeError):
+                continue
+    return kinds, limits, by_type
 
 
 def _token_classifier(model) -> bool:
@@ -571,15 +601,18 @@ class PackedDataCollator:
 
     model: read for the attention implementation (`model.config._attn_implementation`), whether it is causal
         (a decoder, a causal LM or a subclass of one, a head on a decoder-only architecture such as
-        LlamaForTokenClassification, or a classifier whose head is `score` but not on an encoder base), whether
+        LlamaForTokenClassification, or a classifier whose head is `score` unless no attention module is causal),
+        whether
         it shifts labels (a causal model that is no token classifier), which token of a document
         `packed_sequence_classifier` pools (the last for a causal model or under a `score` head, else the
-        first), its sliding window and RoBERTa's (or MPNet's) position offset; or give them. An encoder-decoder
+        first), its sliding windows or chunks (applied in the mask: one per layer type where the model takes a dict
+        of them) and RoBERTa's (or MPNet's) position offset; or give them. An encoder-decoder
         with a decoder in its base, a model whose documents a pack cannot keep apart (it mixes tokens outside
         attention, or its attention takes no 4D mask: UNPACKABLE_MODEL_TYPES), and an encoder family's causal LM
         without config.is_decoder (transformers runs it bidirectionally) are refused.
     attn_implementation: "eager", "sdpa" -> a 4D mask (batch, 1, S, S) that is block-diagonal (and causal
-        inside each document for causal LMs): additive float (0 / dtype min) for eager, boolean (True = attend)
+        inside each document for causal LMs; windowed or chunked as the layers are; a dict of them by layer type
+        where the model takes one): additive float (0 / dtype min) for eager, boolean (True = attend)
         for sdpa; padding attends to itself only, so no row is empty. "flash_attention_*"
         -> the micro-batch's documents flattened into one row without padding, with position_ids and
         cu_seq_lens_q/k, max_length_q/k (what the varlen kernels take). "bert_ipu" -> input_ids, position_ids,
@@ -613,7 +646,8 @@ class PackedDataCollator:
         # head (where their own forward pools, T5Gemma's bidirectional encoder-only classifier's too), else the
         # first
         self.pool_last = self.causal or (model is not None and hasattr(model, "score"))
-        self.window = _sliding_window(model) if model is not None else None
+        self.layer_types, self.limits, self.masks_by_type = _layer_limits(model, self.causal) \
+            if model is not None else (None, {}, False)
         if shift_labels is None:  # a causal model's labels are next tokens, but a token classifier's
             shift_labels = self.causal and not (model is not None and _token_classifier(model))
         self.shift_labels = bool(shift_labels)
@@ -634,13 +668,15 @@ class PackedDataCollator:
         if len(widths) > 1:
             raise ValueError(f"one batch holds packs of {widths[0]} and {widths[-1]} tokens: batch packs of one "
                              "pack_length only (one pack_dataset call, or one dataset per pack length)")
-        if self.window is not None and self.attn_implementation in MASK_IMPLEMENTATIONS:
+        if self.limits and self.layer_types and not self.masks_by_type \
+                and self.attn_implementation in MASK_IMPLEMENTATIONS:
+            span = min(span for span, _ in self.limits.values())
             longest = max((int(n) for f in features for n in f["sequence_lengths"]), default=0)
-            if longest > self.window:
-                raise ValueError(f"a document of {longest} tokens is longer than the model's sliding window "
-                                 f"({self.window}), which the collator's {self.attn_implementation} mask does not "
-                                 f"apply: pack documents of at most {self.window} tokens, or use a "
-                                 "flash_attention_* kernel (it applies the window itself)")
+            if longest > span:
+                raise ValueError(f"a document of {longest} tokens is longer than the model's sliding window or "
+                                 f"chunk ({span}), which the collator's {self.attn_implementation} mask applies only "
+                                 "to a model taking a mask per layer type: pack documents of at most "
+                                 f"{span} tokens, or use a flash_attention_* kernel")
         stack = {k: torch.as_tensor(np.stack([np.asarray(f[k]) for f in features]), dtype=torch.long)
                  for k in ("input_ids", "labels", "token_type_ids") if k in features[0]}
         positions, sequence_ids = _layout([f["sequence_lengths"] for f in features], stack["input_ids"].shape[1])
@@ -661,20 +697,28 @@ class PackedDataCollator:
                 stack["labels"] = torch.nn.functional.pad(stack["labels"][:, 1:], (0, 1), value=IGNORE_INDEX)
             return stack
         sequence_ids = stack.pop("sequence_ids")
-        stack["position_ids"] = stack["position_ids"] + self.position_offset
+        positions = stack["position_ids"]
+        stack["position_ids"] = positions + self.position_offset
         if self.attn_implementation.startswith(FLASH_PREFIX):
             return self._flattened(stack, sequence_ids)
-        stack["attention_mask"] = self._mask(sequence_ids)
+        if self.layer_types and self.masks_by_type:  # one mask per layer type, as the model's forward takes them
+            masks = {key: self._mask(sequence_ids, positions, limit) for key, limit in self.limits.items()}
+            full = self._mask(sequence_ids, positions)
+            stack["attention_mask"] = {kind: masks.get(kind, full) for kind in self.layer_types}
+        else:
+            stack["attention_mask"] = self._mask(sequence_ids, positions, self.limits.get(None))
         return stack
 
-    def _mask(self, sequence_ids):
-        """(B, 1, S, S): query t sees key u iff both are in the same document (and u <= t if causal); a padding
-        token sees itself."""
+    def _mask(self, sequence_ids, positions, limit=None):
+        """(B, 1, S, S): query t sees key u iff both are in the same document (and u <= t if causal, and the
+        `limit` (span, overlay) allows their positions in the document); a padding token sees itself."""
         import torch
 
         same = (sequence_ids[:, :, None] == sequence_ids[:, None, :]) & (sequence_ids[:, :, None] > 0)
         if self.causal:
             same &= torch.ones(same.shape[1:], dtype=torch.bool).tril()
+        if limit is not None:
+            same &= limit[1](None, None, positions[:, :, None], positions[:, None, :])
         same |= torch.eye(same.shape[1], dtype=torch.bool)
         if self.attn_implementation == "sdpa":
             return same[:, None]

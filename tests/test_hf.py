@@ -1017,29 +1017,63 @@ def test_a_score_head_on_a_bidirectional_model_gets_a_bidirectional_mask(kind):
     assert max((p - a).abs().max().item() for p, a in zip(causal, alone)) > 1e-3
 
 
-def test_a_document_longer_than_the_sliding_window_is_refused_under_a_mask():
-    """Gemma 3's sliding layers attend to the last `sliding_window` tokens only, which the collator's 4D mask
-    (passed through as given) does not say: documents of 8 and 6 tokens under a window of 3 got logits 0.23 off
-    the documents alone (float64, eager). Such a batch is now a ValueError naming the window; documents within
-    it pack exactly."""
+def _windowed(kind):
+    """A small model whose layers see less than a whole document: window 3 (2 both ways for the encoder), chunk 3."""
+    T = transformers
+    layers = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=8)
+    mixed = dict(sliding_window=3, layer_types=["sliding_attention", "full_attention"])
     torch.manual_seed(0)
-    config = transformers.Gemma3TextConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                           num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=3,
-                                           layer_types=["sliding_attention", "full_attention"])
-    config._attn_implementation = "eager"
-    model = transformers.Gemma3ForCausalLM(config).eval().double()
+    return {
+        "gemma3": lambda: T.Gemma3ForCausalLM(T.Gemma3TextConfig(**mixed, **layers)),
+        "qwen2": lambda: T.Qwen2ForCausalLM(T.Qwen2Config(sliding_window=3, use_sliding_window=True,
+                                                          max_window_layers=1, **layers)),
+        "mistral": lambda: T.MistralForCausalLM(T.MistralConfig(sliding_window=3, **layers)),
+        "llama4": lambda: T.Llama4ForCausalLM(T.Llama4TextConfig(attention_chunk_size=3, intermediate_size_mlp=64,
+                                                                 num_local_experts=2, **layers)),
+        "privacy_filter": lambda: T.OpenAIPrivacyFilterForTokenClassification(T.OpenAIPrivacyFilterConfig(
+            pad_token_id=0, sliding_window=2, num_local_experts=4, num_experts_per_tok=2, **layers)),
+    }[kind]()
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+@pytest.mark.parametrize("kind", ["gemma3", "qwen2", "mistral", "llama4", "privacy_filter"])
+def test_documents_longer_than_a_window_or_a_chunk_pack_exactly_under_a_mask(kind, implementation):
+    """transformers passes a 4D mask through as given, so a window or a chunk is not applied unless the mask says
+    it: documents of 8 and 6 tokens under a window of 3 got logits 0.11-0.27 off the documents alone (Gemma 3's
+    sliding layers, Qwen2's, Mistral's every layer, Llama 4's chunks of 3, OpenAI's privacy filter's window both
+    ways), and the collator refused them. Now its mask applies transformers' own overlay to positions inside each
+    document: one mask per layer type where the model takes a dict (Gemma 3, Qwen2, Llama 4), else one mask for
+    every layer (Mistral, the privacy filter). Float32 (MoE experts and eager softmax run in float32 whatever the
+    dtype), so 1e-6."""
+    model = _windowed(kind)
+    model.config._attn_implementation = implementation
+    model = model.eval()
     collator = hf.PackedDataCollator(model)
-    assert collator.window == 3
-    with pytest.raises(ValueError, match=r"a document of 8 tokens is longer than the model's sliding window \(3\)"):
+    documents = (list(range(5, 13)), list(range(13, 19)))
+    packed, alone = _packed_and_alone(model, collator, documents)
+    for p, a in zip(packed, alone):
+        torch.testing.assert_close(p, a, rtol=0, atol=1e-6)
+    assert isinstance(collator([{"input_ids": [5, 6, 7], "sequence_lengths": [3]}])["attention_mask"], dict) \
+        == (kind in ("gemma3", "qwen2", "llama4"))
+    # the mask without the window, as the collator made it before
+    collator.limits, collator.layer_types = {}, None
+    plain, _ = _packed_and_alone(model, collator, documents)
+    assert max((p - a).abs().max().item() for p, a in zip(plain, alone)) > 1e-2
+
+
+def test_a_document_longer_than_a_window_is_refused_where_the_model_takes_one_mask_for_all_layer_types():
+    """A model with sliding and full layers whose forward takes no mask per layer type cannot be given both: a
+    batch with a document longer than the window is a ValueError naming it (as every such batch was before); a
+    flash kernel applies the window itself."""
+    model = _windowed("gemma3")
+    model.config._attn_implementation = "eager"
+    collator = hf.PackedDataCollator(model)
+    assert collator.masks_by_type
+    collator.masks_by_type = False   # as for a forward that takes one mask
+    with pytest.raises(ValueError, match=r"a document of 8 tokens is longer than the model's sliding window or "
+                                         r"chunk \(3\)"):
         collator([{"input_ids": list(range(5, 19)) + [0, 0], "sequence_lengths": [8, 6]}])
-    documents = [[5, 6, 7], [8, 9]]
-    batch = collator([{"input_ids": [5, 6, 7, 8, 9, 0], "sequence_lengths": [3, 2]}])
-    with torch.no_grad():
-        packed = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                       position_ids=batch["position_ids"]).logits[0]
-        alone = [model(input_ids=torch.tensor([d])).logits[0] for d in documents]
-    torch.testing.assert_close(packed[:3], alone[0], rtol=0, atol=1e-12)
-    torch.testing.assert_close(packed[3:5], alone[1], rtol=0, atol=1e-12)
-    # a flash kernel applies the window itself: not refused
+    assert collator([{"input_ids": [5, 6, 7, 8, 9, 0], "sequence_lengths": [3, 2]}])["attention_mask"].ndim == 4
     flash = hf.PackedDataCollator(model, attn_implementation="flash_attention_2")
     assert flash([{"input_ids": list(range(5, 19)) + [0, 0], "sequence_lengths": [8, 6]}])["input_ids"].shape == (1, 14)
