@@ -435,7 +435,8 @@ def unpack_outputs(packed, outputs) -> list:
 # ------------------------------------------------------------------------------------------------ the collator
 
 def _is_causal(model) -> bool:
-    """Whether `model` attends causally: a decoder (`config.is_decoder`), a causal LM (its class or a base
+    """Whether `model` attends causally: not if its config sets use_bidirectional_attention (EmbeddingGemma's Gemma 3:
+    a causal mask put it 2.8 off); else a decoder (`config.is_decoder`), a causal LM (its class or a base
     class), any head on a decoder-only architecture (one with a causal LM and no masked LM in `transformers`:
     Llama's or GPT-2's sequence and token classifiers), or a classifier head named `score` (decoders' name for
     it: Mistral 4's, whose causal LM `transformers` lists only as image-text-to-text) unless every attention
@@ -444,6 +445,8 @@ def _is_causal(model) -> bool:
     from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
                                                         MODEL_FOR_MASKED_LM_MAPPING_NAMES)
 
+    if getattr(_text_config(model), "use_bidirectional_attention", False):  # EmbeddingGemma's setting
+        return False
     kind = getattr(model.config, "model_type", None)
     decoder_only = kind in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and kind not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
     names = [c.__name__ for c in type(model).__mro__]
@@ -471,6 +474,7 @@ def _refuse_encoder_decoder(model, what: str) -> None:
 # experts' capacity is shared by a row's tokens, as by a batch's unpacked).
 _MIXES = "it mixes tokens outside attention, so one document of a pack reads the next"
 _MASK_2D = "its attention takes a 2D padding mask only, not the 4D mask that keeps a pack's documents apart"
+_POSITIONS = "it numbers positions from the start of the row and ignores position_ids"
 UNPACKABLE_MODEL_TYPES = {
     "fnet": _MIXES + " (Fourier transforms)",
     "convbert": _MIXES + " (convolutions)",
@@ -480,7 +484,10 @@ UNPACKABLE_MODEL_TYPES = {
     "layoutlm": "it reads the 4D mask as a 2D one (NaN logits)",
     "markuplm": "it reads the 4D mask as a 2D one",
     "cpmant": "it makes its own attention mask from the input ids and ignores the one given (logits 25 off)",
-    "trocr": "it numbers positions from the start of the row and ignores position_ids (logits 0.27 off)",
+    **dict.fromkeys(("trocr", "bart", "bigbird_pegasus", "blenderbot", "blenderbot-small", "marian", "mbart", "mvp",
+                     "pegasus", "plbart", "musicgen_decoder", "musicgen_melody_decoder"), _POSITIONS),
+    "blt": "it groups bytes into patches outside attention (the second document 5.0 off under sdpa)",
+    "reformer": _MASK_2D,
     "rwkv": "it is recurrent: its state runs from one document of a pack into the next",
     "xlstm": "it is recurrent: its state runs from one document of a pack into the next",
     **dict.fromkeys(("bloom", "canine", "deberta", "deberta-v2", "esm", "flaubert", "funnel", "longformer", "longt5",
@@ -510,6 +517,18 @@ def _refuse_unpackable(model, what: str) -> None:
             f"its layer types {', '.join(layers)} carry a state from one document of a pack into the next"
         raise ValueError(f"{what} cannot keep packed documents apart in {type(model).__name__} (model type {kind}): "
                          f"{why}; train it unpacked")
+
+
+def _refuse_half_bidirectional(model, what: str) -> None:
+    """Gemma 1-2 with use_bidirectional_attention: transformers turns off only their attention modules' is_causal
+    and still builds a causal mask, so unpacked they attend both ways under sdpa (no mask) and causally under eager
+    (8e-3 to 9e-2 apart, float64): no one mask packs both. Refused; Gemma 3 applies the setting in its mask too
+    and packs exactly, both ways."""
+    if model is not None and getattr(_text_config(model), "use_bidirectional_attention", False) \
+            and getattr(_text_config(model), "model_type", None) in ("gemma", "gemma2"):
+        raise ValueError(f"{what}: {type(model).__name__} sets use_bidirectional_attention, which transformers "
+                         "applies to Gemma 1-2 under sdpa but not eager, so the model unpacked has no one mask to "
+                         "pack with: use Gemma 3 (EmbeddingGemma's base), or train it unpacked")
 
 
 def _refuse_bidirectional_causal_lm(model, what: str) -> None:
@@ -544,6 +563,7 @@ def _layer_limits(model, causal: bool) -> tuple[tuple | None, dict, bool]:
     - whether the model takes a mask per layer type (a dict, as its forward accepts: `attention_mask, dict)`).
     """
     import inspect
+    import sys
 
     from transformers import masking_utils
 
@@ -554,7 +574,10 @@ def _layer_limits(model, causal: bool) -> tuple[tuple | None, dict, bool]:
     window = getattr(text, "sliding_window", None)
     if window and getattr(text, "use_sliding_window", True) is not False and (kinds is None
                                                                               or "sliding_attention" in kinds):
-        overlay = masking_utils.sliding_window_overlay if causal else masking_utils.sliding_window_bidirectional_overlay
+        overlay = masking_utils.sliding_window_overlay
+        if not causal:  # both ways: |q - k| <= window (the privacy filter's), or the model's own (Gemma 3's is <)
+            overlay = getattr(sys.modules[type(model).__module__], "_bidirectional_window_overlay",
+                              masking_utils.sliding_window_bidirectional_overlay)
         limits["sliding_attention" if kinds else None] = (int(window), overlay(int(window)))
     chunk = getattr(text, "attention_chunk_size", None)
     if chunk and kinds and "chunked_attention" in kinds:
@@ -608,8 +631,9 @@ class PackedDataCollator:
         first), its sliding windows or chunks (applied in the mask: one per layer type where the model takes a dict
         of them) and RoBERTa's (or MPNet's) position offset; or give them. An encoder-decoder
         with a decoder in its base, a model whose documents a pack cannot keep apart (it mixes tokens outside
-        attention, or its attention takes no 4D mask: UNPACKABLE_MODEL_TYPES), and an encoder family's causal LM
-        without config.is_decoder (transformers runs it bidirectionally) are refused.
+        attention, its attention takes no 4D mask or it ignores position_ids: UNPACKABLE_MODEL_TYPES), an encoder
+        family's causal LM without config.is_decoder (transformers runs it bidirectionally) and Gemma 1-2 with
+        use_bidirectional_attention (both ways under sdpa, causal under eager) are refused.
     attn_implementation: "eager", "sdpa" -> a 4D mask (batch, 1, S, S) that is block-diagonal (and causal
         inside each document for causal LMs; windowed or chunked as the layers are; a dict of them by layer type
         where the model takes one): additive float (0 / dtype min) for eager, boolean (True = attend)
@@ -633,6 +657,7 @@ class PackedDataCollator:
         _refuse_encoder_decoder(model, "PackedDataCollator")
         _refuse_unpackable(model, "PackedDataCollator")
         _refuse_bidirectional_causal_lm(model, "PackedDataCollator")
+        _refuse_half_bidirectional(model, "PackedDataCollator")
         if attn_implementation is None:
             attn_implementation = getattr(model.config, "_attn_implementation", None) or "eager"
         if not (attn_implementation in MASK_IMPLEMENTATIONS or attn_implementation == OWN_MODELS
@@ -800,6 +825,7 @@ def _classifier_class():
             super().__init__()
             _refuse_encoder_decoder(model, "packed_sequence_classifier")
             _refuse_unpackable(model, "packed_sequence_classifier")
+            _refuse_half_bidirectional(model, "packed_sequence_classifier")
             config = model.config
             if config.num_labels < 2 or config.problem_type not in (None, "single_label_classification"):
                 raise ValueError(f"packed_sequence_classifier does single-label classification (num_labels >= 2); "

@@ -928,11 +928,12 @@ def _packed_and_alone(model, collator, documents=([5, 6, 7, 8], [9, 10, 11])):
     return (packed[:cut], packed[cut:cut + len(documents[1])]), alone
 
 
-@pytest.mark.parametrize("kind", ["bloom", "openai-gpt", "xlnet", "longformer", "cpmant", "trocr"])
+@pytest.mark.parametrize("kind", ["bloom", "openai-gpt", "xlnet", "longformer", "cpmant", "trocr", "bart"])
 def test_a_model_that_takes_no_4d_mask_or_no_positions_is_refused(kind):
     """BLOOM (ALiBi made from a 2D mask), OpenAI GPT, XLNet and Longformer failed with a traceback deep in
     transformers on the collator's 4D mask; CPM-Ant ignored it (it makes its own mask from the input ids: logits
-    25 off the documents alone, float64) and TrOCR the position_ids (it counts from the row's start: 0.27 off).
+    25 off the documents alone, float64) and TrOCR and the BART family's causal LMs the position_ids (they count
+    from the row's start: 0.27, 0.34 off).
     The collator now refuses them in one line naming why."""
     T = transformers
     torch.manual_seed(0)
@@ -948,6 +949,9 @@ def test_a_model_that_takes_no_4d_mask_or_no_positions_is_refused(kind):
                                                              prompt_length=4)),
         "trocr": lambda: T.TrOCRForCausalLM(T.TrOCRConfig(vocab_size=64, d_model=32, decoder_layers=2,
                                                           decoder_attention_heads=4, decoder_ffn_dim=64)),
+        "bart": lambda: T.BartForCausalLM(T.BartConfig(vocab_size=64, d_model=32, decoder_layers=2, encoder_layers=2,
+                                                       decoder_attention_heads=4, encoder_attention_heads=4,
+                                                       decoder_ffn_dim=64, encoder_ffn_dim=64)),
     }[kind]()
     model.config._attn_implementation = "eager"
     model = model.eval().double()
@@ -1060,6 +1064,38 @@ def test_documents_longer_than_a_window_or_a_chunk_pack_exactly_under_a_mask(kin
     collator.limits, collator.layer_types = {}, None
     plain, _ = _packed_and_alone(model, collator, documents)
     assert max((p - a).abs().max().item() for p, a in zip(plain, alone)) > 1e-2
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+def test_a_gemma_3_with_bidirectional_attention_packs_exactly_and_a_gemma_1_is_refused(implementation):
+    """use_bidirectional_attention (EmbeddingGemma's Gemma 3) makes a decoder-only architecture attend both ways:
+    the collator gave it a causal mask (2.8 off in hidden states). Now bidirectional, with Gemma 3's own window
+    both ways (|q - k| < window, where transformers' generic overlay has <=): documents of 8 and 6 tokens under a
+    window of 3 pack exactly (float64; eager's softmax runs in float32). Gemma 1 applies the setting under sdpa
+    only, so it has no one mask to pack with: refused."""
+    T = transformers
+    layers = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=8, use_bidirectional_attention=True)
+    torch.manual_seed(0)
+    model = T.Gemma3ForCausalLM(T.Gemma3TextConfig(sliding_window=3, layer_types=["sliding_attention",
+                                                                                 "full_attention"], **layers))
+    model.config._attn_implementation = implementation
+    model = model.eval().double()
+    collator = hf.PackedDataCollator(model)
+    assert not collator.causal
+    documents = (list(range(5, 13)), list(range(13, 19)))
+    packed, alone = _packed_and_alone(model, collator, documents)
+    for p, a in zip(packed, alone):
+        torch.testing.assert_close(p, a, rtol=0, atol=1e-6)
+    # transformers' generic bidirectional window (<=) is one token wider than Gemma 3's
+    from transformers import masking_utils
+    collator.limits["sliding_attention"] = (3, masking_utils.sliding_window_bidirectional_overlay(3))
+    wider, _ = _packed_and_alone(model, collator, documents)
+    assert max((p - a).abs().max().item() for p, a in zip(wider, alone)) > 1e-3
+    gemma = T.GemmaForTokenClassification(T.GemmaConfig(num_labels=3, **layers))
+    with pytest.raises(ValueError, match="sets use_bidirectional_attention, which transformers applies to Gemma 1-2 "
+                                         "under sdpa but not eager"):
+        hf.PackedDataCollator(gemma)
 
 
 def test_a_document_longer_than_a_window_is_refused_where_the_model_takes_one_mask_for_all_layer_types():
