@@ -445,7 +445,7 @@ def _is_causal(model) -> bool:
     from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
                                                         MODEL_FOR_MASKED_LM_MAPPING_NAMES)
 
-    if getattr(_text_config(model), "use_bidirectional_attention", False):  # EmbeddingGemma's setting
+    if _bidirectional_setting(model):  # EmbeddingGemma's
         return False
     kind = getattr(model.config, "model_type", None)
     decoder_only = kind in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and kind not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
@@ -454,7 +454,15 @@ def _is_causal(model) -> bool:
     flags = {m.is_causal for m in model.modules() if isinstance(getattr(m, "is_causal", None), bool)}
     scored = hasattr(model, "score") and names[0].endswith(("ForSequenceClassification", "ForTokenClassification")) \
         and flags != {False}
-    return bool(getattr(model.config, "is_decoder", False)) or causal_lm or decoder_only or scored
+    return bool(getattr(model.config, "is_decoder", False)) or causal_lm or decoder_only or scored \
+        or flags == {True}
+
+
+def _bidirectional_setting(model) -> bool:
+    """Whether config.use_bidirectional_attention makes the text attend both ways: True (Gemma 1-3) or "all"
+    (Gemma 4; its "vision", the default of Gemma 4 Unified, keeps text causal: a both-ways mask was 0.42 off)."""
+    setting = getattr(_text_config(model), "use_bidirectional_attention", None)
+    return setting is True or setting == "all"
 
 
 def _refuse_encoder_decoder(model, what: str) -> None:
@@ -488,6 +496,7 @@ UNPACKABLE_MODEL_TYPES = {
                      "pegasus", "plbart", "musicgen_decoder", "musicgen_melody_decoder"), _POSITIONS),
     "blt": "it groups bytes into patches outside attention (the second document 5.0 off under sdpa)",
     "reformer": _MASK_2D,
+    "neomme": "its windows are set per layer and its forward takes masks by layer index, not by layer type",
     "rwkv": "it is recurrent: its state runs from one document of a pack into the next",
     "xlstm": "it is recurrent: its state runs from one document of a pack into the next",
     **dict.fromkeys(("bloom", "canine", "deberta", "deberta-v2", "esm", "flaubert", "funnel", "longformer", "longt5",
@@ -522,13 +531,16 @@ def _refuse_unpackable(model, what: str) -> None:
 def _refuse_half_bidirectional(model, what: str) -> None:
     """Gemma 1-2 with use_bidirectional_attention: transformers turns off only their attention modules' is_causal
     and still builds a causal mask, so unpacked they attend both ways under sdpa (no mask) and causally under eager
-    (8e-3 to 9e-2 apart, float64): no one mask packs both. Refused; Gemma 3 applies the setting in its mask too
-    and packs exactly, both ways."""
-    if model is not None and getattr(_text_config(model), "use_bidirectional_attention", False) \
-            and getattr(_text_config(model), "model_type", None) in ("gemma", "gemma2"):
+    (8e-3 to 9e-2 apart, float64): no one mask packs both. So does Gemma 3's multimodal wrapper
+    (Gemma3ForConditionalGeneration: its masks ignore the setting, eager and sdpa 0.125 apart). Refused; Gemma 3's
+    text models apply the setting in their masks and pack exactly, both ways."""
+    if model is not None and _bidirectional_setting(model) and (
+            getattr(_text_config(model), "model_type", None) in ("gemma", "gemma2")
+            or getattr(model.config, "model_type", None) == "gemma3"):
         raise ValueError(f"{what}: {type(model).__name__} sets use_bidirectional_attention, which transformers "
-                         "applies to Gemma 1-2 under sdpa but not eager, so the model unpacked has no one mask to "
-                         "pack with: use Gemma 3 (EmbeddingGemma's base), or train it unpacked")
+                         "applies to Gemma 1-2 (and Gemma 3's multimodal wrapper) under sdpa but not eager, so the "
+                         "model unpacked has no one mask to pack with: use Gemma 3's text model (EmbeddingGemma's "
+                         "base), or train it unpacked")
 
 
 def _refuse_bidirectional_causal_lm(model, what: str) -> None:
@@ -570,8 +582,16 @@ def _layer_limits(model, causal: bool) -> tuple[tuple | None, dict, bool]:
     text = _text_config(model)
     kinds = getattr(text, "layer_types", None)
     kinds = tuple(dict.fromkeys(kinds)) if kinds else None
+    sources = []   # the forwards of the model's modules: which masks they build, whether they take a dict
+    for cls in {type(m) for m in model.modules()}:
+        try:
+            sources.append(inspect.getsource(cls.__dict__["forward"]) if "forward" in cls.__dict__ else "")
+        except (OSError, TypeError):
+            continue
+    code = "\n".join(sources)
     limits = {}
-    window = getattr(text, "sliding_window", None)
+    # a window only where the model's own masks apply one (Moshi's config has a window its mask never uses)
+    window = getattr(text, "sliding_window", None) if any(name in code for name in WINDOW_MASKS) else None
     if window and getattr(text, "use_sliding_window", True) is not False and (kinds is None
                                                                               or "sliding_attention" in kinds):
         overlay = masking_utils.sliding_window_overlay
@@ -580,18 +600,15 @@ def _layer_limits(model, causal: bool) -> tuple[tuple | None, dict, bool]:
                               masking_utils.sliding_window_bidirectional_overlay)
         limits["sliding_attention" if kinds else None] = (int(window), overlay(int(window)))
     chunk = getattr(text, "attention_chunk_size", None)
-    if chunk and kinds and "chunked_attention" in kinds:
+    if chunk and kinds and "chunked_attention" in kinds and "create_chunked_causal_mask" in code:
         # (masking_utils.chunked_overlay with no left padding: chunks count from each document's start)
         limits["chunked_attention"] = (int(chunk), lambda b, h, q, k: q // int(chunk) == k // int(chunk))
-    by_type = False
-    if kinds and limits:
-        for cls in {type(m) for m in model.modules()}:
-            forward = cls.__dict__.get("forward")
-            try:
-                by_type = by_type or (forward is not None and "attention_mask, dict)" in inspect.getsource(forward))
-            except (OSError, TypeError):
-                continue
-    return kinds, limits, by_type
+    return kinds, limits, bool(kinds and limits) and "attention_mask, dict)" in code
+
+
+# the masking_utils functions (or Gemma 3's own overlay) by which a model's forward applies a sliding window
+WINDOW_MASKS = ("create_sliding_window_causal_mask", "create_bidirectional_sliding_window_mask",
+                "sliding_window_overlay", "sliding_window_bidirectional", "_bidirectional_window_overlay")
 
 
 def _token_classifier(model) -> bool:

@@ -1093,9 +1093,63 @@ def test_a_gemma_3_with_bidirectional_attention_packs_exactly_and_a_gemma_1_is_r
     wider, _ = _packed_and_alone(model, collator, documents)
     assert max((p - a).abs().max().item() for p, a in zip(wider, alone)) > 1e-3
     gemma = T.GemmaForTokenClassification(T.GemmaConfig(num_labels=3, **layers))
-    with pytest.raises(ValueError, match="sets use_bidirectional_attention, which transformers applies to Gemma 1-2 "
+    with pytest.raises(ValueError, match="sets use_bidirectional_attention, which transformers applies to Gemma 1-2.* "
                                          "under sdpa but not eager"):
         hf.PackedDataCollator(gemma)
+
+
+def test_what_the_model_says_decides_the_mask():
+    """From a review of every model type with a window or a chunk (float64, documents of 8 and 6 tokens):
+    - Moshi's config has a window its mask never uses: the collator applied it (0.11 off); now a window only
+      where the model's own masks apply one;
+    - a base text model of a multimodal stack (Qwen3-VL's) is causal, which only its attention modules say
+      (is_causal True): it got a both-ways mask (2.4 off for Qwen3-VL-MoE's); now causal;
+    - Gemma 4's use_bidirectional_attention="vision" (Gemma 4 Unified's default) keeps text causal: it got a
+      both-ways mask (0.42 off); "all" is both ways;
+    - NeoMME sets windows per layer (its config's sliding_window raises) and takes masks by layer index: a
+      traceback, now refused in one line; Gemma 3's multimodal wrapper with use_bidirectional_attention builds
+      masks that ignore it (eager and sdpa 0.125 apart unpacked): refused."""
+    T = transformers
+    layers = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=8)
+    documents = (list(range(5, 13)), list(range(13, 19)))
+
+    def exact(model):
+        model.config._attn_implementation = "sdpa"
+        model = model.eval().double()
+        collator = hf.PackedDataCollator(model)
+        packed, alone = _packed_and_alone(model, collator, documents)
+        for p, a in zip(packed, alone):
+            torch.testing.assert_close(p, a, rtol=0, atol=1e-12)
+        return collator
+
+    torch.manual_seed(0)
+    assert exact(T.MoshiForCausalLM(T.MoshiConfig(sliding_window=3, **layers))).limits == {}
+    torch.manual_seed(0)
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [1, 1, 2]}
+    text = T.Qwen3VLTextModel(T.Qwen3VLTextConfig(rope_parameters=rope, **layers))
+    text.config._attn_implementation = "sdpa"
+    collator = hf.PackedDataCollator(text)
+    assert collator.causal
+    batch = collator([{"input_ids": documents[0] + documents[1] + [0, 0], "sequence_lengths": [8, 6]}])
+    assert not batch["attention_mask"][0, 0, 0, 1]   # the first token does not see the second
+    for setting, causal in (("vision", True), ("all", False)):
+        torch.manual_seed(0)
+        gemma4 = T.Gemma4UnifiedForCausalLM(T.Gemma4UnifiedTextConfig(
+            sliding_window=3, layer_types=["sliding_attention", "full_attention"], global_head_dim=8,
+            use_bidirectional_attention=setting, **layers))
+        assert exact(gemma4).causal == causal
+    neomme = T.NeoMMEForMaskedLM(T.NeoMMEConfig(**dict(layers, hidden_size=64, head_dim=16), sliding_window=3,
+                                                layer_types=["sliding_attention", "full_attention"]))
+    with pytest.raises(ValueError, match=r"\(model type neomme\): its windows are set per layer"):
+        hf.PackedDataCollator(neomme)
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4, image_size=28,
+                  patch_size=14)
+    wrapper = T.Gemma3ForConditionalGeneration(T.Gemma3Config(
+        text_config=dict(layers, vocab_size=300, use_bidirectional_attention=True), vision_config=vision,
+        mm_tokens_per_image=4, image_token_index=299, boi_token_index=297, eoi_token_index=298))
+    with pytest.raises(ValueError, match="Gemma3ForConditionalGeneration sets use_bidirectional_attention"):
+        hf.PackedDataCollator(wrapper)
 
 
 def test_a_document_longer_than_a_window_is_refused_where_the_model_takes_one_mask_for_all_layer_types():
