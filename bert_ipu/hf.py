@@ -629,6 +629,16 @@ def _position_offset(model) -> int:
     return 0
 
 
+class LayerMasks(dict):
+    """The collator's masks by layer type, as transformers takes `attention_mask` where layers differ (Gemma 2-3's
+    sliding and full layers): a dict (what transformers checks for) that also answers `sum()` as a 4D mask does.
+    TRL's SFTTrainer logs `attention_mask.sum()` as its token count (under any 4D mask a count of mask entries,
+    not of tokens); a plain dict made it fail with an AttributeError."""
+
+    def sum(self, *args, **kwargs):
+        return next(iter(self.values())).sum(*args, **kwargs)
+
+
 class PackedDataCollator:
     """A `data_collator` for `transformers.Trainer` (and TRL's SFTTrainer) taking packed rows (`pack_dataset`:
     input_ids, sequence_lengths, labels if any) to inputs on which the model attends within documents only.
@@ -746,7 +756,7 @@ class PackedDataCollator:
         if self.layer_types and self.masks_by_type:  # one mask per layer type, as the model's forward takes them
             masks = {key: self._mask(sequence_ids, positions, limit) for key, limit in self.limits.items()}
             full = self._mask(sequence_ids, positions)
-            stack["attention_mask"] = {kind: masks.get(kind, full) for kind in self.layer_types}
+            stack["attention_mask"] = LayerMasks({kind: masks.get(kind, full) for kind in self.layer_types})
         else:
             stack["attention_mask"] = self._mask(sequence_ids, positions, self.limits.get(None))
         return stack

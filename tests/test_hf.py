@@ -183,6 +183,16 @@ def llama(impl="sdpa"):
     return transformers.LlamaForCausalLM(config)
 
 
+def gemma3(impl="sdpa"):
+    """A causal LM with sliding layers (window 3) beside full ones: the collator gives it a mask per layer type."""
+    torch.manual_seed(0)
+    config = transformers.Gemma3TextConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                           num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=3,
+                                           layer_types=["sliding_attention", "full_attention"],
+                                           attn_implementation=impl)
+    return transformers.Gemma3ForCausalLM(config)
+
+
 def bert(impl="sdpa"):
     torch.manual_seed(0)
     config = transformers.BertConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -358,10 +368,13 @@ def test_packed_trainer_run_equals_the_unpacked_run(tmp_path, make):
     assert moved > 10  # the updates changed the weights: equal weights are not two untouched models
 
 
-def test_trl_sft_trainer_packed_equals_unpacked(tmp_path):
+@pytest.mark.parametrize("make", [llama, gemma3], ids=["llama", "gemma3"])
+def test_trl_sft_trainer_packed_equals_unpacked(tmp_path, make):
     """TRL's SFTTrainer with PackedDataCollator on packs (its own preparation skipped) ends, after 2 SGD updates
     of gradient accumulation 2, with the weights and losses of SFTTrainer on the same sequences padded (the
     unpacked run's micro-batches cut differently, as in the Trainer test above): 1e-5 relative / 2e-6 absolute.
+    Gemma 3 (window 3, documents up to 24 tokens) takes a mask per layer type, a `LayerMasks` dict: a plain dict
+    made SFTTrainer fail (it logs attention_mask.sum() as its token count).
     SFTConfig turns bf16 autocast on by default (on the CPU too, with use_cpu): bf16=False here, float32 being
     what an equivalence can be checked in; with bf16 the two runs differ by about 1e-3, as any two bf16 runs of
     differently cut micro-batches do."""
@@ -392,14 +405,14 @@ def test_trl_sft_trainer_packed_equals_unpacked(tmp_path):
 
     src = source(80, high=24, seed=1)
     packed = hf.pack_dataset(src, 48, causal=True, cache_dir=tmp_path / "packs", verbose=False)
-    model = llama()
+    model = make()
     packed_loss, packed_weights = sft(model, packed, hf.PackedDataCollator(model), tmp_path / "a")
     updates = [[r for p in range(4 * u, 4 * u + 4) for r in packed[p]["source_rows"]] for u in range(2)]
     batches = [b for rows in updates for b in (rows[:2], rows[2:])]
-    plain_loss, plain_weights = sft(llama(), src, pad_collator(True), tmp_path / "b", batches=batches)
+    plain_loss, plain_weights = sft(make(), src, pad_collator(True), tmp_path / "b", batches=batches)
     assert len(packed_loss) == len(plain_loss) == 2
     np.testing.assert_allclose(packed_loss, plain_loss, rtol=1e-5)
-    start = llama().state_dict()
+    start = make().state_dict()
     assert sum(not torch.equal(w, start[name]) for name, w in packed_weights.items()) > 10  # the weights moved
     for name, weight in packed_weights.items():
         torch.testing.assert_close(weight, plain_weights[name], rtol=1e-5, atol=2e-6, msg=name)
