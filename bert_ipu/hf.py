@@ -543,6 +543,17 @@ def _refuse_half_bidirectional(model, what: str) -> None:
                          "base), or train it unpacked")
 
 
+def _refuse_router_logits(model, what: str) -> None:
+    """A mixture of experts asked for its router logits (config.output_router_logits: the load-balancing loss)
+    reads attention_mask as a 2D padding mask (`load_balancing_loss_func`): on packed masks it failed with a
+    traceback (Mixtral, GPT-OSS). Refused under eager and sdpa, naming the setting; a flash kernel's flattened rows
+    carry no mask (the loss then balances over the micro-batch's tokens, as over an unpacked batch's)."""
+    if model is not None and getattr(_text_config(model), "output_router_logits", False):
+        raise ValueError(f"{what}: {type(model).__name__} has output_router_logits=True, whose load-balancing loss "
+                         "reads attention_mask as a 2D padding mask, not a packed one: set "
+                         "config.output_router_logits=False (no auxiliary loss), or train it unpacked")
+
+
 def _refuse_bidirectional_causal_lm(model, what: str) -> None:
     """A causal LM class of an encoder family (BertLMHeadModel, RobertaForCausalLM, BertGenerationDecoder) attends
     causally only when config.is_decoder is set; without it transformers runs it both ways (and warns), while its
@@ -631,12 +642,12 @@ def _position_offset(model) -> int:
 
 class LayerMasks(dict):
     """The collator's masks by layer type, as transformers takes `attention_mask` where layers differ (Gemma 2-3's
-    sliding and full layers): a dict (what transformers checks for) that also answers `sum()` as a 4D mask does.
-    TRL's SFTTrainer logs `attention_mask.sum()` as its token count (under any 4D mask a count of mask entries,
-    not of tokens); a plain dict made it fail with an AttributeError."""
+    sliding and full layers): a dict (what transformers checks for) that also answers `sum()` as the full layers'
+    4D mask does. TRL's SFTTrainer logs `attention_mask.sum()` as its token count (under any 4D mask a count of mask
+    entries, not of tokens: docs/hf.md); a plain dict made it fail with an AttributeError."""
 
     def sum(self, *args, **kwargs):
-        return next(iter(self.values())).sum(*args, **kwargs)
+        return self.get("full_attention", next(iter(self.values()))).sum(*args, **kwargs)
 
 
 class PackedDataCollator:
@@ -693,6 +704,8 @@ class PackedDataCollator:
                              "apart: load the model with attn_implementation= one of "
                              f"{', '.join(MASK_IMPLEMENTATIONS)} or a {FLASH_PREFIX}* kernel, or train it unpacked")
         self.attn_implementation = attn_implementation
+        if attn_implementation in MASK_IMPLEMENTATIONS:  # (flattened rows have no mask to misread)
+            _refuse_router_logits(model, "PackedDataCollator")
         self.causal = _is_causal(model) if causal is None else bool(causal)
         # a document's pooled token for packed_sequence_classifier: the last for a causal model or under a `score`
         # head (where their own forward pools, T5Gemma's bidirectional encoder-only classifier's too), else the
@@ -853,6 +866,7 @@ def _classifier_class():
             _refuse_encoder_decoder(model, "packed_sequence_classifier")
             _refuse_unpackable(model, "packed_sequence_classifier")
             _refuse_half_bidirectional(model, "packed_sequence_classifier")
+            _refuse_router_logits(model, "packed_sequence_classifier")
             config = model.config
             if config.num_labels < 2 or config.problem_type not in (None, "single_label_classification"):
                 raise ValueError(f"packed_sequence_classifier does single-label classification (num_labels >= 2); "

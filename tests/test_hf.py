@@ -1165,6 +1165,37 @@ def test_what_the_model_says_decides_the_mask():
         hf.PackedDataCollator(wrapper)
 
 
+def test_a_mixture_of_experts_asked_for_its_router_logits_is_refused_under_a_mask():
+    """output_router_logits=True adds the load-balancing loss, which reads attention_mask as a 2D padding mask:
+    on the collator's 4D mask Mixtral failed with a traceback (a helper's review; GPT-OSS too, on LayerMasks).
+    Refused in one line under eager and sdpa, naming the setting; without it the model is taken."""
+    T = transformers
+    layers = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=8, num_local_experts=4, num_experts_per_tok=2)
+    torch.manual_seed(0)
+    model = T.MixtralForCausalLM(T.MixtralConfig(output_router_logits=True, **layers))
+    unchecked = hf.PackedDataCollator(attn_implementation="sdpa", causal=True)
+    with pytest.raises(RuntimeError):
+        model(**unchecked([{"input_ids": list(range(5, 19)) + [0, 0], "sequence_lengths": [8, 6]}]))
+    with pytest.raises(ValueError, match="has output_router_logits=True, whose load-balancing loss reads "
+                                         "attention_mask as a 2D padding mask.*output_router_logits=False"):
+        hf.PackedDataCollator(model)
+    model.config.output_router_logits = False
+    assert hf.PackedDataCollator(model).causal
+
+
+def test_layer_masks_answer_sum_as_the_full_layers_mask():
+    """LayerMasks.sum() (what TRL logs as a token count) is the full layers' mask's, whatever the order of the
+    layer types (it was the first's: 261 or 663 for one batch by that order alone)."""
+    for kinds in (["sliding_attention", "full_attention"], ["full_attention", "sliding_attention"]):
+        model = _windowed("gemma3")
+        model.config.layer_types = kinds
+        batch = hf.PackedDataCollator(model)([{"input_ids": list(range(5, 19)) + [0, 0], "sequence_lengths": [8, 6]}])
+        masks = batch["attention_mask"]
+        assert isinstance(masks, dict) and list(masks) == kinds
+        assert masks.sum() == masks["full_attention"].sum() == 8 * 9 // 2 + 6 * 7 // 2 + 2
+
+
 def test_a_document_longer_than_a_window_is_refused_where_the_model_takes_one_mask_for_all_layer_types():
     """A model with sliding and full layers whose forward takes no mask per layer type cannot be given both: a
     batch with a document longer than the window is a ValueError naming it (as every such batch was before); a
