@@ -470,8 +470,7 @@ def _refuse_encoder_decoder(model, what: str) -> None:
     runs its decoder on the packed rows too, where it reads across the documents of a pack (a BART classifier ran
     on them without an error): refused. An encoder alone (T5EncoderModel, UMT5's token classifier, whose configs
     may still say is_encoder_decoder) is not."""
-    if model is not None and getattr(model.config, "is_encoder_decoder", False) \
-            and hasattr(getattr(model, "base_model", model), "decoder"):
+    if getattr(model.config, "is_encoder_decoder", False) and hasattr(getattr(model, "base_model", model), "decoder"):
         raise ValueError(f"{what} packs encoder-only and decoder-only models; {type(model).__name__} is an "
                          "encoder-decoder (config.is_encoder_decoder), whose decoder would read across the "
                          "documents of a pack: train it unpacked")
@@ -517,8 +516,6 @@ def _refuse_unpackable(model, what: str) -> None:
     """A model whose documents a packed row cannot keep apart, whatever the collator's mask: refused by model type
     (UNPACKABLE_MODEL_TYPES: it mixes tokens outside attention, or its attention takes no 4D mask) or by its layer
     types (linear attention, Mamba: a state carried from one document into the next)."""
-    if model is None:
-        return
     kind = getattr(model.config, "model_type", None)
     layers = sorted(set(getattr(_text_config(model), "layer_types", None) or ()) - set(MASKED_LAYER_TYPES))
     if kind in UNPACKABLE_MODEL_TYPES or layers:
@@ -534,7 +531,7 @@ def _refuse_half_bidirectional(model, what: str) -> None:
     (8e-3 to 9e-2 apart, float64): no one mask packs both. So does Gemma 3's multimodal wrapper
     (Gemma3ForConditionalGeneration: its masks ignore the setting, eager and sdpa 0.125 apart). Refused; Gemma 3's
     text models apply the setting in their masks and pack exactly, both ways."""
-    if model is not None and _bidirectional_setting(model) and (
+    if _bidirectional_setting(model) and (
             getattr(_text_config(model), "model_type", None) in ("gemma", "gemma2")
             or getattr(model.config, "model_type", None) == "gemma3"):
         raise ValueError(f"{what}: {type(model).__name__} sets use_bidirectional_attention, which transformers "
@@ -548,7 +545,7 @@ def _refuse_router_logits(model, what: str) -> None:
     reads attention_mask as a 2D padding mask (`load_balancing_loss_func`): on packed masks it failed with a
     traceback (Mixtral, GPT-OSS). Refused under eager and sdpa, naming the setting; a flash kernel's flattened rows
     carry no mask (the loss then balances over the micro-batch's tokens, as over an unpacked batch's)."""
-    if model is not None and getattr(_text_config(model), "output_router_logits", False):
+    if getattr(_text_config(model), "output_router_logits", False):
         raise ValueError(f"{what}: {type(model).__name__} has output_router_logits=True, whose load-balancing loss "
                          "reads attention_mask as a 2D padding mask, not a packed one: set "
                          "config.output_router_logits=False (no auxiliary loss), or train it unpacked")
@@ -561,7 +558,7 @@ def _refuse_bidirectional_causal_lm(model, what: str) -> None:
     5e-3 off), and a bidirectional one would let a document's first label be read from the one before it: refused."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
-    if model is None or getattr(model.config, "is_decoder", False):
+    if getattr(model.config, "is_decoder", False):
         return
     encoder_family = getattr(model.config, "model_type", None) in MODEL_FOR_MASKED_LM_MAPPING_NAMES \
         or type(getattr(model, "base_model", model)).__name__.endswith("Encoder")
@@ -570,6 +567,24 @@ def _refuse_bidirectional_causal_lm(model, what: str) -> None:
         raise ValueError(f"{what}: {type(model).__name__} is a causal LM of an encoder family whose config has "
                          "is_decoder=False, so transformers runs it bidirectionally: load it with is_decoder=True "
                          "(from_pretrained(..., is_decoder=True))")
+
+
+def _refuse(model, what: str, masked: bool) -> None:
+    """Every refusal of a model the collator (or `packed_sequence_classifier`) cannot pack exactly; `masked`: its
+    batches carry an eager or sdpa mask (not flattened rows)."""
+    if model is None:
+        return
+    _refuse_encoder_decoder(model, what)
+    _refuse_unpackable(model, what)
+    _refuse_bidirectional_causal_lm(model, what)
+    _refuse_half_bidirectional(model, what)
+    if masked:  # (flattened rows have no mask to misread)
+        _refuse_router_logits(model, what)
+
+
+# the masking_utils functions (or Gemma 3's own overlay) by which a model's forward applies a sliding window
+WINDOW_MASKS = ("create_sliding_window_causal_mask", "create_bidirectional_sliding_window_mask",
+                "sliding_window_overlay", "sliding_window_bidirectional", "_bidirectional_window_overlay")
 
 
 def _layer_limits(model, causal: bool) -> tuple[tuple | None, dict, bool]:
@@ -617,11 +632,6 @@ def _layer_limits(model, causal: bool) -> tuple[tuple | None, dict, bool]:
     return kinds, limits, bool(kinds and limits) and "attention_mask, dict)" in code
 
 
-# the masking_utils functions (or Gemma 3's own overlay) by which a model's forward applies a sliding window
-WINDOW_MASKS = ("create_sliding_window_causal_mask", "create_bidirectional_sliding_window_mask",
-                "sliding_window_overlay", "sliding_window_bidirectional", "_bidirectional_window_overlay")
-
-
 def _token_classifier(model) -> bool:
     """Whether `model` (or a base class) is a *ForTokenClassification: its labels are per position, not
     shifted as a causal LM's are."""
@@ -663,8 +673,7 @@ class PackedDataCollator:
     model: read for the attention implementation (`model.config._attn_implementation`), whether it is causal
         (a decoder, a causal LM or a subclass of one, a head on a decoder-only architecture such as
         LlamaForTokenClassification, or a classifier whose head is `score` unless no attention module is causal),
-        whether
-        it shifts labels (a causal model that is no token classifier), which token of a document
+        whether it shifts labels (a causal model that is no token classifier), which token of a document
         `packed_sequence_classifier` pools (the last for a causal model or under a `score` head, else the
         first), its sliding windows or chunks (applied in the mask: one per layer type where the model takes a dict
         of them) and RoBERTa's (or MPNet's) position offset; or give them. An encoder-decoder
@@ -692,10 +701,6 @@ class PackedDataCollator:
 
         if model is None and (attn_implementation is None or causal is None):
             raise ValueError("PackedDataCollator needs the model, or both attn_implementation and causal")
-        _refuse_encoder_decoder(model, "PackedDataCollator")
-        _refuse_unpackable(model, "PackedDataCollator")
-        _refuse_bidirectional_causal_lm(model, "PackedDataCollator")
-        _refuse_half_bidirectional(model, "PackedDataCollator")
         if attn_implementation is None:
             attn_implementation = getattr(model.config, "_attn_implementation", None) or "eager"
         if not (attn_implementation in MASK_IMPLEMENTATIONS or attn_implementation == OWN_MODELS
@@ -703,9 +708,8 @@ class PackedDataCollator:
             raise ValueError(f"attn_implementation {attn_implementation!r} is not known to keep packed documents "
                              "apart: load the model with attn_implementation= one of "
                              f"{', '.join(MASK_IMPLEMENTATIONS)} or a {FLASH_PREFIX}* kernel, or train it unpacked")
+        _refuse(model, "PackedDataCollator", masked=attn_implementation in MASK_IMPLEMENTATIONS)
         self.attn_implementation = attn_implementation
-        if attn_implementation in MASK_IMPLEMENTATIONS:  # (flattened rows have no mask to misread)
-            _refuse_router_logits(model, "PackedDataCollator")
         self.causal = _is_causal(model) if causal is None else bool(causal)
         # a document's pooled token for packed_sequence_classifier: the last for a causal model or under a `score`
         # head (where their own forward pools, T5Gemma's bidirectional encoder-only classifier's too), else the
@@ -863,10 +867,7 @@ def _classifier_class():
     class _Classifier(torch.nn.Module):
         def __init__(self, model):
             super().__init__()
-            _refuse_encoder_decoder(model, "packed_sequence_classifier")
-            _refuse_unpackable(model, "packed_sequence_classifier")
-            _refuse_half_bidirectional(model, "packed_sequence_classifier")
-            _refuse_router_logits(model, "packed_sequence_classifier")
+            _refuse(model, "packed_sequence_classifier", masked=True)
             config = model.config
             if config.num_labels < 2 or config.problem_type not in (None, "single_label_classification"):
                 raise ValueError(f"packed_sequence_classifier does single-label classification (num_labels >= 2); "

@@ -675,6 +675,23 @@ def test_a_causal_lm_is_known_by_its_base_class_and_a_decoders_classifier_by_its
     torch.testing.assert_close(packed, alone, rtol=0, atol=1e-5)
 
 
+def _packed_and_alone(model, collator, documents=([5, 6, 7, 8], [9, 10, 11]), inputs=None):
+    """The outputs (logits, else last hidden states) of `documents` packed in one row by `collator` (then a
+    padding token), and of each one alone; `inputs`: the batch's keys the model takes (default all but labels)."""
+    batch = collator([{"input_ids": documents[0] + documents[1] + [0],
+                       "sequence_lengths": [len(documents[0]), len(documents[1])]}])
+    batch = {k: v for k, v in batch.items() if k != "labels" and (inputs is None or k in inputs)}
+
+    def out(o):
+        return (o.logits if getattr(o, "logits", None) is not None else o.last_hidden_state)[0]
+
+    with torch.no_grad():
+        packed = out(model(**batch))
+        alone = [out(model(input_ids=torch.tensor([d]))) for d in documents]
+    cut = len(documents[0])
+    return (packed[:cut], packed[cut:cut + len(documents[1])]), alone
+
+
 def _two_documents_classified(model, collator=None):
     """packed_sequence_classifier's logits for documents [5, 6, 7, 8] and [9, 10, 11] packed in one row of 8, and
     the model's logits for each alone: ((2, labels), (2, labels))."""
@@ -807,13 +824,10 @@ def test_an_encoder_of_an_encoder_decoder_family_packs_as_its_documents_alone(im
     config = transformers.T5Config(vocab_size=100, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4)
     config._attn_implementation = impl
     model = transformers.T5EncoderModel(config).eval().double()
-    documents = [[5, 6, 7, 2], [8, 9, 2]]
-    batch = hf.PackedDataCollator(model)([{"input_ids": [5, 6, 7, 2, 8, 9, 2, 0], "sequence_lengths": [4, 3]}])
-    with torch.no_grad():
-        packed = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state[0]
-        alone = [model(input_ids=torch.tensor([d])).last_hidden_state[0] for d in documents]
-    torch.testing.assert_close(packed[:4], alone[0], rtol=0, atol=1e-12)
-    torch.testing.assert_close(packed[4:7], alone[1], rtol=0, atol=1e-12)
+    packed, alone = _packed_and_alone(model, hf.PackedDataCollator(model), ([5, 6, 7, 2], [8, 9, 2]),
+                                      inputs=("input_ids", "attention_mask"))
+    for p, a in zip(packed, alone):
+        torch.testing.assert_close(p, a, rtol=0, atol=1e-12)
 
 
 def test_an_encoder_only_classifier_with_a_score_head_attends_both_ways_and_pools_its_last_token():
@@ -889,13 +903,10 @@ def test_an_encoder_alone_whose_config_says_encoder_decoder_is_taken():
     config._attn_implementation = "eager"
     model = transformers.UMT5ForTokenClassification(config).eval().double()
     assert model.config.is_encoder_decoder
-    documents = [[5, 6, 7, 2], [8, 9, 2]]
-    batch = hf.PackedDataCollator(model)([{"input_ids": [5, 6, 7, 2, 8, 9, 2, 0], "sequence_lengths": [4, 3]}])
-    with torch.no_grad():
-        packed = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[0]
-        alone = [model(input_ids=torch.tensor([d])).logits[0] for d in documents]
-    torch.testing.assert_close(packed[:4], alone[0], rtol=0, atol=1e-12)
-    torch.testing.assert_close(packed[4:7], alone[1], rtol=0, atol=1e-12)
+    packed, alone = _packed_and_alone(model, hf.PackedDataCollator(model), ([5, 6, 7, 2], [8, 9, 2]),
+                                      inputs=("input_ids", "attention_mask"))
+    for p, a in zip(packed, alone):
+        torch.testing.assert_close(p, a, rtol=0, atol=1e-12)
     text = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
                 num_key_value_heads=2, head_dim=8, pad_token_id=0)
     audio = dict(d_model=16, encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=32, output_dim=32)
@@ -927,18 +938,6 @@ def test_a_model_that_mixes_tokens_outside_attention_is_refused(kind):
         with pytest.raises(ValueError, match=rf"cannot keep packed documents apart in \w+ \(model type {kind}\).*"
                                              "train it unpacked"):
             make(model)
-
-
-def _packed_and_alone(model, collator, documents=([5, 6, 7, 8], [9, 10, 11])):
-    """The logits of `documents` packed in one row by `collator` (then a padding token), and each one alone."""
-    batch = collator([{"input_ids": documents[0] + documents[1] + [0],
-                       "sequence_lengths": [len(documents[0]), len(documents[1])]}])
-    batch.pop("labels", None)
-    with torch.no_grad():
-        packed = model(**batch).logits[0]
-        alone = [model(input_ids=torch.tensor([d])).logits[0] for d in documents]
-    cut = len(documents[0])
-    return (packed[:cut], packed[cut:cut + len(documents[1])]), alone
 
 
 @pytest.mark.parametrize("kind", ["bloom", "openai-gpt", "xlnet", "longformer", "cpmant", "trocr", "bart"])
