@@ -24,10 +24,11 @@ SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[Healt
 
 
 @SETTINGS
-@given(hist=histograms(max_len_range=(4, 96)), depth=st.sampled_from([None, 1, 2, 3, 5]))
-def test_fill_conserves_sequences_and_respects_limits(hist, depth):
+@given(hist=histograms(max_len_range=(4, 96)), depth=st.sampled_from([None, 1, 2, 3, 5]),
+       shuffle=st.sampled_from([None, 0, 1]))
+def test_fill_conserves_sequences_and_respects_limits(hist, depth, shuffle):
     max_len = len(hist)
-    mixture = fill(hist, depth or max_len)
+    mixture = fill(hist, depth or max_len, shuffle=None if shuffle is None else np.random.default_rng(shuffle))
     assert np.array_equal(mixture.coverage(max_len), hist)
     assert (mixture.pack_lengths() <= max_len).all()
     assert mixture.depth <= (depth or max_len)
@@ -42,6 +43,23 @@ def test_fill_gives_up_past_its_budget():
     assert fill(hist, 512, budget=5) is None
     first, again = fill(hist, 512), fill(hist, 512)
     assert first is not None and np.array_equal(first.flat, again.flat) and np.array_equal(first.counts, again.counts)
+
+
+def test_a_shuffled_fill_packs_at_the_bound_where_longest_first_leaves_too_few_sequences_for_the_last_packs():
+    """`benchmarks/packing_small.py --seed 7 --max-sequences 3000`, case 7: 2,174 lengths uniform in 1-540 at
+    2,048, depth 16, with 191 tokens of room at the bound (291). The fill longest first takes 307 packs: its
+    last packs get only short sequences, 16 of which cannot fill one. Taking the lengths in a seeded random
+    order (`shuffle`) keeps their mix and packs at the bound, and CGHP returns that at once (it took 6 s to
+    292 before). The same seed packs the same way."""
+    hist, depth = _benchmark_case("mixed", 7, 7, 3000)
+    assert fill(hist, depth).n_packs == 307
+    shuffled = fill(hist, depth, shuffle=np.random.default_rng(0))
+    again = fill(hist, depth, shuffle=np.random.default_rng(0))
+    assert shuffled.n_packs == 291 and np.array_equal(shuffled.flat, again.flat)
+    result = pack(hist, "cghp", depth)
+    assert result.packs == result.lower_bound_packs == 291 and result.strategy == "filled"
+    assert np.array_equal(result.mixture.coverage(len(hist)), hist) and result.mixture.depth <= depth
+    assert (result.mixture.pack_lengths() <= len(hist)).all()
 
 
 def _l2_items(lengths, C):
@@ -764,10 +782,12 @@ def test_bin_completion_settles_a_small_histogram_the_integer_program_cannot(mon
     """`benchmarks/packing_small.py --seed 4 --max-sequences 3000`, case 5: 110 log-normal lengths at 8,192,
     depth 4, 108 distinct. The dive and the fill end at 34 packs against a bound of 33, and the integer program
     of `repack.py` decides nothing within its node limit; bin completion (cghp.SETTLE_NODES) finds the 33.
-    Without it (SETTLE_NODES 0), 34. (Gathering best fit's room first, `cghp.GATHER_SECONDS`, now packs this
-    one at 33 in 0.1 s; it is off here, so that the test reaches the step it is about.)"""
+    Without it (SETTLE_NODES 0), 34. (Gathering best fit's room first, `cghp.GATHER_SECONDS`, and the shuffled
+    fill, `cghp.SHUFFLED_FILLS`, now pack this one at 33 at once; they are off here, so that the test reaches
+    the step it is about.)"""
     from bert_ipu.packing import cghp as cghp_module
 
+    monkeypatch.setattr(cghp_module, "SHUFFLED_FILLS", 0)
     monkeypatch.setattr(cghp_module, "GATHER_SECONDS", 0)
     monkeypatch.setattr(cghp_module, "EARLY_POOL_SECONDS", 0)
     hist, depth = _benchmark_case("mixed", 4, 5, max_sequences=3000)

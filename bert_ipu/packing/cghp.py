@@ -13,9 +13,9 @@ integer optimum is almost always ceil(LP) or ceil(LP) + 1. We
    looks briefly for a packing at the cheap bound (returned: optimal) or proves there is none (the bound
    rises by one); where the tokens set that bound and best fit is at most 16 packs above it, its room is
    gathered into its emptiest packs (`neighbourhood.py`; a pack above the bound, then the pool search of
-   `tabu.py` for 0.5 estimated seconds), returned where that reaches the bound; else
-   (except where the plan, bucketed
-   lengths or fine buckets take over, below) the minimum-slack fill (`fill.py`), returned when it meets the
+   `tabu.py` for 0.5 estimated seconds), returned where that reaches the bound; else (except where the plan,
+   bucketed lengths or fine buckets take over, below) the minimum-slack fill (`fill.py`; below 1,000 packs
+   where the depth limit can bind, also with the lengths in a seeded random order), returned when it meets the
    bound: on small, sparse histograms it usually does; where the fill's or the plan's packing is a pack above
    the cheap bound (from 100 packs), its room is gathered and the pool searches it, as best fit's above;
 1. start from the patterns of LPFHP and, under a depth limit, from the duals of the unlimited-depth LP
@@ -106,6 +106,9 @@ BUCKET_STEP = 1 / 128  # ... and buckets at most 1/128 of their length wide
 # proved a bound 1-9 packs weaker (docs/results/packing-scale.md, "Relaxing from 1,000 packs").
 FINE_PRICING_SECONDS = 0.04
 FINE_GRID = 2048
+# Fills with the lengths in a seeded random order after the one longest first, where the depth limit can bind
+# below 1,000 packs (`_cghp`; docs/results/packing-scale.md, "A shuffled fill").
+SHUFFLED_FILLS = 1
 ROUND_UP = 0.3              # under a depth limit the dive also rounds up fractional parts from this size (`_round`)
 # The most steps of a dive (`_exact`): each fixes at least one pack and re-solves the residual's LP warm. A
 # count, not a clock, so that the same histogram always packs the same way. On the 80 histograms of
@@ -379,12 +382,18 @@ def _cghp(histogram: np.ndarray, depth: int, steps: int | None, deadline: float 
         # the fill: not where the plan or bucketed lengths take over (long packs, or a depth limit with full
         # packs and many lengths): there it met no bound on the long-context cases and cost 1-2.4 s; nor on
         # large histograms that fine buckets take first, where it met no bound in 43 random cases and cost up
-        # to 1 s (105,556 two-humped lengths at 8,192)
-        filled = fill(histogram, depth, deadline=deadline)
-        if filled is not None and filled.n_packs < start.n_packs:
-            start, made = filled, "filled"
-            if start.n_packs <= cheap:
-                return CGHPResult(start, float(cheap), cheap, False, "filled")
+        # to 1 s (105,556 two-humped lengths at 8,192). Below 1,000 packs, where the depth limit can bind, a
+        # second fill takes the lengths in a seeded random order: longest first left only short sequences for
+        # the last packs, too few under the limit to fill them (2,174 lengths of 1-540 at 2,048, depth 16: 307
+        # packs; shuffled 291, the bound, in 0.06 s). Not from 1,000 packs: there it cost up to 2 s and twice
+        # made the call miss its goal (docs/results/packing-scale.md, "A shuffled fill")
+        binds = depth < max_len // int(lengths[0]) and not counted.tolerant
+        for shuffle in [None] + [np.random.default_rng(seed) for seed in range(SHUFFLED_FILLS if binds else 0)]:
+            filled = fill(histogram, depth, deadline=deadline, shuffle=shuffle)
+            if filled is not None and filled.n_packs < start.n_packs:
+                start, made = filled, "filled"
+                if start.n_packs <= cheap:
+                    return CGHPResult(start, float(cheap), cheap, False, "filled")
     if plannable:
         plan = planned(histogram, depth, deadline)
         used = plan.n_packs < start.n_packs

@@ -10,7 +10,9 @@ did not prove either in minutes (docs/results/packing-scale.md, "Small and spars
 The subset search is subset sum over the lengths left, in bitsets (Python integers: bit c set = total c
 reachable), with copies of a length split in binary chunks (1, 2, 4, ... copies) so that any count is one
 choice per chunk; under a depth limit there is one bitset per number of sequences. A pack found is repeated
-while its sequences last: the search would find the same fill again. Cost: about (distinct packs) x (chunks)
+while its sequences last: the search would find the same fill again. With `shuffle` the subset search takes the
+lengths in a random order instead of longest first: under a depth limit longest first can leave the last packs
+only short sequences, too few to fill them, and a random order keeps the lengths' mix to the end. Cost: about (distinct packs) x (chunks)
 x (depth) x (pack length / 64) words of bitset work, capped by a budget.
 """
 
@@ -113,10 +115,11 @@ def subset_with(history: list[list[int]], lengths: np.ndarray, k: int, total: in
 
 
 def fill(histogram: np.ndarray, depth: int, budget: float = FILL_WORDS,
-         deadline: float | None = None) -> Mixture | None:
+         deadline: float | None = None, shuffle: np.random.Generator | None = None) -> Mixture | None:
     """Minimum-slack fill of `histogram` with at most `depth` sequences a pack (see the module docstring), or
     None when it would take more than `budget` words of bitset work or `deadline` passes first (the budget, not
-    a clock, bounds it by default, so the same histogram always packs the same way)."""
+    a clock, bounds it by default, so the same histogram always packs the same way). `shuffle`: the subset search
+    takes the lengths in an order drawn from it, not longest first (see the module docstring)."""
     max_len = len(histogram)
     left = histogram.astype(np.int64).copy()
     shortest = int(np.argmax(left > 0)) + 1
@@ -136,7 +139,11 @@ def fill(histogram: np.ndarray, depth: int, budget: float = FILL_WORDS,
         elif cap >= shortest and items != 0:
             lengths = np.nonzero(left[:cap])[0][::-1] + 1
             if len(lengths):
-                taken, ops = _best_subset(_chunks(lengths.tolist(), left[lengths - 1].tolist()), cap, items)
+                chunks = _chunks(lengths.tolist(), left[lengths - 1].tolist())
+                if shuffle is not None:
+                    chunks = list(chunks)
+                    chunks = [chunks[i] for i in shuffle.permutation(len(chunks))]
+                taken, ops = _best_subset(chunks, cap, items)
                 spent += ops * (cap // 64 + 1)
         pattern = np.array([top] + taken, dtype=np.int64)
         used, need = np.unique(pattern, return_counts=True)
