@@ -79,6 +79,8 @@ class _Plan:
     offsets: np.ndarray         # (packs + 1,): pack p holds rows[offsets[p]:offsets[p + 1]]
     rows: np.ndarray            # (packed sequences,) source row indices in pack order
     sequence_label_column: str | None = None  # the source's label per row (sequence classification), if any
+    sequence_label_width: int | None = None   # None: a class index per row (int64); 0: one float per row
+                                              # (regression); k: k floats per row (multi-label, multi-output)
 
 
 def _arrow_lengths(dataset, column: str, batch_size: int) -> np.ndarray:
@@ -108,9 +110,12 @@ def pack_dataset(dataset, pack_length: int, algorithm: str = "cghp", max_sequenc
         are its input_ids; an encoder's packs then have no labels column.
     causal: True for causal LMs (labels at each document's first token and on padding are IGNORE_INDEX, since the
         model shifts labels inside), False for encoders (the source labels as they are, IGNORE_INDEX on padding).
-    sequence_label_column: a column of one class index per row (sequence classification, e.g. "label"): the packs
-        then get `sequence_labels`, one per document slot (as many slots as the fullest pack has documents;
-        IGNORE_INDEX in the empty ones), and no token labels. Train them with packed_sequence_classifier.
+    sequence_label_column: a column of one label per row (sequence classification, e.g. "label"): a class index
+        (an integer or ClassLabel column), a float (regression) or a list of as many numbers in every row (a
+        multi-hot vector for multi-label classification, or several regression targets). The packs then get
+        `sequence_labels`, one per document slot (as many slots as the fullest pack has documents; IGNORE_INDEX in
+        the empty ones, float32 for float and list labels), and no token labels. Train them with
+        packed_sequence_classifier.
     max_sequences_per_pack: "max" (unlimited: Hugging Face models pay S x S attention per pack however many
         documents it holds, so a depth limit only costs packs), a whole number, or "auto" (the smallest depth at
         which CGHP needs at most 0.1% more packs than unlimited; a CGHP run per depth tried).
@@ -149,11 +154,12 @@ def pack_dataset(dataset, pack_length: int, algorithm: str = "cghp", max_sequenc
         raise ValueError(f"num_proc must be a whole number >= 1 or None, got {num_proc!r}")
     if len(dataset) == 0:
         raise ValueError("the dataset is empty: there is nothing to pack")
+    width = None
     if sequence_label_column is not None:
-        _check_sequence_labels(dataset, sequence_label_column)
+        width = _sequence_label_width(dataset, sequence_label_column, batch_size)
         label_column = None  # one label per document instead of per token
     plan, report = _plan(dataset, pack_length, algorithm, max_sequences_per_pack, columns, label_column, causal,
-                         too_long, pad_token_id, seed, time_limit, batch_size, sequence_label_column)
+                         too_long, pad_token_id, seed, time_limit, batch_size, sequence_label_column, width)
     offsets, rows = plan.offsets, plan.rows
     key = hashlib.sha256(json.dumps([dataset._fingerprint, pack_length, columns, label_column, causal, too_long,
                                      pad_token_id, sequence_label_column, LAYOUT, CHUNK_TOKENS,
@@ -167,16 +173,40 @@ def pack_dataset(dataset, pack_length: int, algorithm: str = "cghp", max_sequenc
     return packed
 
 
-def _check_sequence_labels(dataset, column: str) -> None:
+def _sequence_label_width(dataset, column: str, batch_size: int) -> int | None:
+    """What `column` holds per row: a class index (None), a float (0) or a list of k numbers, k the same in every
+    row (k); anything else is refused."""
     import datasets
+    import pyarrow.compute as pc
 
     if column not in dataset.column_names:
         raise ValueError(f"the dataset has no column {column!r} (columns: {', '.join(dataset.column_names)})")
     feature = dataset.features[column]
-    if not (isinstance(feature, datasets.ClassLabel) or (isinstance(feature, datasets.Value)
-                                                         and feature.dtype.startswith(("int", "uint")))):
-        raise ValueError(f"sequence_label_column {column!r} is {feature}; it must hold one class index per row "
-                         "(an integer or ClassLabel column; regression labels are not supported on packs yet)")
+
+    def number(f, integers=True):
+        return isinstance(f, datasets.Value) and (f.dtype.startswith("float") or f.dtype == "bool"
+                                                  or (integers and f.dtype.startswith(("int", "uint"))))
+
+    if isinstance(feature, datasets.ClassLabel) or (isinstance(feature, datasets.Value)
+                                                    and feature.dtype.startswith(("int", "uint"))):
+        return None
+    if number(feature, integers=False):
+        return 0
+    inner = getattr(feature, "feature", None)
+    if isinstance(feature, (datasets.Sequence, datasets.List)) and number(inner):
+        widths = set()
+        for batch in dataset.select_columns([column]).with_format("arrow").iter(batch_size=batch_size):
+            lengths = pc.list_value_length(batch[column])
+            if lengths.null_count:
+                raise ValueError(f"column {column!r} has missing rows (None); filter them out before packing")
+            widths.update(np.unique(lengths.to_numpy(zero_copy_only=False)).tolist())
+        if len(widths) == 1 and min(widths) > 0:
+            return int(min(widths))
+        raise ValueError(f"sequence_label_column {column!r} holds lists of {sorted(widths)[:5]} numbers; a list "
+                         "label must have as many numbers in every row (a multi-hot vector of num_labels)")
+    raise ValueError(f"sequence_label_column {column!r} is {feature}; it must hold one label per row: a class "
+                     "index (an integer or ClassLabel column), a float (regression) or a list of numbers of the "
+                     "same length in every row (multi-label)")
 
 
 def pack_iterable(dataset, pack_length: int, algorithm: str = "cghp", max_sequences_per_pack="max", *,
@@ -235,7 +265,7 @@ def _buffer_packs(buffer: list, start: int, settings: dict, verbose: bool):
 
 
 def _plan(dataset, pack_length, algorithm, max_sequences_per_pack, columns, label_column, causal, too_long,
-          pad_token_id, seed, time_limit, batch_size, sequence_label_column=None):
+          pad_token_id, seed, time_limit, batch_size, sequence_label_column=None, sequence_label_width=None):
     """Read the lengths, pack their histogram, assign the rows: the _Plan of the packs and the report."""
     label_column = label_column if label_column and label_column in dataset.column_names else None
 
@@ -274,7 +304,7 @@ def _plan(dataset, pack_length, algorithm, max_sequences_per_pack, columns, labe
     source = dataset.select_columns(wanted).with_format("arrow")
     causal = causal and sequence_label_column is None  # one label per document: no next-token labels
     return _Plan(source, columns, label_column, pack_length, causal, pad_token_id, offsets, rows,
-                 sequence_label_column), report
+                 sequence_label_column, sequence_label_width), report
 
 
 def _chunk(pack_length: int) -> int:
@@ -316,7 +346,11 @@ def _features(plan: _Plan):
     features = {c: ids for c in plan.columns}
     if plan.sequence_label_column:
         slots = int(np.diff(plan.offsets).max())
-        features["sequence_labels"] = datasets.Sequence(datasets.Value("int64"), length=slots)
+        width = plan.sequence_label_width
+        value = datasets.Value("int64" if width is None else "float32")
+        if width:
+            value = datasets.Sequence(value, length=width)
+        features["sequence_labels"] = datasets.Sequence(value, length=slots)
     elif plan.label_column:
         features["labels"] = ids
     features["sequence_lengths"] = datasets.Sequence(datasets.Value("int32"))
@@ -370,8 +404,15 @@ def _build(plan: _Plan, a: int, b: int) -> dict:
     batch["sequence_lengths"] = pa.ListArray.from_arrays(pack_offsets, pa.array(lengths.astype(np.int32)))
     batch["source_rows"] = pa.ListArray.from_arrays(pack_offsets, pa.array(rows, pa.int64()))
     if plan.sequence_label_column:  # document k of a pack (sequence_ids k + 1) -> slot k
-        labels = table[plan.sequence_label_column].to_numpy(zero_copy_only=False).astype(np.int64)
-        slots = np.full((b - a, int(np.diff(plan.offsets).max())), IGNORE_INDEX, dtype=np.int64)
+        width = plan.sequence_label_width
+        labels = table[plan.sequence_label_column]
+        if width:
+            labels = pc.list_flatten(labels).to_numpy(zero_copy_only=False).reshape(len(rows), width)
+        else:
+            labels = labels.to_numpy(zero_copy_only=False)
+        labels = labels.astype(np.int64 if width is None else np.float32)
+        slots = np.full((b - a, int(np.diff(plan.offsets).max())) + labels.shape[1:], IGNORE_INDEX,
+                        dtype=labels.dtype)
         for p in range(b - a):
             slots[p, :offsets[p + 1] - offsets[p]] = labels[offsets[p]:offsets[p + 1]]
         batch["sequence_labels"] = slots
@@ -387,8 +428,11 @@ def _table(batch: dict, schema):
     columns = []
     for field in schema:
         values = batch[field.name]
-        if isinstance(values, np.ndarray):
-            values = pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), values.shape[1])
+        if isinstance(values, np.ndarray):  # (packs, width, ...): nested fixed-size lists, innermost first
+            flat = pa.array(values.reshape(-1))
+            for width in values.shape[:0:-1]:
+                flat = pa.FixedSizeListArray.from_arrays(flat, width)
+            values = flat
         columns.append(values.cast(field.type))
     return pa.Table.from_arrays(columns, schema=schema)
 
@@ -758,7 +802,9 @@ class PackedDataCollator:
             if self.attn_implementation.startswith(FLASH_PREFIX) or self.attn_implementation == OWN_MODELS:
                 raise ValueError("packs with sequence_labels train with packed_sequence_classifier on an eager or "
                                  f"sdpa model; attn_implementation {self.attn_implementation!r} is not supported")
-            stack["labels"] = torch.as_tensor(np.stack([np.asarray(f["sequence_labels"]) for f in features]))
+            labels = np.stack([np.asarray(f["sequence_labels"]) for f in features])
+            # (float labels, regression or multi-label, as float32: what Hugging Face's collators make of them)
+            stack["labels"] = torch.as_tensor(labels.astype(np.float32) if labels.dtype.kind == "f" else labels)
             stack["pooled_positions"] = document_positions(stack["sequence_ids"], stack["labels"].shape[1],
                                                            last=self.pool_last)
         if self.attn_implementation == OWN_MODELS:
@@ -838,6 +884,9 @@ def document_positions(sequence_ids, slots: int, last: bool = False):
     return torch.where(inside.any(-1), pos, -1)
 
 
+PROBLEM_TYPES = (None, "single_label_classification", "multi_label_classification", "regression")
+
+
 def packed_sequence_classifier(model):
     """Sequence classification of every document of a pack with a Hugging Face `*ForSequenceClassification`
     model (whose own forward pools one token per row, so it cannot classify several documents of a pack).
@@ -854,9 +903,12 @@ def packed_sequence_classifier(model):
     `classifier`), RoBERTa-style (`classifier` taking the [CLS] hidden state; a plain Linear `classifier` too,
     CTRL's) or decoder-style (`score`). A model with any other module beside its base and dropout (DistilBERT's
     pre_classifier, ModernBERT's head) is refused. Returns `logits` (B, slots, num_labels), and `loss` when
-    labels are given: the summed cross-entropy over documents divided by `num_items_in_batch` (the Trainer's
-    count of labelled documents over the whole update), so packed and unpacked runs agree however the update is
-    cut. Single-label classification only (num_labels > 1)."""
+    labels are given: the documents' summed loss divided by `num_items_in_batch` (the Trainer's count of labels
+    other than IGNORE_INDEX over the whole update: documents, or documents x num_labels for list labels), so
+    packed and unpacked runs agree however the update is cut. The loss is the one the model's own forward picks
+    (`config.problem_type`, or as it infers it: regression where num_labels is 1, single-label for class
+    indices, else multi-label): cross-entropy, squared error or binary cross-entropy on logits, each the mean
+    Hugging Face takes over the update's documents (and labels)."""
     return _classifier_class()(model)
 
 
@@ -869,10 +921,11 @@ def _classifier_class():
             super().__init__()
             _refuse(model, "packed_sequence_classifier", masked=True)
             config = model.config
-            if config.num_labels < 2 or config.problem_type not in (None, "single_label_classification"):
-                raise ValueError(f"packed_sequence_classifier does single-label classification (num_labels >= 2); "
-                                 f"this model has num_labels {config.num_labels}, problem_type "
-                                 f"{config.problem_type!r}")
+            if config.problem_type not in PROBLEM_TYPES or (config.num_labels < 2 and config.problem_type
+                                                            not in (None, "regression")):
+                raise ValueError(f"packed_sequence_classifier takes problem_type "
+                                 f"{', '.join(map(str, PROBLEM_TYPES))} (classification with num_labels >= 2); this "
+                                 f"model has num_labels {config.num_labels}, problem_type {config.problem_type!r}")
             # the modules beside the base and dropout: what the model's forward applies to its pooled token
             heads = sorted(name for name, child in model.named_children()
                            if child is not model.base_model and not isinstance(child, torch.nn.Dropout))
@@ -912,12 +965,33 @@ def _classifier_class():
             logits = logits.reshape(B, slots, -1)
             out = {"logits": logits}
             if labels is not None:
-                labels = labels.to(logits.device)
-                total = torch.nn.functional.cross_entropy(logits.reshape(B * slots, -1).float(), labels.reshape(-1),
-                                                          ignore_index=IGNORE_INDEX, reduction="sum")
-                count = num_items_in_batch if num_items_in_batch is not None else labels.ne(IGNORE_INDEX).sum()
-                out["loss"] = total / count
+                out["loss"] = self._loss(logits, labels.to(logits.device), pooled_positions >= 0, num_items_in_batch)
             return out
+
+        def _loss(self, logits, labels, present, num_items_in_batch):
+            """The documents' summed loss over num_items_in_batch (default: this batch's labels), the loss the
+            model's own forward takes for its problem type (inferred as it does where the config names none)."""
+            functional = torch.nn.functional
+            logits = logits.to(torch.promote_types(logits.dtype, torch.float32))   # (bfloat16 up, float64 kept)
+            problem = self.config.problem_type or ("regression" if self.config.num_labels == 1 else
+                                                   "single_label_classification" if not labels.is_floating_point()
+                                                   else "multi_label_classification")
+            if problem == "single_label_classification":
+                total = functional.cross_entropy(logits.flatten(0, 1), labels.reshape(-1),
+                                                 ignore_index=IGNORE_INDEX, reduction="sum")
+            else:
+                if labels.numel() != logits.numel():
+                    raise ValueError(f"{problem} takes {logits.shape[-1]} numbers a document (num_labels); the labels "
+                                     f"have {labels[0, 0].numel()}: give sequence labels of num_labels numbers, or "
+                                     "class indices as an integer column")
+                targets = labels.to(logits.dtype).reshape(logits.shape)
+                if problem == "regression":
+                    each = functional.mse_loss(logits, targets, reduction="none")
+                else:
+                    each = functional.binary_cross_entropy_with_logits(logits, targets, reduction="none")
+                total = each[present].sum()    # (empty slots: IGNORE_INDEX labels, no document)
+            count = num_items_in_batch if num_items_in_batch is not None else labels.ne(IGNORE_INDEX).sum()
+            return total / count
 
     return _Classifier
 

@@ -587,10 +587,10 @@ def test_our_packed_llama_takes_the_collators_sequence_ids_form(tmp_path):
 
 # ---------------------------------------------------------------------------------------------- classification
 
-def classifier(kind):
+def classifier(kind, num_labels=3):
     torch.manual_seed(0)
     common = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                  num_labels=3, attn_implementation="sdpa")
+                  num_labels=num_labels, attn_implementation="sdpa")
     if kind == "bert":
         config = transformers.BertConfig(**common, max_position_embeddings=64, hidden_dropout_prob=0.0,
                                          attention_probs_dropout_prob=0.0)
@@ -704,17 +704,33 @@ def _two_documents_classified(model, collator=None):
     return packed, alone
 
 
-def labelled_source(n=60, seed=2):
+# problem -> the model's num_labels (its problem_type is left for the model to infer from them and the labels)
+PROBLEMS = {"single_label_classification": 3, "regression": 1, "multi_label_classification": 3}
+
+
+def labelled_source(n=60, seed=2, problem="single_label_classification"):
+    """Rows with a `label`: a class index of 3, a float (regression) or a multi-hot vector of 3 (multi-label)."""
     src = source(n, high=20, seed=seed)
     rng = np.random.default_rng(seed)
+    if problem == "regression":
+        return src.add_column("label", rng.normal(size=n).tolist())
+    if problem == "multi_label_classification":
+        return src.add_column("label", rng.integers(0, 2, size=(n, 3)).astype(float).tolist())
     return src.add_column("label", rng.integers(0, 3, size=n).tolist())
 
 
-def document_loss():
-    """A compute_loss_func: the summed cross-entropy of the micro-batch's documents over the update's count."""
+def document_loss(problem="single_label_classification"):
+    """A compute_loss_func: the loss of the micro-batch's documents (and labels), summed, over the update's count
+    of labels: the mean Hugging Face's own loss for `problem` takes, over the update."""
     def loss(outputs, labels, num_items_in_batch=None):
-        total = torch.nn.functional.cross_entropy(outputs["logits"].float(), labels, reduction="sum")
-        return total / (num_items_in_batch if num_items_in_batch is not None else len(labels))
+        logits = outputs["logits"].float()
+        if problem == "regression":
+            total = torch.nn.functional.mse_loss(logits.reshape(labels.shape), labels.float(), reduction="sum")
+        elif problem == "multi_label_classification":
+            total = torch.nn.functional.binary_cross_entropy_with_logits(logits, labels.float(), reduction="sum")
+        else:
+            total = torch.nn.functional.cross_entropy(logits, labels, reduction="sum")
+        return total / (num_items_in_batch if num_items_in_batch is not None else labels.numel())
     return loss
 
 
@@ -747,22 +763,22 @@ def test_each_document_of_a_pack_is_classified_as_alone(tmp_path, kind):
     with pytest.raises(ValueError, match="num_labels"):
         hf.packed_sequence_classifier(transformers.BertForSequenceClassification(transformers.BertConfig(
             vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
-            num_labels=1)))
-    with pytest.raises(ValueError, match="class index per row"):
-        hf.pack_dataset(src.cast_column("label", datasets.Value("float32")), 48, sequence_label_column="label",
-                        cache_dir=tmp_path, verbose=False)
+            num_labels=1, problem_type="single_label_classification")))
 
 
-@pytest.mark.parametrize("kind", ["bert", "llama"])
-def test_packed_classification_trainer_run_equals_the_unpacked_run(tmp_path, kind):
+@pytest.mark.parametrize("kind, problem", [("bert", "single_label_classification"),
+                                           ("llama", "single_label_classification"), ("bert", "regression"),
+                                           ("bert", "multi_label_classification")])
+def test_packed_classification_trainer_run_equals_the_unpacked_run(tmp_path, kind, problem):
     """Trainer, gradient accumulation 2, 2 SGD updates: packed_sequence_classifier on packs (2 a micro-batch) ends
     with the weights and losses of the Hugging Face model trained on the same documents one micro-batch of 2 and
     one of the rest (padded: right for BERT, left for Llama, which pools the last token), the loss a mean over
-    the update's documents in both (num_items_in_batch): 1e-5 relative / 2e-6 absolute, as the token tests."""
-    src = labelled_source()
+    the update's documents (and labels) in both (num_items_in_batch): 1e-5 relative / 2e-6 absolute, as the
+    token tests. Class indices, regression (a float label, num_labels 1) and multi-label (a multi-hot label)."""
+    src = labelled_source(problem=problem)
     packed = hf.pack_dataset(src, 48, causal=kind == "llama", sequence_label_column="label",
                              cache_dir=tmp_path / "packs", verbose=False)
-    model = classifier(kind)
+    model = classifier(kind, PROBLEMS[problem])
     wrapped = hf.packed_sequence_classifier(model)
     packed_loss, _ = train(wrapped, packed, hf.PackedDataCollator(model), tmp_path / "a")
 
@@ -774,21 +790,65 @@ def test_packed_classification_trainer_run_equals_the_unpacked_run(tmp_path, kin
             n = len(f["input_ids"])
             where = slice(longest - n, longest) if kind == "llama" else slice(0, n)
             ids[i, where], mask[i, where] = torch.tensor(f["input_ids"]), 1
-        return {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor([f["label"] for f in features])}
+        return {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor([f["label"] for f in features],
+                                                                                 dtype=labels_dtype)}
 
+    labels_dtype = torch.long if problem == "single_label_classification" else torch.float32
     updates = [[r for p in range(4 * u, 4 * u + 4) for r in packed[p]["source_rows"]] for u in range(2)]
     batches = [b for rows in updates for b in (rows[:2], rows[2:])]
-    reference = classifier(kind)
+    reference = classifier(kind, PROBLEMS[problem])
     if kind == "llama":
         reference.config.pad_token_id = 63  # never an input id here: HF finds the last token by the pad id
     plain_loss, plain_weights = train(reference, src.remove_columns("token_type_ids"), pad, tmp_path / "b",
-                                      loss=document_loss(), batches=batches)
+                                      loss=document_loss(problem), batches=batches)
     np.testing.assert_allclose(packed_loss, plain_loss, rtol=1e-5)
-    start = classifier(kind).state_dict()
+    start = classifier(kind, PROBLEMS[problem]).state_dict()
     weights = model.state_dict()
     assert sum(not torch.equal(w, start[name]) for name, w in weights.items()) > 10
     for name, weight in weights.items():
         torch.testing.assert_close(weight, plain_weights[name], rtol=1e-5, atol=2e-6, msg=name)
+
+
+@pytest.mark.parametrize("problem", ["regression", "multi_label_classification"])
+def test_float_and_list_labels_pack_one_per_document_and_take_the_models_own_loss(tmp_path, problem):
+    """A float label (regression, num_labels 1) and a multi-hot list label (multi-label, num_labels 3) pack as
+    float32 `sequence_labels`, one per document slot (IGNORE_INDEX in empty ones); packed_sequence_classifier's
+    loss times the batch's count of labels is the sum over documents of the loss the Hugging Face model's own
+    forward gives each alone (its mean times its labels), in float64: 1e-10 relative. A list label of varying
+    length, a string label and a regression head under a bad problem_type are refused in one line."""
+    src = labelled_source(problem=problem)
+    packed = hf.pack_dataset(src, 48, causal=False, sequence_label_column="label", cache_dir=tmp_path,
+                             columns=("input_ids", "token_type_ids"), verbose=False)
+    width = PROBLEMS[problem]
+    model = classifier("bert", width).double().eval()
+    batch = hf.PackedDataCollator(model)([packed[i] for i in range(len(packed))])
+    assert batch["labels"].dtype == torch.float32 and batch["labels"].shape[:2] == batch["pooled_positions"].shape
+    with torch.no_grad():
+        loss = hf.packed_sequence_classifier(model)(**batch)["loss"]
+        expected = 0.0
+        for p, rows in enumerate(packed["source_rows"]):
+            for k, r in enumerate(rows):
+                label = torch.tensor([src[r]["label"]], dtype=torch.float32).double()   # (as packed: float32)
+                assert batch["labels"][p, k].tolist() == pytest.approx(src[r]["label"], rel=1e-6)
+                out = model(input_ids=torch.tensor([src[r]["input_ids"]]),
+                            token_type_ids=torch.tensor([src[r]["token_type_ids"]]), labels=label)
+                expected += float(out.loss) * (1 if problem == "regression" else width)
+            assert (batch["labels"][p, len(rows):] == IGNORE_INDEX).all()
+    count = len(src) * (1 if problem == "regression" else width)
+    assert int(batch["labels"].ne(IGNORE_INDEX).sum()) == count
+    torch.testing.assert_close(float(loss) * count, expected, rtol=1e-10, atol=0)
+    ragged = src.remove_columns("label").add_column("label", [[1.0] * (1 + i % 2) for i in range(len(src))])
+    with pytest.raises(ValueError, match="as many numbers in every row"):
+        hf.pack_dataset(ragged, 48, sequence_label_column="label", cache_dir=tmp_path, verbose=False)
+    words = src.remove_columns("label").add_column("label", ["a"] * len(src))
+    with pytest.raises(ValueError, match="one label per row"):
+        hf.pack_dataset(words, 48, sequence_label_column="label", cache_dir=tmp_path, verbose=False)
+    other = classifier("bert", 2).double()
+    with pytest.raises(ValueError, match="num_labels"):   # labels of `width` numbers for a head of 2
+        hf.packed_sequence_classifier(other)(**batch)
+    model.config.problem_type = "regression_of_sorts"
+    with pytest.raises(ValueError, match="problem_type"):
+        hf.packed_sequence_classifier(model)
 
 
 def test_the_packing_benchmark_removes_what_it_writes(tmp_path):
