@@ -456,14 +456,19 @@ def format_report(report: dict) -> str:
 
 
 def unpack_outputs(packed, outputs) -> list:
-    """Token-level outputs of the packs (packs, pack_length, ...) -> one array per source row, in source row
-    order (a row of the source that was dropped gets None): row r's outputs are its (possibly truncated) tokens'.
-    `outputs` is what `Trainer.predict(packed).predictions` returns for a mask-based collator."""
+    """Outputs of the packs -> one array per source row, in source row order (a row of the source that was
+    dropped gets None). Token-level outputs (packs, pack_length, ...): row r's are its (possibly truncated)
+    tokens'; on packs with `sequence_labels` (sequence classification), outputs per document slot (packs, slots,
+    ...): row r's are its document's (packed_sequence_classifier's logits: (num_labels,) a row). `outputs` is
+    what `Trainer.predict(packed).predictions` returns for a mask-based collator."""
     outputs = np.asarray(outputs)
     report = packing_report(packed)
-    if outputs.shape[:2] != (len(packed), report["pack_length"]):
-        raise ValueError(f"outputs of shape {outputs.shape} are not (packs, pack_length, ...) = "
-                         f"({len(packed)}, {report['pack_length']}, ...); predict on the packed dataset, in order")
+    documents = "sequence_labels" in packed.column_names
+    width, what = (len(packed[0]["sequence_labels"]), "slots") if documents else (report["pack_length"],
+                                                                                 "pack_length")
+    if outputs.shape[:2] != (len(packed), width):
+        raise ValueError(f"outputs of shape {outputs.shape} are not (packs, {what}, ...) = "
+                         f"({len(packed)}, {width}, ...); predict on the packed dataset, in order")
     result = [None] * report["source_rows"]
     columns = packed.select_columns(["sequence_lengths", "source_rows"]).with_format("numpy")
     step = _chunk(report["pack_length"])
@@ -471,8 +476,8 @@ def unpack_outputs(packed, outputs) -> list:
         chunk = columns[start:start + step]
         for p, (lengths, sources) in enumerate(zip(chunk["sequence_lengths"], chunk["source_rows"])):
             ends = np.cumsum(lengths)
-            for row, begin, end in zip(sources, ends - lengths, ends):
-                result[int(row)] = outputs[start + p][begin:end]
+            for k, (row, begin, end) in enumerate(zip(sources, ends - lengths, ends)):
+                result[int(row)] = outputs[start + p][k] if documents else outputs[start + p][begin:end]
     return result
 
 

@@ -766,6 +766,31 @@ def test_each_document_of_a_pack_is_classified_as_alone(tmp_path, kind):
             num_labels=1, problem_type="single_label_classification")))
 
 
+@pytest.mark.parametrize("kind", ["bert", "llama"])
+def test_packed_classifier_predictions_map_back_to_source_rows_equal_to_each_alone(tmp_path, kind):
+    """Trainer.predict with packed_sequence_classifier gives logits per document slot (packs, slots, labels);
+    unpack_outputs maps them back to one (num_labels,) array per source row, in source order, equal to the
+    model's logits on that row alone (1e-5, as above)."""
+    src = labelled_source()
+    packed = hf.pack_dataset(src, 48, causal=kind == "llama", sequence_label_column="label",
+                             columns=("input_ids", "token_type_ids") if kind == "bert" else ("input_ids",),
+                             cache_dir=tmp_path, verbose=False)
+    model = classifier(kind).eval()
+    args = transformers.TrainingArguments(output_dir=str(tmp_path / "p"), per_device_eval_batch_size=3,
+                                          report_to=[], remove_unused_columns=False, use_cpu=True, disable_tqdm=True)
+    predictions = transformers.Trainer(model=hf.packed_sequence_classifier(model), args=args,
+                                       data_collator=hf.PackedDataCollator(model)).predict(packed).predictions
+    rows = hf.unpack_outputs(packed, predictions)
+    assert len(rows) == len(src)
+    with torch.no_grad():
+        for r, logits in enumerate(rows):
+            extra = {"token_type_ids": torch.tensor([src[r]["token_type_ids"]])} if kind == "bert" else {}
+            alone = model(input_ids=torch.tensor([src[r]["input_ids"]]), **extra).logits[0].numpy()
+            np.testing.assert_allclose(logits, alone, rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="slots"):
+        hf.unpack_outputs(packed, predictions[:, :1])
+
+
 @pytest.mark.parametrize("kind, problem", [("bert", "single_label_classification"),
                                            ("llama", "single_label_classification"), ("bert", "regression"),
                                            ("bert", "multi_label_classification")])
