@@ -174,8 +174,10 @@ def pack_dataset(dataset, pack_length: int, algorithm: str = "cghp", max_sequenc
 
 
 def _sequence_label_width(dataset, column: str, batch_size: int) -> int | None:
-    """What `column` holds per row: a class index (None), a float (0) or a list of k numbers, k the same in every
-    row (k); anything else is refused."""
+    """What `column` holds per row: a class index (None; integer, bool or ClassLabel), a float (0) or a list of
+    k numbers, k the same in every row (k). Refused: any other type, a missing label (None: it would pack as a
+    huge index or NaN), and a float label of IGNORE_INDEX (-100.0 marks an empty slot, so the loss's count would
+    leave it out)."""
     import datasets
     import pyarrow.compute as pc
 
@@ -183,30 +185,35 @@ def _sequence_label_width(dataset, column: str, batch_size: int) -> int | None:
         raise ValueError(f"the dataset has no column {column!r} (columns: {', '.join(dataset.column_names)})")
     feature = dataset.features[column]
 
-    def number(f, integers=True):
-        return isinstance(f, datasets.Value) and (f.dtype.startswith("float") or f.dtype == "bool"
-                                                  or (integers and f.dtype.startswith(("int", "uint"))))
+    def kind(f) -> str | None:
+        if isinstance(f, datasets.ClassLabel) or (isinstance(f, datasets.Value)
+                                                  and f.dtype.startswith(("int", "uint", "bool"))):
+            return "index"
+        return "float" if isinstance(f, datasets.Value) and f.dtype.startswith("float") else None
 
-    if isinstance(feature, datasets.ClassLabel) or (isinstance(feature, datasets.Value)
-                                                    and feature.dtype.startswith(("int", "uint"))):
-        return None
-    if number(feature, integers=False):
-        return 0
-    inner = getattr(feature, "feature", None)
-    if isinstance(feature, (datasets.Sequence, datasets.List)) and number(inner):
-        widths = set()
-        for batch in dataset.select_columns([column]).with_format("arrow").iter(batch_size=batch_size):
-            lengths = pc.list_value_length(batch[column])
-            if lengths.null_count:
-                raise ValueError(f"column {column!r} has missing rows (None); filter them out before packing")
-            widths.update(np.unique(lengths.to_numpy(zero_copy_only=False)).tolist())
-        if len(widths) == 1 and min(widths) > 0:
-            return int(min(widths))
-        raise ValueError(f"sequence_label_column {column!r} holds lists of {sorted(widths)[:5]} numbers; a list "
-                         "label must have as many numbers in every row (a multi-hot vector of num_labels)")
-    raise ValueError(f"sequence_label_column {column!r} is {feature}; it must hold one label per row: a class "
-                     "index (an integer or ClassLabel column), a float (regression) or a list of numbers of the "
-                     "same length in every row (multi-label)")
+    listed = isinstance(feature, (datasets.Sequence, datasets.List)) and kind(getattr(feature, "feature", None))
+    if not (kind(feature) or listed):
+        raise ValueError(f"sequence_label_column {column!r} is {feature}; it must hold one label per row: a class "
+                         "index (an integer or ClassLabel column), a float (regression) or a list of numbers of "
+                         "the same length in every row (multi-label)")
+    widths = set()
+    for batch in dataset.select_columns([column]).with_format("arrow").iter(batch_size=batch_size):
+        values = batch[column]
+        if listed:
+            widths.update(np.unique(pc.list_value_length(values).to_numpy(zero_copy_only=False)).tolist())
+            values = pc.list_flatten(values)
+        if batch[column].null_count or values.null_count:
+            raise ValueError(f"sequence_label_column {column!r} has missing labels (None); filter those rows out "
+                             "or fill them before packing")
+        if (listed or kind(feature) == "float") and pc.any(pc.equal(values.cast("float64"), IGNORE_INDEX)).as_py():
+            raise ValueError(f"sequence_label_column {column!r} holds the value {IGNORE_INDEX}, which marks an "
+                             "empty document slot in the packs: shift or rescale those labels")
+    if not listed:
+        return None if kind(feature) == "index" else 0
+    if len(widths) == 1 and min(widths) > 0:
+        return int(min(widths))
+    raise ValueError(f"sequence_label_column {column!r} holds lists of {sorted(widths)[:5]} numbers; a list label "
+                     "must have as many numbers in every row (a multi-hot vector of num_labels)")
 
 
 def pack_iterable(dataset, pack_length: int, algorithm: str = "cghp", max_sequences_per_pack="max", *,
@@ -910,10 +917,10 @@ def packed_sequence_classifier(model):
     pre_classifier, ModernBERT's head) is refused. Returns `logits` (B, slots, num_labels), and `loss` when
     labels are given: the documents' summed loss divided by `num_items_in_batch` (the Trainer's count of labels
     other than IGNORE_INDEX over the whole update: documents, or documents x num_labels for list labels), so
-    packed and unpacked runs agree however the update is cut. The loss is the one the model's own forward picks
-    (`config.problem_type`, or as it infers it: regression where num_labels is 1, single-label for class
-    indices, else multi-label): cross-entropy, squared error or binary cross-entropy on logits, each the mean
-    Hugging Face takes over the update's documents (and labels)."""
+    packed and unpacked runs agree however the update is cut (Hugging Face's own forward takes each micro-batch's
+    mean instead). The loss is the one the model's own forward picks (`config.problem_type`, or as it infers it,
+    and then keeps in the config: regression where num_labels is 1, single-label for class indices, else
+    multi-label): cross-entropy, squared error or binary cross-entropy on logits."""
     return _classifier_class()(model)
 
 
@@ -927,7 +934,7 @@ def _classifier_class():
             _refuse(model, "packed_sequence_classifier", masked=True)
             config = model.config
             if config.problem_type not in PROBLEM_TYPES or (config.num_labels < 2 and config.problem_type
-                                                            not in (None, "regression")):
+                                                            == "single_label_classification"):
                 raise ValueError(f"packed_sequence_classifier takes problem_type "
                                  f"{', '.join(map(str, PROBLEM_TYPES))} (classification with num_labels >= 2); this "
                                  f"model has num_labels {config.num_labels}, problem_type {config.problem_type!r}")
@@ -982,6 +989,10 @@ def _classifier_class():
                                                    "single_label_classification" if not labels.is_floating_point()
                                                    else "multi_label_classification")
             if problem == "single_label_classification":
+                if labels.is_floating_point():
+                    raise ValueError("single_label_classification takes class indices: pack an integer or "
+                                     "ClassLabel sequence_label_column, or set the model's problem_type to "
+                                     "regression or multi_label_classification")
                 total = functional.cross_entropy(logits.flatten(0, 1), labels.reshape(-1),
                                                  ignore_index=IGNORE_INDEX, reduction="sum")
             else:
@@ -996,6 +1007,7 @@ def _classifier_class():
                     each = functional.binary_cross_entropy_with_logits(logits, targets, reduction="none")
                 total = each[present].sum()    # (empty slots: IGNORE_INDEX labels, no document)
             count = num_items_in_batch if num_items_in_batch is not None else labels.ne(IGNORE_INDEX).sum()
+            self.config.problem_type = problem   # (as the model's own forward does: saved with it, for pipelines)
             return total / count
 
     return _Classifier

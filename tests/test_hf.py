@@ -848,8 +848,11 @@ def test_float_and_list_labels_pack_one_per_document_and_take_the_models_own_los
     model = classifier("bert", width).double().eval()
     batch = hf.PackedDataCollator(model)([packed[i] for i in range(len(packed))])
     assert batch["labels"].dtype == torch.float32 and batch["labels"].shape[:2] == batch["pooled_positions"].shape
+    assert model.config.problem_type is None
     with torch.no_grad():
         loss = hf.packed_sequence_classifier(model)(**batch)["loss"]
+        assert model.config.problem_type == problem   # inferred and kept, as the model's own forward does
+        model.config.problem_type = None
         expected = 0.0
         for p, rows in enumerate(packed["source_rows"]):
             for k, r in enumerate(rows):
@@ -874,6 +877,38 @@ def test_float_and_list_labels_pack_one_per_document_and_take_the_models_own_los
     model.config.problem_type = "regression_of_sorts"
     with pytest.raises(ValueError, match="problem_type"):
         hf.packed_sequence_classifier(model)
+
+
+def test_sequence_labels_that_cannot_pack_right_are_refused_and_bool_labels_are_classes(tmp_path):
+    """Refused in one line, nothing written: a missing label (an int None packed as -2**63, a float None as NaN),
+    a float label of -100.0 (IGNORE_INDEX marks empty slots: the loss's count would leave that document out),
+    float labels under problem_type single_label_classification (a torch traceback before). A bool label is a
+    class index, as Hugging Face's collators take it; one logit under multi_label_classification is accepted."""
+    src = labelled_source(20)
+
+    def labelled(values, feature=None):
+        out = src.remove_columns("label").add_column("label", values)
+        return out.cast_column("label", feature) if feature is not None else out
+
+    for bad, match in [(labelled([None] + [1] * 19), "missing labels"), (labelled([None] + [0.5] * 19), "missing"),
+                       (labelled([[1.0, None]] + [[1.0, 0.0]] * 19), "missing"),
+                       (labelled([-100.0] + [0.5] * 19), "-100"), (labelled([[0.0, -100.0]] * 20), "-100")]:
+        with pytest.raises(ValueError, match=match):
+            hf.pack_dataset(bad, 48, sequence_label_column="label", cache_dir=tmp_path / "bad", verbose=False)
+    assert not (tmp_path / "bad").exists()
+    flags = hf.pack_dataset(labelled([i % 3 == 0 for i in range(20)]), 48, causal=False,
+                            sequence_label_column="label", cache_dir=tmp_path, verbose=False)
+    model = classifier("bert", 2).eval()
+    batch = hf.PackedDataCollator(model)([flags[i] for i in range(len(flags))])
+    assert batch["labels"].dtype == torch.long and set(batch["labels"].unique().tolist()) == {IGNORE_INDEX, 0, 1}
+    wrapped = hf.packed_sequence_classifier(model)
+    assert torch.isfinite(wrapped(**batch)["loss"]) and model.config.problem_type == "single_label_classification"
+    batch["labels"] = batch["labels"].float()
+    with pytest.raises(ValueError, match="class indices"):
+        wrapped(**batch)
+    one = classifier("bert", 1)
+    one.config.problem_type = "multi_label_classification"
+    hf.packed_sequence_classifier(one)
 
 
 def test_the_packing_benchmark_removes_what_it_writes(tmp_path):
