@@ -218,15 +218,17 @@ def _sequence_label_width(dataset, column: str, batch_size: int) -> int | None:
 
 def pack_iterable(dataset, pack_length: int, algorithm: str = "cghp", max_sequences_per_pack="max", *,
                   buffer_size: int = 100_000, columns=("input_ids",), label_column: str | None = "labels",
-                  causal: bool = True, too_long: str = "error", pad_token_id: int = 0, seed: int = 0,
-                  time_limit: float | None = None, verbose: bool = False):
+                  causal: bool = True, sequence_label_column: str | None = None, too_long: str = "error",
+                  pad_token_id: int = 0, seed: int = 0, time_limit: float | None = None, verbose: bool = False):
     """Pack a `datasets.IterableDataset` (or any iterable of dicts) as it streams: an IterableDataset of packs.
 
     The stream is read `buffer_size` rows at a time, and each buffer is packed on its own exactly as
     `pack_dataset` packs a dataset (the same columns; `source_rows` count rows from the start of the stream): a
     pack never holds rows of two buffers, and memory holds one buffer of rows and its packs. The packing of each
     buffer is as good as CGHP makes it on that buffer; only the last, partial buffer packs fewer rows. With
-    verbose, each buffer's report is printed. Arguments as for `pack_dataset`."""
+    verbose, each buffer's report is printed. Arguments as for `pack_dataset`; with `sequence_label_column`, a
+    buffer's packs have as many `sequence_labels` slots as its fullest pack has documents (PackedDataCollator
+    pads a batch's to its widest), and a list label must keep its length across buffers."""
     import datasets
 
     if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size < 1:
@@ -235,31 +237,45 @@ def pack_iterable(dataset, pack_length: int, algorithm: str = "cghp", max_sequen
         raise ValueError("pack_iterable streams an IterableDataset; pack a datasets.Dataset with pack_dataset")
     columns = (columns,) if isinstance(columns, str) else tuple(columns)
     settings = dict(pack_length=pack_length, algorithm=algorithm, max_sequences_per_pack=max_sequences_per_pack,
-                    columns=columns, label_column=label_column, causal=causal, too_long=too_long,
-                    pad_token_id=pad_token_id, seed=seed, time_limit=time_limit)
+                    columns=columns, label_column=None if sequence_label_column else label_column, causal=causal,
+                    too_long=too_long, pad_token_id=pad_token_id, seed=seed, time_limit=time_limit,
+                    sequence_label_column=sequence_label_column)
+    # (datasets splits a list in gen_kwargs into one shard per element: a list of rows became one stream per row,
+    # each row packed alone as source row 0; a tuple it passes whole)
+    stream = tuple(dataset) if isinstance(dataset, list) else dataset
     return datasets.IterableDataset.from_generator(
-        _stream_packs, gen_kwargs={"stream": dataset, "buffer_size": buffer_size, "settings": settings,
+        _stream_packs, gen_kwargs={"stream": stream, "buffer_size": buffer_size, "settings": settings,
                                    "verbose": verbose})
 
 
 def _stream_packs(stream, buffer_size: int, settings: dict, verbose: bool):
     """The packs of `stream`, one buffer of rows at a time (pack_iterable's generator)."""
-    buffer, start = [], 0
+    buffer, start, widths = [], 0, []
     for row in stream:
         buffer.append(row)
         if len(buffer) == buffer_size:
-            yield from _buffer_packs(buffer, start, settings, verbose)
+            yield from _buffer_packs(buffer, start, settings, verbose, widths)
             start, buffer = start + len(buffer), []
     if buffer:
-        yield from _buffer_packs(buffer, start, settings, verbose)
+        yield from _buffer_packs(buffer, start, settings, verbose, widths)
 
 
-def _buffer_packs(buffer: list, start: int, settings: dict, verbose: bool):
+def _buffer_packs(buffer: list, start: int, settings: dict, verbose: bool, widths: list):
+    """The packs of one buffer of rows; `widths`: the sequence label width of the buffers before (kept alike)."""
     import datasets
 
-    wanted = list(settings["columns"]) + ([settings["label_column"]] if settings["label_column"] else [])
-    chunk = datasets.Dataset.from_dict({c: [row[c] for row in buffer] for c in wanted if c in buffer[0]})
-    plan, report = _plan(chunk, **settings, batch_size=len(buffer))
+    extra = [c for c in (settings["label_column"], settings["sequence_label_column"]) if c]
+    chunk = datasets.Dataset.from_dict({c: [row[c] for row in buffer]
+                                        for c in list(settings["columns"]) + extra if c in buffer[0]})
+    width = None
+    if settings["sequence_label_column"]:
+        width = _sequence_label_width(chunk, settings["sequence_label_column"], len(buffer))
+        if widths and width != widths[0]:
+            raise ValueError(f"rows {start}-{start + len(buffer) - 1} of the stream have sequence labels of another "
+                             f"kind than the rows before (width {width} after {widths[0]}; None: class indices, 0: "
+                             "one float): give every row the same kind of label")
+        widths.append(width)
+    plan, report = _plan(chunk, **settings, batch_size=len(buffer), sequence_label_width=width)
     if verbose:
         print(format_report(report))
     n_packs = len(plan.offsets) - 1
@@ -814,7 +830,10 @@ class PackedDataCollator:
             if self.attn_implementation.startswith(FLASH_PREFIX) or self.attn_implementation == OWN_MODELS:
                 raise ValueError("packs with sequence_labels train with packed_sequence_classifier on an eager or "
                                  f"sdpa model; attn_implementation {self.attn_implementation!r} is not supported")
-            labels = np.stack([np.asarray(f["sequence_labels"]) for f in features])
+            each = [np.asarray(f["sequence_labels"]) for f in features]
+            slots = max(len(x) for x in each)   # (pack_iterable's buffers may have fewer: padded as empty slots)
+            labels = np.stack([np.concatenate([x, np.full((slots - len(x),) + x.shape[1:], IGNORE_INDEX, x.dtype)])
+                               for x in each])
             # (float labels, regression or multi-label, as float32: what Hugging Face's collators make of them)
             stack["labels"] = torch.as_tensor(labels.astype(np.float32) if labels.dtype.kind == "f" else labels)
             stack["pooled_positions"] = document_positions(stack["sequence_ids"], stack["labels"].shape[1],

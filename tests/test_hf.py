@@ -557,6 +557,56 @@ def test_a_stream_is_packed_buffer_by_buffer(tmp_path):
         hf.pack_iterable(src.to_iterable_dataset(), 48, buffer_size=0)
 
 
+def test_a_list_of_rows_streams_whole():
+    """pack_iterable on a plain list of rows ("any iterable of dicts"): datasets split a list in its generator's
+    arguments into one shard per element, so every row was packed alone as source row 0 (60 packs for 60 rows
+    of up to 7 tokens in packs of 16); now the list streams whole, buffer by buffer."""
+    rows = [{"input_ids": list(range(1, 2 + i % 7))} for i in range(60)]
+    packs = list(hf.pack_iterable(rows, 16, buffer_size=30))
+    assert sorted(r for p in packs for r in p["source_rows"]) == list(range(60))
+    assert len(packs) < 40 and all(len({r // 30 for r in p["source_rows"]}) == 1 for p in packs)
+    for p in packs:
+        ends = np.cumsum(p["sequence_lengths"])
+        for r, end, n in zip(p["source_rows"], ends, p["sequence_lengths"]):
+            np.testing.assert_array_equal(p["input_ids"][end - n:end], rows[r]["input_ids"])
+
+
+def test_a_stream_of_labelled_rows_packs_their_labels_and_a_batch_pads_its_slots(tmp_path):
+    """pack_iterable with sequence_label_column (regression labels here): each pack's `sequence_labels` are its
+    documents' labels in order; buffers' packs differ in slots, and the collator pads a batch's to the widest
+    (IGNORE_INDEX in empty slots), so packed_sequence_classifier's loss on a batch of packs of two buffers is the
+    sum of the model's own losses on each document alone over their count (float64, 1e-10). A stream whose
+    labels change kind between buffers is a ValueError."""
+    src = labelled_source(60, problem="regression")
+    stream = list(hf.pack_iterable(src.to_iterable_dataset(), 48, buffer_size=25, causal=False,
+                                   sequence_label_column="label", columns=("input_ids", "token_type_ids")))
+    slots = {len(row["sequence_labels"]) for row in stream}
+    assert sorted(r for row in stream for r in row["source_rows"]) == list(range(len(src)))
+    for row in stream:
+        assert "labels" not in row
+        labels = np.asarray(row["sequence_labels"])
+        n = len(row["source_rows"])
+        np.testing.assert_allclose(labels[:n], [src[r]["label"] for r in row["source_rows"]], rtol=1e-6)
+        assert (labels[n:] == IGNORE_INDEX).all()
+    first, last = stream[0], stream[-1]   # (the first and the last buffer: 4 and 3 slots, so one is padded)
+    assert len(first["sequence_labels"]) != len(last["sequence_labels"]) and len(slots) > 1
+    model = classifier("bert", 1).double().eval()
+    batch = hf.PackedDataCollator(model)([first, last])
+    assert batch["labels"].shape == (2, max(len(first["sequence_labels"]), len(last["sequence_labels"])))
+    with torch.no_grad():
+        loss = hf.packed_sequence_classifier(model)(**batch)["loss"]
+        model.config.problem_type = None
+        rows = list(first["source_rows"]) + list(last["source_rows"])
+        alone = [float(model(input_ids=torch.tensor([src[r]["input_ids"]]),
+                             token_type_ids=torch.tensor([src[r]["token_type_ids"]]),
+                             labels=torch.tensor([src[r]["label"]], dtype=torch.float32).double()).loss)
+                 for r in rows]
+    torch.testing.assert_close(float(loss), sum(alone) / len(rows), rtol=1e-10, atol=0)
+    changing = [{"input_ids": src[i]["input_ids"], "label": 1 if i < 30 else 0.5} for i in range(60)]
+    with pytest.raises(ValueError, match="another kind"):
+        list(hf.pack_iterable(changing, 48, buffer_size=30, sequence_label_column="label"))
+
+
 def test_our_packed_llama_takes_the_collators_sequence_ids_form(tmp_path):
     """attn_implementation="bert_ipu": our PackedLlamaForCausalLM, given HF's weights, computes from input_ids,
     position_ids and sequence_ids the logits HF's Llama computes on the same packs through the sdpa mask (equal
