@@ -162,7 +162,7 @@ def pack_dataset(dataset, pack_length: int, algorithm: str = "cghp", max_sequenc
                          too_long, pad_token_id, seed, time_limit, batch_size, sequence_label_column, width)
     offsets, rows = plan.offsets, plan.rows
     key = hashlib.sha256(json.dumps([dataset._fingerprint, pack_length, columns, label_column, causal, too_long,
-                                     pad_token_id, sequence_label_column, LAYOUT, CHUNK_TOKENS,
+                                     pad_token_id, sequence_label_column, width, LAYOUT, CHUNK_TOKENS,
                                      SHARD_CHUNKS]).encode()
                          + offsets.tobytes() + rows.tobytes()).hexdigest()[:24]
     root = Path(cache_dir) if cache_dir is not None else Path(datasets.config.HF_DATASETS_CACHE) / "bert_ipu_packed"
@@ -176,26 +176,33 @@ def pack_dataset(dataset, pack_length: int, algorithm: str = "cghp", max_sequenc
 def _sequence_label_width(dataset, column: str, batch_size: int) -> int | None:
     """What `column` holds per row: a class index (None; integer, bool or ClassLabel), a float (0) or a list of
     k numbers, k the same in every row (k). Refused: any other type, a missing label (None: it would pack as a
-    huge index or NaN), and a float label of IGNORE_INDEX (-100.0 marks an empty slot, so the loss's count would
-    leave it out)."""
+    huge index or NaN), a negative class index other than IGNORE_INDEX (ClassLabel's -1: no label, as in test
+    splits), and a float or list label that is IGNORE_INDEX once stored as float32 (-100.0 marks an empty slot)."""
     import datasets
+    import pyarrow as pa
     import pyarrow.compute as pc
 
     if column not in dataset.column_names:
         raise ValueError(f"the dataset has no column {column!r} (columns: {', '.join(dataset.column_names)})")
     feature = dataset.features[column]
+    missing = ValueError(f"sequence_label_column {column!r} has missing labels (None); filter those rows out or "
+                         "fill them before packing")
+    if isinstance(feature, datasets.Value) and feature.dtype == "null":
+        raise missing
 
-    def kind(f) -> str | None:
-        if isinstance(f, datasets.ClassLabel) or (isinstance(f, datasets.Value)
-                                                  and f.dtype.startswith(("int", "uint", "bool"))):
+    def kind(f, inner=False) -> str | None:
+        if isinstance(f, datasets.Value) and f.dtype.startswith(("int", "uint", "bool")):
+            return "index"
+        if isinstance(f, datasets.ClassLabel) and not inner:   # (a list of class ids is not a multi-hot vector)
             return "index"
         return "float" if isinstance(f, datasets.Value) and f.dtype.startswith("float") else None
 
-    listed = isinstance(feature, (datasets.Sequence, datasets.List)) and kind(getattr(feature, "feature", None))
+    listed = isinstance(feature, (datasets.Sequence, datasets.List)) and kind(getattr(feature, "feature", None),
+                                                                              inner=True)
     if not (kind(feature) or listed):
         raise ValueError(f"sequence_label_column {column!r} is {feature}; it must hold one label per row: a class "
                          "index (an integer or ClassLabel column), a float (regression) or a list of numbers of "
-                         "the same length in every row (multi-label)")
+                         "the same length in every row (a multi-hot vector of num_labels, not class ids)")
     widths = set()
     for batch in dataset.select_columns([column]).with_format("arrow").iter(batch_size=batch_size):
         values = batch[column]
@@ -203,11 +210,16 @@ def _sequence_label_width(dataset, column: str, batch_size: int) -> int | None:
             widths.update(np.unique(pc.list_value_length(values).to_numpy(zero_copy_only=False)).tolist())
             values = pc.list_flatten(values)
         if batch[column].null_count or values.null_count:
-            raise ValueError(f"sequence_label_column {column!r} has missing labels (None); filter those rows out "
-                             "or fill them before packing")
-        if (listed or kind(feature) == "float") and pc.any(pc.equal(values.cast("float64"), IGNORE_INDEX)).as_py():
-            raise ValueError(f"sequence_label_column {column!r} holds the value {IGNORE_INDEX}, which marks an "
-                             "empty document slot in the packs: shift or rescale those labels")
+            raise missing
+        if not listed and kind(feature) == "index":
+            values = pc.cast(values, pa.int64())
+            negative = pc.and_(pc.less(values, 0), pc.not_equal(values, IGNORE_INDEX))
+            if pc.any(negative).as_py():
+                raise ValueError(f"sequence_label_column {column!r} holds negative class indices (-1: no label, as "
+                                 "in a test split); filter those rows out (IGNORE_INDEX, -100, is ignored)")
+        elif pc.any(pc.equal(pc.cast(values, pa.float32(), safe=False), IGNORE_INDEX)).as_py():
+            raise ValueError(f"sequence_label_column {column!r} holds the value {IGNORE_INDEX} (as float32), which "
+                             "marks an empty document slot in the packs: shift or rescale those labels")
     if not listed:
         return None if kind(feature) == "index" else 0
     if len(widths) == 1 and min(widths) > 0:
@@ -220,7 +232,8 @@ def pack_iterable(dataset, pack_length: int, algorithm: str = "cghp", max_sequen
                   buffer_size: int = 100_000, columns=("input_ids",), label_column: str | None = "labels",
                   causal: bool = True, sequence_label_column: str | None = None, too_long: str = "error",
                   pad_token_id: int = 0, seed: int = 0, time_limit: float | None = None, verbose: bool = False):
-    """Pack a `datasets.IterableDataset` (or any iterable of dicts) as it streams: an IterableDataset of packs.
+    """Pack a `datasets.IterableDataset` (or a list or other re-iterable collection of dicts) as it streams: an
+    IterableDataset of packs.
 
     The stream is read `buffer_size` rows at a time, and each buffer is packed on its own exactly as
     `pack_dataset` packs a dataset (the same columns; `source_rows` count rows from the start of the stream): a
@@ -235,6 +248,13 @@ def pack_iterable(dataset, pack_length: int, algorithm: str = "cghp", max_sequen
         raise ValueError(f"buffer_size must be a whole number >= 1, got {buffer_size!r}")
     if isinstance(dataset, datasets.Dataset):
         raise ValueError("pack_iterable streams an IterableDataset; pack a datasets.Dataset with pack_dataset")
+    try:
+        once = iter(dataset) is dataset
+    except TypeError:
+        raise ValueError(f"pack_iterable streams rows (dicts); got a {type(dataset).__name__}") from None
+    if once:
+        raise ValueError(f"pack_iterable reads its stream again every epoch, and a {type(dataset).__name__} can be "
+                         "read once: give a datasets.IterableDataset (IterableDataset.from_generator) or a list")
     columns = (columns,) if isinstance(columns, str) else tuple(columns)
     settings = dict(pack_length=pack_length, algorithm=algorithm, max_sequences_per_pack=max_sequences_per_pack,
                     columns=columns, label_column=None if sequence_label_column else label_column, causal=causal,
@@ -251,7 +271,7 @@ def pack_iterable(dataset, pack_length: int, algorithm: str = "cghp", max_sequen
 def _stream_packs(stream, buffer_size: int, settings: dict, verbose: bool):
     """The packs of `stream`, one buffer of rows at a time (pack_iterable's generator)."""
     buffer, start, widths = [], 0, []
-    for row in stream:
+    for row in _rows(stream, buffer_size):
         buffer.append(row)
         if len(buffer) == buffer_size:
             yield from _buffer_packs(buffer, start, settings, verbose, widths)
@@ -260,16 +280,39 @@ def _stream_packs(stream, buffer_size: int, settings: dict, verbose: bool):
         yield from _buffer_packs(buffer, start, settings, verbose, widths)
 
 
+def _rows(stream, batch_size: int):
+    """The rows of `stream`, all of them: a datasets.IterableDataset read by `__iter__` inside a DataLoader
+    worker yields only that worker's share of its shards (only worker 0 runs pack_iterable's generator, which
+    has one shard: half the rows of a 4-shard stream were lost under 2 workers), so it is read by `.iter()`."""
+    import datasets
+
+    if not isinstance(stream, datasets.IterableDataset):
+        yield from stream
+        return
+    for batch in stream.iter(batch_size=batch_size):
+        keys = list(batch)
+        for i in range(len(batch[keys[0]]) if keys else 0):
+            yield {k: batch[k][i] for k in keys}
+
+
 def _buffer_packs(buffer: list, start: int, settings: dict, verbose: bool, widths: list):
     """The packs of one buffer of rows; `widths`: the sequence label width of the buffers before (kept alike)."""
     import datasets
 
     extra = [c for c in (settings["label_column"], settings["sequence_label_column"]) if c]
-    chunk = datasets.Dataset.from_dict({c: [row[c] for row in buffer]
+    chunk = datasets.Dataset.from_dict({c: [row.get(c) for row in buffer]   # (a row without c: None, refused)
                                         for c in list(settings["columns"]) + extra if c in buffer[0]})
+    if settings["too_long"] == "drop" and all(row.get("input_ids") is not None
+                                              and len(row["input_ids"]) > settings["pack_length"] for row in buffer):
+        if verbose:
+            print(f"rows {start}-{start + len(buffer) - 1}: every row is longer than pack_length "
+                  f"{settings['pack_length']}; dropped")
+        return
     width = None
     if settings["sequence_label_column"]:
         width = _sequence_label_width(chunk, settings["sequence_label_column"], len(buffer))
+        if widths and widths[0] == 0 and width is None:   # (whole numbers in a float stream: floats)
+            width = 0
         if widths and width != widths[0]:
             raise ValueError(f"rows {start}-{start + len(buffer) - 1} of the stream have sequence labels of another "
                              f"kind than the rows before (width {width} after {widths[0]}; None: class indices, 0: "
@@ -1024,7 +1067,9 @@ def _classifier_class():
                     each = functional.mse_loss(logits, targets, reduction="none")
                 else:
                     each = functional.binary_cross_entropy_with_logits(logits, targets, reduction="none")
-                total = each[present].sum()    # (empty slots: IGNORE_INDEX labels, no document)
+                # empty slots, and labels of IGNORE_INDEX (integers under regression), are left out of the sum as
+                # the count leaves them out
+                total = each[present[..., None] & labels.reshape(logits.shape).ne(IGNORE_INDEX)].sum()
             count = num_items_in_batch if num_items_in_batch is not None else labels.ne(IGNORE_INDEX).sum()
             self.config.problem_type = problem   # (as the model's own forward does: saved with it, for pipelines)
             return total / count

@@ -571,6 +571,40 @@ def test_a_list_of_rows_streams_whole():
             np.testing.assert_array_equal(p["input_ids"][end - n:end], rows[r]["input_ids"])
 
 
+def test_the_cache_key_holds_what_the_labels_pack_as(tmp_path, monkeypatch):
+    """Packs written when a label column packed one way (a bool label packed as float32 before it was a class
+    index) are not reused once it packs another way: the cache key holds the label width."""
+    src = labelled_source(20)
+    first = hf.pack_dataset(src, 48, sequence_label_column="label", cache_dir=tmp_path, verbose=False)
+    monkeypatch.setattr(hf, "_sequence_label_width", lambda *args: 0)   # (the same data, labels as floats)
+    again = hf.pack_dataset(src, 48, sequence_label_column="label", cache_dir=tmp_path, verbose=False)
+    assert first.features["sequence_labels"].feature.dtype == "int64"
+    assert again.features["sequence_labels"].feature.dtype == "float32"
+
+
+def test_a_stream_is_read_whole_by_loader_workers_and_its_edges_pack_or_are_refused():
+    """pack_iterable: a sharded IterableDataset read through a DataLoader with 2 workers gives every row once
+    (worker 0 read only its share of the 4 shards: half the rows, with wrong source_rows); a buffer whose rows are
+    all too long is dropped, not the end of the stream (too_long="drop"); whole numbers in a buffer of a float
+    label stream are floats; a generator (read once) is refused, and so is a row without the label."""
+    src = labelled_source(40, problem="regression")
+    sharded = src.to_iterable_dataset(num_shards=4)
+    stream = hf.pack_iterable(sharded, 48, buffer_size=100, causal=False, sequence_label_column="label")
+    loader = torch.utils.data.DataLoader(stream, batch_size=None, num_workers=2)
+    assert sorted(r for row in loader for r in row["source_rows"]) == list(range(40))
+    rows = [{"input_ids": [1] * (5 + i % 4), "label": float(i % 3) + 0.5} for i in range(30)]
+    rows[20:] = [{"input_ids": [1] * 30, "label": 1} for _ in range(10)]     # buffer 3: too long, whole numbers
+    rows[10:20] = [{"input_ids": [1] * 6, "label": i % 2} for i in range(10)]  # buffer 2: whole numbers
+    packs = list(hf.pack_iterable(rows, 24, buffer_size=10, causal=False, sequence_label_column="label",
+                                  too_long="drop"))
+    assert sorted(r for p in packs for r in p["source_rows"]) == list(range(20))
+    assert all(np.asarray(p["sequence_labels"]).dtype.kind == "f" for p in packs)
+    with pytest.raises(ValueError, match="can be read once"):
+        hf.pack_iterable((row for row in rows), 24)
+    with pytest.raises(ValueError, match="missing labels"):
+        list(hf.pack_iterable(rows[:5] + [{"input_ids": [1, 2]}], 24, sequence_label_column="label"))
+
+
 def test_a_stream_of_labelled_rows_packs_their_labels_and_a_batch_pads_its_slots(tmp_path):
     """pack_iterable with sequence_label_column (regression labels here): each pack's `sequence_labels` are its
     documents' labels in order; buffers' packs differ in slots, and the collator pads a batch's to the widest
@@ -940,9 +974,13 @@ def test_sequence_labels_that_cannot_pack_right_are_refused_and_bool_labels_are_
         out = src.remove_columns("label").add_column("label", values)
         return out.cast_column("label", feature) if feature is not None else out
 
+    names = datasets.ClassLabel(names=["no", "yes"])
     for bad, match in [(labelled([None] + [1] * 19), "missing labels"), (labelled([None] + [0.5] * 19), "missing"),
-                       (labelled([[1.0, None]] + [[1.0, 0.0]] * 19), "missing"),
-                       (labelled([-100.0] + [0.5] * 19), "-100"), (labelled([[0.0, -100.0]] * 20), "-100")]:
+                       (labelled([[1.0, None]] + [[1.0, 0.0]] * 19), "missing"), (labelled([None] * 20), "missing"),
+                       (labelled([-100.0] + [0.5] * 19), "-100"), (labelled([[0.0, -100.0]] * 20), "-100"),
+                       (labelled([-100.000001] + [0.5] * 19), "-100"),        # (-100.0 once stored as float32)
+                       (labelled([-1] + [1] * 19, names), "negative class"),  # (ClassLabel's "no label")
+                       (labelled([[0], [1]] * 10, datasets.List(names)), "multi-hot")]:   # (class ids, not multi-hot)
         with pytest.raises(ValueError, match=match):
             hf.pack_dataset(bad, 48, sequence_label_column="label", cache_dir=tmp_path / "bad", verbose=False)
     assert not (tmp_path / "bad").exists()
@@ -959,6 +997,18 @@ def test_sequence_labels_that_cannot_pack_right_are_refused_and_bool_labels_are_
     one = classifier("bert", 1)
     one.config.problem_type = "multi_label_classification"
     hf.packed_sequence_classifier(one)
+    # integer labels under regression (num_labels 1): IGNORE_INDEX is left out of the sum as out of the count
+    ints = hf.pack_dataset(labelled([IGNORE_INDEX] + [i % 3 for i in range(19)]), 48, causal=False,
+                           sequence_label_column="label", cache_dir=tmp_path / "ints", verbose=False)
+    one = classifier("bert", 1).double().eval()
+    batch = hf.PackedDataCollator(one)([ints[i] for i in range(len(ints))])
+    labels = [i % 3 for i in range(19)]   # (rows 1-19)
+    with torch.no_grad():
+        loss = float(hf.packed_sequence_classifier(one)(**batch)["loss"])
+        alone = [float(one(input_ids=torch.tensor([src[r]["input_ids"]]),
+                           labels=torch.tensor([float(labels[r - 1])], dtype=torch.float64)).loss)
+                 for r in range(1, 20)]
+    torch.testing.assert_close(loss, sum(alone) / 19, rtol=1e-10, atol=0)
 
 
 def test_the_packing_benchmark_removes_what_it_writes(tmp_path):
