@@ -39,6 +39,7 @@ numpy at import; `datasets`, `pyarrow`, `torch` and `transformers` are imported 
 
 from __future__ import annotations
 
+import collections.abc
 import functools
 import hashlib
 import json
@@ -50,7 +51,7 @@ import numpy as np
 
 from .data.contiguous import rows_from_packs
 from .data.layout import IGNORE_INDEX
-from .packing.api import pack, resolve_depth
+from .packing.api import ALGORITHMS, pack, resolve_depth
 from .packing.assign import assign_ragged
 from .packing.histogram import histogram_of
 
@@ -139,17 +140,10 @@ def pack_dataset(dataset, pack_length: int, algorithm: str = "cghp", max_sequenc
     if not isinstance(dataset, datasets.Dataset):
         raise ValueError(f"pack_dataset takes a datasets.Dataset, got {type(dataset).__name__}; "
                          "wrap the data with datasets.Dataset.from_dict")
-    if isinstance(pack_length, bool) or not isinstance(pack_length, (int, np.integer)) or pack_length < 1:
-        raise ValueError(f"pack_length must be a whole number >= 1, got {pack_length!r}")
-    pack_length = int(pack_length)
-    columns = (columns,) if isinstance(columns, str) else tuple(columns)
-    if not columns or columns[0] != "input_ids":
-        raise ValueError(f"columns must start with 'input_ids', got {columns!r}")
+    pack_length, columns = _checked(pack_length, algorithm, columns, too_long)
     missing = [c for c in columns if c not in dataset.column_names]
     if missing:
         raise ValueError(f"the dataset has no column {missing[0]!r} (columns: {', '.join(dataset.column_names)})")
-    if too_long not in TOO_LONG:
-        raise ValueError(f"too_long must be one of {', '.join(TOO_LONG)}, got {too_long!r}")
     if num_proc is not None and (isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc < 1):
         raise ValueError(f"num_proc must be a whole number >= 1 or None, got {num_proc!r}")
     if len(dataset) == 0:
@@ -173,6 +167,20 @@ def pack_dataset(dataset, pack_length: int, algorithm: str = "cghp", max_sequenc
     return packed
 
 
+def _checked(pack_length, algorithm, columns, too_long) -> tuple[int, tuple]:
+    """pack_dataset's and pack_iterable's arguments checked (a one-line ValueError each): pack_length, columns."""
+    if isinstance(pack_length, bool) or not isinstance(pack_length, (int, np.integer)) or pack_length < 1:
+        raise ValueError(f"pack_length must be a whole number >= 1, got {pack_length!r}")
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {', '.join(ALGORITHMS)}, got {algorithm!r}")
+    columns = (columns,) if isinstance(columns, str) else tuple(columns)
+    if not columns or columns[0] != "input_ids":
+        raise ValueError(f"columns must start with 'input_ids', got {columns!r}")
+    if too_long not in TOO_LONG:
+        raise ValueError(f"too_long must be one of {', '.join(TOO_LONG)}, got {too_long!r}")
+    return int(pack_length), columns
+
+
 def _sequence_label_width(dataset, column: str, batch_size: int) -> int | None:
     """What `column` holds per row: a class index (None; integer, bool or ClassLabel), a float (0) or a list of
     k numbers, k the same in every row (k). Refused: any other type, a missing label (None: it would pack as a
@@ -185,10 +193,10 @@ def _sequence_label_width(dataset, column: str, batch_size: int) -> int | None:
     if column not in dataset.column_names:
         raise ValueError(f"the dataset has no column {column!r} (columns: {', '.join(dataset.column_names)})")
     feature = dataset.features[column]
-    missing = ValueError(f"sequence_label_column {column!r} has missing labels (None); filter those rows out or "
-                         "fill them before packing")
+    missing = (f"sequence_label_column {column!r} has missing labels (None); filter those rows out or fill them "
+               "before packing")
     if isinstance(feature, datasets.Value) and feature.dtype == "null":
-        raise missing
+        raise ValueError(missing)
 
     def kind(f, inner=False) -> str | None:
         if isinstance(f, datasets.Value) and f.dtype.startswith(("int", "uint", "bool")):
@@ -210,16 +218,20 @@ def _sequence_label_width(dataset, column: str, batch_size: int) -> int | None:
             widths.update(np.unique(pc.list_value_length(values).to_numpy(zero_copy_only=False)).tolist())
             values = pc.list_flatten(values)
         if batch[column].null_count or values.null_count:
-            raise missing
-        if not listed and kind(feature) == "index":
-            values = pc.cast(values, pa.int64())
+            raise ValueError(missing)
+        if isinstance(feature, datasets.ClassLabel):   # (-1: ClassLabel's "no label"; integers may be targets)
             negative = pc.and_(pc.less(values, 0), pc.not_equal(values, IGNORE_INDEX))
             if pc.any(negative).as_py():
-                raise ValueError(f"sequence_label_column {column!r} holds negative class indices (-1: no label, as "
-                                 "in a test split); filter those rows out (IGNORE_INDEX, -100, is ignored)")
-        elif pc.any(pc.equal(pc.cast(values, pa.float32(), safe=False), IGNORE_INDEX)).as_py():
-            raise ValueError(f"sequence_label_column {column!r} holds the value {IGNORE_INDEX} (as float32), which "
-                             "marks an empty document slot in the packs: shift or rescale those labels")
+                raise ValueError(f"sequence_label_column {column!r} holds the class index -1 (no label, as in a "
+                                 "test split); filter those rows out")
+        elif listed or kind(feature) == "float":
+            stored = pc.cast(values, pa.float32(), safe=False)
+            if pc.any(pc.equal(stored, IGNORE_INDEX)).as_py():
+                raise ValueError(f"sequence_label_column {column!r} holds the value {IGNORE_INDEX} (as float32), "
+                                 "which marks an empty document slot in the packs: shift or rescale those labels")
+            if not pc.all(pc.is_finite(stored)).as_py():
+                raise ValueError(f"sequence_label_column {column!r} holds NaN or infinite labels (as float32); "
+                                 "filter or fix those rows before packing")
     if not listed:
         return None if kind(feature) == "index" else 0
     if len(widths) == 1 and min(widths) > 0:
@@ -241,21 +253,22 @@ def pack_iterable(dataset, pack_length: int, algorithm: str = "cghp", max_sequen
     buffer is as good as CGHP makes it on that buffer; only the last, partial buffer packs fewer rows. With
     verbose, each buffer's report is printed. Arguments as for `pack_dataset`; with `sequence_label_column`, a
     buffer's packs have as many `sequence_labels` slots as its fullest pack has documents (PackedDataCollator
-    pads a batch's to its widest), and a list label must keep its length across buffers."""
+    pads a batch's to its widest), and a list label must keep its length across buffers. The Trainer's
+    `set_epoch` reaches the packs, not `dataset`: a shuffled IterableDataset source reshuffles each epoch only if
+    its own `set_epoch` is called (a TrainerCallback's on_epoch_begin)."""
     import datasets
 
     if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size < 1:
         raise ValueError(f"buffer_size must be a whole number >= 1, got {buffer_size!r}")
     if isinstance(dataset, datasets.Dataset):
         raise ValueError("pack_iterable streams an IterableDataset; pack a datasets.Dataset with pack_dataset")
-    try:
-        once = iter(dataset) is dataset
-    except TypeError:
-        raise ValueError(f"pack_iterable streams rows (dicts); got a {type(dataset).__name__}") from None
-    if once:
+    if not isinstance(dataset, collections.abc.Iterable) or isinstance(dataset, (str, bytes, collections.abc.Mapping)):
+        raise ValueError(f"pack_iterable streams rows (dicts); got a {type(dataset).__name__} (a dict of splits: "
+                         "pick one; a dict of columns: datasets.Dataset.from_dict, then pack_dataset)")
+    if isinstance(dataset, collections.abc.Iterator):
         raise ValueError(f"pack_iterable reads its stream again every epoch, and a {type(dataset).__name__} can be "
                          "read once: give a datasets.IterableDataset (IterableDataset.from_generator) or a list")
-    columns = (columns,) if isinstance(columns, str) else tuple(columns)
+    pack_length, columns = _checked(pack_length, algorithm, columns, too_long)
     settings = dict(pack_length=pack_length, algorithm=algorithm, max_sequences_per_pack=max_sequences_per_pack,
                     columns=columns, label_column=None if sequence_label_column else label_column, causal=causal,
                     too_long=too_long, pad_token_id=pad_token_id, seed=seed, time_limit=time_limit,
@@ -270,14 +283,20 @@ def pack_iterable(dataset, pack_length: int, algorithm: str = "cghp", max_sequen
 
 def _stream_packs(stream, buffer_size: int, settings: dict, verbose: bool):
     """The packs of `stream`, one buffer of rows at a time (pack_iterable's generator)."""
-    buffer, start, widths = [], 0, []
+    buffer, start, widths, kept = [], 0, [], 0
     for row in _rows(stream, buffer_size):
         buffer.append(row)
         if len(buffer) == buffer_size:
-            yield from _buffer_packs(buffer, start, settings, verbose, widths)
+            for pack in _buffer_packs(buffer, start, settings, verbose, widths):
+                kept += 1
+                yield pack
             start, buffer = start + len(buffer), []
     if buffer:
-        yield from _buffer_packs(buffer, start, settings, verbose, widths)
+        for pack in _buffer_packs(buffer, start, settings, verbose, widths):
+            kept += 1
+            yield pack
+    if start + len(buffer) and not kept:   # (too_long="drop" dropped every row)
+        raise ValueError(f"every row is longer than pack_length {settings['pack_length']}; nothing to pack")
 
 
 def _rows(stream, batch_size: int):
@@ -300,19 +319,21 @@ def _buffer_packs(buffer: list, start: int, settings: dict, verbose: bool, width
     import datasets
 
     extra = [c for c in (settings["label_column"], settings["sequence_label_column"]) if c]
-    chunk = datasets.Dataset.from_dict({c: [row.get(c) for row in buffer]   # (a row without c: None, refused)
-                                        for c in list(settings["columns"]) + extra if c in buffer[0]})
+    keys = set().union(*buffer)   # (a row without a column another row has: None there, refused as missing)
+    chunk = datasets.Dataset.from_dict({c: [row.get(c) for row in buffer]
+                                        for c in list(settings["columns"]) + extra if c in keys})
     if settings["too_long"] == "drop" and all(row.get("input_ids") is not None
                                               and len(row["input_ids"]) > settings["pack_length"] for row in buffer):
         if verbose:
             print(f"rows {start}-{start + len(buffer) - 1}: every row is longer than pack_length "
                   f"{settings['pack_length']}; dropped")
         return
-    width = None
-    if settings["sequence_label_column"]:
-        width = _sequence_label_width(chunk, settings["sequence_label_column"], len(buffer))
-        if widths and widths[0] == 0 and width is None:   # (whole numbers in a float stream: floats)
-            width = 0
+    width, column = None, settings["sequence_label_column"]
+    if column:
+        if widths and widths[0] == 0 and column in keys and isinstance(chunk.features[column], datasets.Value) \
+                and chunk.features[column].dtype.startswith(("int", "uint")):   # (whole numbers in a float stream)
+            chunk = chunk.cast_column(column, datasets.Value("float64"))
+        width = _sequence_label_width(chunk, column, len(buffer))
         if widths and width != widths[0]:
             raise ValueError(f"rows {start}-{start + len(buffer) - 1} of the stream have sequence labels of another "
                              f"kind than the rows before (width {width} after {widths[0]}; None: class indices, 0: "

@@ -601,8 +601,24 @@ def test_a_stream_is_read_whole_by_loader_workers_and_its_edges_pack_or_are_refu
     assert all(np.asarray(p["sequence_labels"]).dtype.kind == "f" for p in packs)
     with pytest.raises(ValueError, match="can be read once"):
         hf.pack_iterable((row for row in rows), 24)
+    for bad in ({"input_ids": [[1, 2]]}, "text", 7):
+        with pytest.raises(ValueError, match="streams rows"):
+            hf.pack_iterable(bad, 24)
     with pytest.raises(ValueError, match="missing labels"):
         list(hf.pack_iterable(rows[:5] + [{"input_ids": [1, 2]}], 24, sequence_label_column="label"))
+    for bad, match in [(dict(pack_length=0), "pack_length"), (dict(pack_length=24, algorithm="nope"), "algorithm"),
+                       (dict(pack_length=24, too_long="cut"), "too_long")]:
+        with pytest.raises(ValueError, match=match):   # (at once, not an empty stream)
+            hf.pack_iterable(rows, **bad)
+    with pytest.raises(ValueError, match="nothing to pack"):   # (every row dropped)
+        list(hf.pack_iterable(rows, 4, buffer_size=10, too_long="drop"))
+    floats = [{"input_ids": [1] * 5, "label": 0.5}] * 10
+    scores = list(hf.pack_iterable(floats + [{"input_ids": [1] * 5, "label": -1}] * 10, 24, buffer_size=10,
+                                   causal=False, sequence_label_column="label"))
+    assert sorted(set(v for p in scores for v in p["sequence_labels"])) == [IGNORE_INDEX, -1.0, 0.5]
+    with pytest.raises(ValueError, match="-100"):   # (a whole -100 in a float stream is the float -100.0)
+        list(hf.pack_iterable(floats + [{"input_ids": [1] * 5, "label": IGNORE_INDEX}] * 10, 24, buffer_size=10,
+                              causal=False, sequence_label_column="label"))
 
 
 def test_a_stream_of_labelled_rows_packs_their_labels_and_a_batch_pads_its_slots(tmp_path):
@@ -979,7 +995,8 @@ def test_sequence_labels_that_cannot_pack_right_are_refused_and_bool_labels_are_
                        (labelled([[1.0, None]] + [[1.0, 0.0]] * 19), "missing"), (labelled([None] * 20), "missing"),
                        (labelled([-100.0] + [0.5] * 19), "-100"), (labelled([[0.0, -100.0]] * 20), "-100"),
                        (labelled([-100.000001] + [0.5] * 19), "-100"),        # (-100.0 once stored as float32)
-                       (labelled([-1] + [1] * 19, names), "negative class"),  # (ClassLabel's "no label")
+                       (labelled([-1] + [1] * 19, names), "class index -1"),  # (ClassLabel's "no label")
+                       (labelled([float("nan")] + [0.5] * 19), "NaN"), (labelled([1e39] + [0.5] * 19), "infinite"),
                        (labelled([[0], [1]] * 10, datasets.List(names)), "multi-hot")]:   # (class ids, not multi-hot)
         with pytest.raises(ValueError, match=match):
             hf.pack_dataset(bad, 48, sequence_label_column="label", cache_dir=tmp_path / "bad", verbose=False)
@@ -997,6 +1014,9 @@ def test_sequence_labels_that_cannot_pack_right_are_refused_and_bool_labels_are_
     one = classifier("bert", 1)
     one.config.problem_type = "multi_label_classification"
     hf.packed_sequence_classifier(one)
+    scores = hf.pack_dataset(labelled([-2, -1, 0, 1, 2] * 4), 48, sequence_label_column="label",   # (targets)
+                             cache_dir=tmp_path / "scores", verbose=False)
+    assert sorted(v for p in scores["sequence_labels"] for v in p if v != IGNORE_INDEX) == sorted([-2, -1, 0, 1, 2] * 4)
     # integer labels under regression (num_labels 1): IGNORE_INDEX is left out of the sum as out of the count
     ints = hf.pack_dataset(labelled([IGNORE_INDEX] + [i % 3 for i in range(19)]), 48, causal=False,
                            sequence_label_column="label", cache_dir=tmp_path / "ints", verbose=False)
