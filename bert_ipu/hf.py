@@ -283,20 +283,26 @@ def pack_iterable(dataset, pack_length: int, algorithm: str = "cghp", max_sequen
 
 def _stream_packs(stream, buffer_size: int, settings: dict, verbose: bool):
     """The packs of `stream`, one buffer of rows at a time (pack_iterable's generator)."""
-    buffer, start, widths, kept = [], 0, [], 0
-    for row in _rows(stream, buffer_size):
-        buffer.append(row)
-        if len(buffer) == buffer_size:
-            for pack in _buffer_packs(buffer, start, settings, verbose, widths):
-                kept += 1
-                yield pack
-            start, buffer = start + len(buffer), []
-    if buffer:
+    start, widths, kept = 0, [], 0
+    for buffer in _buffers(_rows(stream, buffer_size), buffer_size):
         for pack in _buffer_packs(buffer, start, settings, verbose, widths):
             kept += 1
             yield pack
-    if start + len(buffer) and not kept:   # (too_long="drop" dropped every row)
+        start += len(buffer)
+    if start and not kept:   # (too_long="drop" dropped every row)
         raise ValueError(f"every row is longer than pack_length {settings['pack_length']}; nothing to pack")
+
+
+def _buffers(rows, size: int):
+    """`rows` in lists of `size` (the last one shorter)."""
+    buffer = []
+    for row in rows:
+        buffer.append(row)
+        if len(buffer) == size:
+            yield buffer
+            buffer = []
+    if buffer:
+        yield buffer
 
 
 def _rows(stream, batch_size: int):
@@ -318,16 +324,16 @@ def _buffer_packs(buffer: list, start: int, settings: dict, verbose: bool, width
     """The packs of one buffer of rows; `widths`: the sequence label width of the buffers before (kept alike)."""
     import datasets
 
-    extra = [c for c in (settings["label_column"], settings["sequence_label_column"]) if c]
-    keys = set().union(*buffer)   # (a row without a column another row has: None there, refused as missing)
-    chunk = datasets.Dataset.from_dict({c: [row.get(c) for row in buffer]
-                                        for c in list(settings["columns"]) + extra if c in keys})
     if settings["too_long"] == "drop" and all(row.get("input_ids") is not None
                                               and len(row["input_ids"]) > settings["pack_length"] for row in buffer):
         if verbose:
             print(f"rows {start}-{start + len(buffer) - 1}: every row is longer than pack_length "
                   f"{settings['pack_length']}; dropped")
         return
+    extra = [c for c in (settings["label_column"], settings["sequence_label_column"]) if c]
+    keys = set().union(*buffer)   # (a row without a column another row has: None there, refused as missing)
+    chunk = datasets.Dataset.from_dict({c: [row.get(c) for row in buffer]
+                                        for c in list(settings["columns"]) + extra if c in keys})
     width, column = None, settings["sequence_label_column"]
     if column:
         if widths and widths[0] == 0 and column in keys and isinstance(chunk.features[column], datasets.Value) \
@@ -551,8 +557,8 @@ def unpack_outputs(packed, outputs) -> list:
     outputs = np.asarray(outputs)
     report = packing_report(packed)
     documents = "sequence_labels" in packed.column_names
-    width, what = (len(packed[0]["sequence_labels"]), "slots") if documents else (report["pack_length"],
-                                                                                 "pack_length")
+    width, what = (packed.features["sequence_labels"].length, "slots") if documents else (report["pack_length"],
+                                                                                        "pack_length")
     if outputs.shape[:2] != (len(packed), width):
         raise ValueError(f"outputs of shape {outputs.shape} are not (packs, {what}, ...) = "
                          f"({len(packed)}, {width}, ...); predict on the packed dataset, in order")
@@ -1067,6 +1073,7 @@ def _classifier_class():
             """The documents' summed loss over num_items_in_batch (default: this batch's labels), the loss the
             model's own forward takes for its problem type (inferred as it does where the config names none)."""
             functional = torch.nn.functional
+            counted = labels.ne(IGNORE_INDEX)   # (the Trainer's count of num_items_in_batch)
             logits = logits.to(torch.promote_types(logits.dtype, torch.float32))   # (bfloat16 up, float64 kept)
             problem = self.config.problem_type or ("regression" if self.config.num_labels == 1 else
                                                    "single_label_classification" if not labels.is_floating_point()
@@ -1090,8 +1097,8 @@ def _classifier_class():
                     each = functional.binary_cross_entropy_with_logits(logits, targets, reduction="none")
                 # empty slots, and labels of IGNORE_INDEX (integers under regression), are left out of the sum as
                 # the count leaves them out
-                total = each[present[..., None] & labels.reshape(logits.shape).ne(IGNORE_INDEX)].sum()
-            count = num_items_in_batch if num_items_in_batch is not None else labels.ne(IGNORE_INDEX).sum()
+                total = each[present[..., None] & counted.reshape(logits.shape)].sum()
+            count = num_items_in_batch if num_items_in_batch is not None else counted.sum()
             self.config.problem_type = problem   # (as the model's own forward does: saved with it, for pipelines)
             return total / count
 

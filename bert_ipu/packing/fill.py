@@ -12,8 +12,8 @@ reachable), with copies of a length split in binary chunks (1, 2, 4, ... copies)
 choice per chunk; under a depth limit there is one bitset per number of sequences. A pack found is repeated
 while its sequences last: the search would find the same fill again. With `shuffle` the subset search takes the
 lengths in a random order instead of longest first: under a depth limit longest first can leave the last packs
-only short sequences, too few to fill them, and a random order keeps the lengths' mix to the end. Cost: about (distinct packs) x (chunks)
-x (depth) x (pack length / 64) words of bitset work, capped by a budget.
+only short sequences, too few to fill them, and a random order keeps the lengths' mix to the end. Cost: about
+(distinct packs) x (chunks) x (depth) x (pack length / 64) words of bitset work, capped by a budget.
 """
 
 from __future__ import annotations
