@@ -831,14 +831,17 @@ class PackedDataCollator:
         cu_seq_lens_q/k, max_length_q/k (what the varlen kernels take). "bert_ipu" -> input_ids, position_ids,
         sequence_ids, labels for this project's packed models (a causal LM's labels as they take them: the next
         token of the same document at each position). Anything else: ValueError.
-    causal, shift_labels, position_offset: override what `model` says (shift_labels defaults to `causal`,
-        except for a *ForTokenClassification). dtype: the float mask's dtype (the model's).
+    causal, shift_labels, position_offset, pad_token_id: override what `model` says (shift_labels defaults to
+        `causal`, except for a *ForTokenClassification; pad_token_id: where the last token is pooled, a document's
+        last token that is not this one is, as a decoder's classifier pools a row's). dtype: the float mask's dtype
+        (the model's).
 
     The Trainer must keep `sequence_lengths`: TrainingArguments(remove_unused_columns=False).
     """
 
     def __init__(self, model=None, *, attn_implementation: str | None = None, causal: bool | None = None,
-                 shift_labels: bool | None = None, position_offset: int | None = None, dtype=None):
+                 shift_labels: bool | None = None, position_offset: int | None = None, dtype=None,
+                 pad_token_id: int | None = None):
         import torch
 
         if model is None and (attn_implementation is None or causal is None):
@@ -857,6 +860,10 @@ class PackedDataCollator:
         # head (where their own forward pools, T5Gemma's bidirectional encoder-only classifier's too), else the
         # first
         self.pool_last = self.causal or (model is not None and hasattr(model, "score"))
+        # ... and there, as their forward does, the last token that is not the pad token (pad_token_id is often
+        # the end-of-text token, which ends every document)
+        self.pad_token_id = pad_token_id if pad_token_id is not None or model is None \
+            else _text_config(model).pad_token_id
         self.layer_types, self.limits, self.masks_by_type = _layer_limits(model, self.causal) \
             if model is not None else (None, {}, False)
         if shift_labels is None:  # a causal model's labels are next tokens, but a token classifier's
@@ -906,8 +913,10 @@ class PackedDataCollator:
                                for x in each])
             # (float labels, regression or multi-label, as float32: what Hugging Face's collators make of them)
             stack["labels"] = torch.as_tensor(labels.astype(np.float32) if labels.dtype.kind == "f" else labels)
+            pads = stack["input_ids"] == self.pad_token_id if self.pool_last and self.pad_token_id is not None \
+                else None   # (a decoder's classifier pools a document's last token that is no pad_token_id)
             stack["pooled_positions"] = document_positions(stack["sequence_ids"], stack["labels"].shape[1],
-                                                           last=self.pool_last)
+                                                           last=self.pool_last, skip=pads)
         if self.attn_implementation == OWN_MODELS:
             if self.shift_labels and "labels" in stack:  # our causal LMs take next-token labels (models.causal_lm)
                 stack["labels"] = torch.nn.functional.pad(stack["labels"][:, 1:], (0, 1), value=IGNORE_INDEX)
@@ -970,9 +979,11 @@ def _layout(sequence_lengths: list, width: int) -> tuple[np.ndarray, np.ndarray]
     return positions, sequence_ids
 
 
-def document_positions(sequence_ids, slots: int, last: bool = False):
+def document_positions(sequence_ids, slots: int, last: bool = False, skip=None):
     """(B, slots): the position of each document's first token (`last`: its last token) in its pack, document k
-    of a pack in slot k - 1; -1 in the slots of a pack with fewer documents."""
+    of a pack in slot k - 1; -1 in the slots of a pack with fewer documents. `skip` (B, S) bool, with `last`: the
+    last token not skipped (a decoder's classifier pools the rightmost token that is not its pad_token_id), or,
+    in a document of skipped tokens only, its first (where that classifier's argmax over no such token lands)."""
     import torch
 
     B, S = sequence_ids.shape
@@ -981,6 +992,9 @@ def document_positions(sequence_ids, slots: int, last: bool = False):
     at = torch.arange(S).expand(B, slots, S)
     first = torch.where(inside, at, S).min(-1).values
     final = torch.where(inside, at, -1).max(-1).values
+    if skip is not None:
+        kept = torch.where(inside & ~skip[:, None, :], at, -1).max(-1).values
+        final = torch.where(kept >= 0, kept, first)
     pos = final if last else first
     return torch.where(inside.any(-1), pos, -1)
 
@@ -998,8 +1012,8 @@ def packed_sequence_classifier(model):
         model.model.save_pretrained(...)   # the wrapped model is the Hugging Face model itself, unchanged
 
     The forward runs the model's base (`model.base_model`) on the packs with the collator's mask, gathers each
-    document's pooled token (the collator's `pooled_positions`: its last token for a causal model or under a
-    `score` head, as their own forward pools, else its first) and applies the model's own head to it, as its
+    document's pooled token (the collator's `pooled_positions`: its last token that is not the pad token for a
+    causal model or under a `score` head, as their own forward pools, else its first) and applies the model's own head to it, as its
     forward does to a row's: BERT-style (`base_model.pooler`, ALBERT's `pooler_activation` after it, `dropout`,
     `classifier`), RoBERTa-style (`classifier` taking the [CLS] hidden state; a plain Linear `classifier` too,
     CTRL's) or decoder-style (`score`). A model with any other module beside its base and dropout (DistilBERT's

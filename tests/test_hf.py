@@ -866,6 +866,30 @@ def test_each_document_of_a_pack_is_classified_as_alone(tmp_path, kind):
             num_labels=1, problem_type="single_label_classification")))
 
 
+def test_a_decoders_classifier_pools_each_documents_last_token_that_is_not_the_pad_token(tmp_path):
+    """Llama and GPT-2 have no pad token, so pad_token_id is their end-of-text token, which ends every document:
+    their classifier's own forward pools a row's rightmost token that is not pad_token_id (a row of pad tokens
+    only: its first). Packed, each document is pooled the same way (it pooled the end-of-text token before: logits
+    0.09-0.23 off); 1e-5 as above. Without the pad token (pad_token_id None) the last token is pooled."""
+    eos = 0   # (the classifier's pad_token_id)
+    src = labelled_source(n=24)
+    ids = [row + [eos] * (i % 3) for i, row in enumerate(src["input_ids"])]   # 0, 1 or 2 end-of-text tokens
+    ids[5] = [eos, eos]                                                      # a document of pad tokens only
+    src = src.remove_columns("input_ids").add_column("input_ids", ids)
+    packed = hf.pack_dataset(src, 48, causal=True, sequence_label_column="label", cache_dir=tmp_path, verbose=False)
+    model = classifier("llama").eval()
+    wrapped = hf.packed_sequence_classifier(model)
+    batch = hf.PackedDataCollator(model)([packed[i] for i in range(len(packed))])
+    with torch.no_grad():
+        rows = hf.unpack_outputs(packed, wrapped(**batch)["logits"].numpy())
+        for r in range(len(src)):
+            alone = model(input_ids=torch.tensor([ids[r]])).logits[0]
+            torch.testing.assert_close(torch.as_tensor(rows[r]), alone, rtol=1e-5, atol=1e-5)
+    last = hf.PackedDataCollator(attn_implementation="sdpa", causal=True)([packed[0]])["pooled_positions"][0]
+    ends = np.cumsum(packed[0]["sequence_lengths"]) - 1
+    assert last[:len(ends)].tolist() == ends.tolist()
+
+
 @pytest.mark.parametrize("kind", ["bert", "llama"])
 def test_packed_classifier_predictions_map_back_to_source_rows_equal_to_each_alone(tmp_path, kind):
     """Trainer.predict with packed_sequence_classifier gives logits per document slot (packs, slots, labels);
