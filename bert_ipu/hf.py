@@ -84,16 +84,38 @@ class _Plan:
                                               # (regression); k: k floats per row (multi-label, multi-output)
 
 
-def _arrow_lengths(dataset, column: str, batch_size: int) -> np.ndarray:
-    """The number of tokens of every row of `column`, read batch by batch as Arrow (no Python loop over rows)."""
+def _arrow_lengths(dataset, column: str, batch_size: int, first_row: int = 0) -> np.ndarray:
+    """The number of tokens of every row of `column`, read batch by batch as Arrow (no Python loop over rows).
+    Refused in one line: a column that holds no lists, or lists of anything but whole numbers within int32 (the
+    packs' type: a float column was cast to it, an id past 2**31 wrapped), missing rows or values (a None inside
+    a list was stored as -2**31). `first_row`: the first row's number in the messages (a stream's buffer)."""
+    import pyarrow as pa
     import pyarrow.compute as pc
 
-    parts = []
+    parts, row = [], first_row
     for batch in dataset.select_columns([column]).with_format("arrow").iter(batch_size=batch_size):
-        lengths = pc.list_value_length(batch[column])
+        values = batch[column]
+        kind = values.type
+        if not (pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)):
+            raise ValueError(f"column {column!r} holds {kind}, not lists of token ids: tokenize it first (or leave it "
+                             "out of columns)")
+        if not (pa.types.is_integer(kind.value_type) or pa.types.is_boolean(kind.value_type)):
+            raise ValueError(f"column {column!r} holds lists of {kind.value_type}; packed columns are whole numbers "
+                             "(int32): cast it to integers, or leave it out of columns")
+        lengths = pc.list_value_length(values)
         if lengths.null_count:
             raise ValueError(f"column {column!r} has missing rows (None); filter them out before packing")
+        flat = pc.list_flatten(values)
+        bad = pc.is_null(flat)
+        if pa.types.is_integer(kind.value_type) and len(flat):
+            known = pc.fill_null(flat, 0)   # (a comparison with a null is null, which pc.any passes over)
+            bad = pc.or_(bad, pc.or_(pc.less(known, -2**31), pc.greater(known, 2**31 - 1)))
+        if pc.any(bad).as_py():
+            at = int(pc.list_parent_indices(values).to_numpy()[int(np.argmax(bad.to_numpy(zero_copy_only=False)))])
+            raise ValueError(f"row {row + at} of column {column!r} holds a missing value (None) or one outside int32 "
+                             "(the packs' type): fix or filter that row before packing")
         parts.append(lengths.to_numpy(zero_copy_only=False))
+        row += len(values)
     return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
 
 
@@ -140,7 +162,7 @@ def pack_dataset(dataset, pack_length: int, algorithm: str = "cghp", max_sequenc
     if not isinstance(dataset, datasets.Dataset):
         raise ValueError(f"pack_dataset takes a datasets.Dataset, got {type(dataset).__name__}; "
                          "wrap the data with datasets.Dataset.from_dict")
-    pack_length, columns = _checked(pack_length, algorithm, columns, too_long)
+    pack_length, columns = _checked(pack_length, algorithm, columns, too_long, label_column, sequence_label_column)
     missing = [c for c in columns if c not in dataset.column_names]
     if missing:
         raise ValueError(f"the dataset has no column {missing[0]!r} (columns: {', '.join(dataset.column_names)})")
@@ -167,8 +189,10 @@ def pack_dataset(dataset, pack_length: int, algorithm: str = "cghp", max_sequenc
     return packed
 
 
-def _checked(pack_length, algorithm, columns, too_long) -> tuple[int, tuple]:
-    """pack_dataset's and pack_iterable's arguments checked (a one-line ValueError each): pack_length, columns."""
+def _checked(pack_length, algorithm, columns, too_long, label_column=None,
+             sequence_label_column=None) -> tuple[int, tuple]:
+    """pack_dataset's and pack_iterable's arguments checked (a one-line ValueError each): pack_length, columns
+    (no column twice, nor a label column among them: it packs apart, under its own name)."""
     if isinstance(pack_length, bool) or not isinstance(pack_length, (int, np.integer)) or pack_length < 1:
         raise ValueError(f"pack_length must be a whole number >= 1, got {pack_length!r}")
     if algorithm not in ALGORITHMS:
@@ -176,6 +200,13 @@ def _checked(pack_length, algorithm, columns, too_long) -> tuple[int, tuple]:
     columns = (columns,) if isinstance(columns, str) else tuple(columns)
     if not columns or columns[0] != "input_ids":
         raise ValueError(f"columns must start with 'input_ids', got {columns!r}")
+    twice = [c for c in columns if columns.count(c) > 1]
+    if twice:
+        raise ValueError(f"columns names {twice[0]!r} twice: name each column once")
+    for name, label in (("label_column", label_column), ("sequence_label_column", sequence_label_column)):
+        if label in columns:
+            raise ValueError(f"{label!r} is the {name} and is packed as labels: leave it out of columns (or pass "
+                             f"{name}=None to pack it as a plain column)")
     if too_long not in TOO_LONG:
         raise ValueError(f"too_long must be one of {', '.join(TOO_LONG)}, got {too_long!r}")
     return int(pack_length), columns
@@ -268,7 +299,7 @@ def pack_iterable(dataset, pack_length: int, algorithm: str = "cghp", max_sequen
     if isinstance(dataset, collections.abc.Iterator):
         raise ValueError(f"pack_iterable reads its stream again every epoch, and a {type(dataset).__name__} can be "
                          "read once: give a datasets.IterableDataset (IterableDataset.from_generator) or a list")
-    pack_length, columns = _checked(pack_length, algorithm, columns, too_long)
+    pack_length, columns = _checked(pack_length, algorithm, columns, too_long, label_column, sequence_label_column)
     settings = dict(pack_length=pack_length, algorithm=algorithm, max_sequences_per_pack=max_sequences_per_pack,
                     columns=columns, label_column=None if sequence_label_column else label_column, causal=causal,
                     too_long=too_long, pad_token_id=pad_token_id, seed=seed, time_limit=time_limit,
@@ -289,7 +320,9 @@ def _stream_packs(stream, buffer_size: int, settings: dict, verbose: bool):
             kept += 1
             yield pack
         start += len(buffer)
-    if start and not kept:   # (too_long="drop" dropped every row)
+    if not start:
+        raise ValueError("the stream is empty: there is nothing to pack")
+    if not kept:   # (too_long="drop" dropped every row)
         raise ValueError(f"every row is longer than pack_length {settings['pack_length']}; nothing to pack")
 
 
@@ -345,7 +378,7 @@ def _buffer_packs(buffer: list, start: int, settings: dict, verbose: bool, width
                              f"kind than the rows before (width {width} after {widths[0]}; None: class indices, 0: "
                              "one float): give every row the same kind of label")
         widths.append(width)
-    plan, report = _plan(chunk, **settings, batch_size=len(buffer), sequence_label_width=width)
+    plan, report = _plan(chunk, **settings, batch_size=len(buffer), sequence_label_width=width, first_row=start)
     if verbose:
         print(format_report(report))
     n_packs = len(plan.offsets) - 1
@@ -358,23 +391,27 @@ def _buffer_packs(buffer: list, start: int, settings: dict, verbose: bool, width
 
 
 def _plan(dataset, pack_length, algorithm, max_sequences_per_pack, columns, label_column, causal, too_long,
-          pad_token_id, seed, time_limit, batch_size, sequence_label_column=None, sequence_label_width=None):
-    """Read the lengths, pack their histogram, assign the rows: the _Plan of the packs and the report."""
+          pad_token_id, seed, time_limit, batch_size, sequence_label_column=None, sequence_label_width=None,
+          first_row=0):
+    """Read the lengths, pack their histogram, assign the rows: the _Plan of the packs and the report.
+    `first_row`: the number of the dataset's first row in the messages (a stream's buffer starts past 0)."""
     label_column = label_column if label_column and label_column in dataset.column_names else None
 
-    lengths = _arrow_lengths(dataset, "input_ids", batch_size)
+    lengths = _arrow_lengths(dataset, "input_ids", batch_size, first_row)
     for column in columns[1:] + ((label_column,) if label_column else ()):
-        other = _arrow_lengths(dataset, column, batch_size)
+        other = _arrow_lengths(dataset, column, batch_size, first_row)
         if not np.array_equal(other, lengths):
             i = int(np.argmax(other != lengths))
-            raise ValueError(f"row {i}: {other[i]} {column} for {lengths[i]} input_ids; {column} must be per token")
+            raise ValueError(f"row {first_row + i}: {other[i]} {column} for {lengths[i]} input_ids; {column} must be "
+                             "per token")
     if (lengths == 0).any():
-        raise ValueError(f"row {int(np.argmax(lengths == 0))} is empty (0 tokens); filter out empty rows first")
+        raise ValueError(f"row {first_row + int(np.argmax(lengths == 0))} is empty (0 tokens); filter out empty rows "
+                         "first")
     long = np.nonzero(lengths > pack_length)[0]
     if len(long) and too_long == "error":
         i = int(long[0])
-        raise ValueError(f"row {i} has {lengths[i]} tokens, more than pack_length {pack_length} ({len(long)} such "
-                         "rows); raise pack_length or pass too_long='truncate' or too_long='drop'")
+        raise ValueError(f"row {first_row + i} has {lengths[i]} tokens, more than pack_length {pack_length} "
+                         f"({len(long)} such rows); raise pack_length or pass too_long='truncate' or too_long='drop'")
     keep = np.arange(len(lengths)) if too_long != "drop" else np.nonzero(lengths <= pack_length)[0]
     if len(keep) == 0:
         raise ValueError(f"every row is longer than pack_length {pack_length}; nothing to pack")
@@ -414,22 +451,33 @@ def _write(plan: _Plan, folder: Path, num_proc: int):
     """Write every shard of the packs under `folder` (reused when a finished run left it) and load them."""
     import datasets
 
+    from filelock import FileLock
+
     shards = _shards(len(plan.offsets) - 1, plan.pack_length)
     paths = [folder / f"packs-{i:05d}.arrow" for i in range(len(shards))]
-    if not (folder / "done").exists():
-        folder.mkdir(parents=True, exist_ok=True)
-        jobs = list(zip(shards, paths))
-        if num_proc > 1 and len(jobs) > 1:
-            import multiprocessing
-            from concurrent.futures import ProcessPoolExecutor
-
-            with ProcessPoolExecutor(min(num_proc, len(jobs)), mp_context=multiprocessing.get_context("fork")) as pool:
-                list(pool.map(_write_shard, [plan] * len(jobs), jobs))
-        else:
-            for job in jobs:
-                _write_shard(plan, job)
-        (folder / "done").write_text("ok\n")
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    # one writer at a time: processes packing the same data into the same cache (torchrun's ranks, each calling
+    # pack_dataset) wait for the first, then read what it wrote (two writers crashed on each other's .tmp files)
+    with FileLock(str(folder) + ".lock"):
+        if not (folder / "done").exists():
+            _write_all(plan, folder, shards, paths, num_proc)
     return datasets.concatenate_datasets([datasets.Dataset.from_file(str(p)) for p in paths])
+
+
+def _write_all(plan: _Plan, folder: Path, shards, paths, num_proc: int) -> None:
+    """Every shard written (in `num_proc` processes), then the `done` marker."""
+    folder.mkdir(parents=True, exist_ok=True)
+    jobs = list(zip(shards, paths))
+    if num_proc > 1 and len(jobs) > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(min(num_proc, len(jobs)), mp_context=multiprocessing.get_context("fork")) as pool:
+            list(pool.map(_write_shard, [plan] * len(jobs), jobs))
+    else:
+        for job in jobs:
+            _write_shard(plan, job)
+    (folder / "done").write_text("ok\n")
 
 
 def _features(plan: _Plan):
@@ -878,6 +926,9 @@ class PackedDataCollator:
 
         if not features:
             raise ValueError("an empty batch: there are no packs to collate")
+        if "input_ids" not in features[0]:
+            raise ValueError(f"the packs have no input_ids (they have {', '.join(features[0]) or 'nothing'}): make "
+                             "them with bert_ipu.hf.pack_dataset, and keep its columns in the Trainer")
         if "sequence_lengths" not in features[0]:
             raise ValueError("the packs have no sequence_lengths (the Trainer removes columns the model does not "
                              "take): set TrainingArguments(remove_unused_columns=False) and pack with "
