@@ -46,12 +46,15 @@ def _chunks(lengths: list[int], counts: list[int]):
 def _best_subset(chunks, cap: int, items: int | None) -> tuple[list[int], int]:
     """The lengths of a subset of `chunks` ((length, copies) pairs) with the largest total <= cap and at most
     `items` sequences (None: any number), longer chunks preferred among equal totals; and the bitset
-    operations it took."""
+    operations it took. A chunk longer than `cap` in all is passed over: shifted, it made an integer of
+    length x copies bits before the mask cut it (a billion copies of a length: gigabytes and tens of seconds)."""
     mask = (1 << (cap + 1)) - 1
     used = []
     if items is None:
         reach, history = 1, [1]
         for length, copies in chunks:
+            if length * copies > cap:
+                continue
             reach = (reach | (reach << (length * copies))) & mask
             history.append(reach)
             used.append((length, copies))
@@ -69,7 +72,7 @@ def _best_subset(chunks, cap: int, items: int | None) -> tuple[list[int], int]:
     reach = [1] + [0] * items
     history = [reach]
     for length, copies in chunks:
-        if copies > items:
+        if copies > items or length * copies > cap:
             continue
         shift = length * copies
         reach = reach[:copies] + [(reach[k] | (reach[k - copies] << shift)) & mask
