@@ -74,6 +74,18 @@ def test_the_fill_passes_over_chunks_of_copies_longer_than_a_pack():
     assert np.array_equal(filled.coverage(512), hist)
 
 
+@pytest.mark.parametrize("count", [2**30, 10**12])
+def test_billions_of_sequences_a_length_pack_where_the_primal_simplex_called_the_lp_unbounded(count):
+    """Four lengths (100, 201, 351, 501 at 512), `count` of each, depth 3: past about 2**30 a length HiGHS' primal
+    simplex reported the packing LP (bounded: packs >= 0) "Unbounded", and CGHP raised a RuntimeError. The LP
+    is solved again by the dual simplex there: best fit's packing, proven optimal."""
+    hist = np.zeros(512, dtype=np.int64)
+    hist[[99, 200, 350, 500]] = count
+    result = pack(hist, "cghp", 3)
+    assert result.packs == result.lower_bound_packs == 5 * count // 2
+    assert np.array_equal(result.mixture.coverage(512), hist) and result.mixture.depth <= 3
+
+
 def _l2_items(lengths, C):
     """L2 from its definition, item by item (Martello and Toth 1990)."""
     best = 0

@@ -276,6 +276,14 @@ class MasterLP:
             self.dual_next = False
         status = self.h.getModelStatus()
         spend(self.h.getInfo().simplex_iteration_count * len(self.demand) / SIMPLEX_WORK_PER_SECOND)
+        if self.h.modelStatusToString(status) not in ("Optimal", "Time limit reached"):
+            # Demands past about 2**30 a length (a billion sequences of one length) made the primal simplex
+            # report this LP, which is bounded (packs >= 0), "Unbounded"; the dual simplex solves it
+            self.h.setOptionValue("simplex_strategy", DUAL_SIMPLEX)
+            self.h.run()
+            self.h.setOptionValue("simplex_strategy", 4)
+            status = self.h.getModelStatus()
+            spend(self.h.getInfo().simplex_iteration_count * len(self.demand) / SIMPLEX_WORK_PER_SECOND)
         if self.h.modelStatusToString(status) == "Time limit reached":
             return None
         if self.h.modelStatusToString(status) != "Optimal":
