@@ -451,6 +451,30 @@ def test_parse_depth_refuses(value):
     assert "whole number >= 1, 'max' or 'auto'" in message
 
 
+def test_pack_and_pack_multi_size_read_the_depth_limit_as_parse_depth_does():
+    """docs/packing.md: the depth limit is "a number, max for unlimited, or auto; one type everywhere". `pack`
+    raised a TypeError on "max", "3" and "auto" and took 2.5 and True as they were (reported as 2.5 and True);
+    pack_multi_size raised a bare ValueError on "max", and on costs that are no numbers. A list of numpy integers
+    (np.bincount's, listed) was refused as "not a number"."""
+    from bert_ipu.packing.multisize import pack_multi_size
+
+    hist = [0, 2, 1, 3, 0, 0, 0, 1]
+    assert pack(hist, "cghp", "max").max_sequences_per_pack is None
+    assert pack(hist, "cghp", "3").max_sequences_per_pack == 3
+    assert pack(hist, "cghp", "auto").max_sequences_per_pack == auto_depth(np.array(hist), "cghp")
+    for bad in (2.5, True, "x"):
+        with pytest.raises(PackingInputError, match="whole number >= 1"):
+            pack(hist, "cghp", bad)
+    assert pack_multi_size(hist, [4, 8], "max").cost == pack_multi_size(hist, [4, 8], None).cost
+    for bad in ("auto", 2.5):
+        with pytest.raises(PackingInputError, match="max_sequences_per_pack"):
+            pack_multi_size(hist, [4, 8], bad)
+    with pytest.raises(PackingInputError, match="costs"):
+        pack_multi_size(hist, [4, 8], None, ["a", 1])
+    listed = list(np.bincount([2, 2, 3, 4, 4, 4, 8], minlength=9)[1:])
+    assert np.array_equal(pack(listed, "cghp").histogram, np.array(hist))
+
+
 def test_bad_depth_is_refused_before_any_work(instances_dir, tmp_path):
     for value in (0, 2.5, "abc"):
         with pytest.raises(PackingInputError, match="max_sequences_per_pack"):

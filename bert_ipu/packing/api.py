@@ -108,8 +108,8 @@ def pack(histogram, algorithm: str, max_sequences_per_pack: int | None = None, *
          batch_size: int = 32, time_limit: float | None = None) -> PackingResult:
     """Run one packing algorithm on a length histogram.
 
-    max_sequences_per_pack: the depth limit, or None for unlimited. Ignored by NONE and SORT (one
-    sequence per row). seed: GREEDY's shuffle. batch_size: SORT's batch size. time_limit: seconds (> 0)
+    max_sequences_per_pack: the depth limit, None or "max" for unlimited, "auto" (`auto_depth`), as
+    `parse_depth` reads it. Ignored by NONE and SORT (one sequence per row). seed: GREEDY's shuffle. batch_size: SORT's batch size. time_limit: seconds (> 0)
     after which the algorithm returns the best packing and bound it has, with `time_limit_reached` set
     (SPFHP, LPFHP and GREEDY put what they have not placed into packs of their own; CGHP returns its best
     candidate; NNLSHP checks the limit before and after its NNLS solve, which cannot be interrupted).
@@ -118,8 +118,8 @@ def pack(histogram, algorithm: str, max_sequences_per_pack: int | None = None, *
     histogram = validate_histogram(histogram)
     if algorithm not in ALGORITHMS:
         raise PackingInputError(f"unknown algorithm {algorithm!r}; choose from {', '.join(ALGORITHMS)}")
-    if max_sequences_per_pack is not None and max_sequences_per_pack < 1:
-        raise PackingInputError(f"max_sequences_per_pack is {max_sequences_per_pack}; it must be >= 1 (or max)")
+    # (read as everywhere: a whole number >= 1, "max" or None, "auto"; 2.5 or True were taken as they were)
+    max_sequences_per_pack = resolve_depth(max_sequences_per_pack, histogram, algorithm)
     if not applies(algorithm, max_sequences_per_pack):
         raise PackingInputError(f"nnlshp supports max_sequences_per_pack up to {_nnlshp.MAX_DEPTH}, "
                                 f"not {depth_label(max_sequences_per_pack)}")

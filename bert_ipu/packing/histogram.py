@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 from pathlib import Path
 
 import numpy as np
@@ -76,8 +77,9 @@ def validate_histogram(values, source: str = "histogram") -> np.ndarray:
     out = np.empty(len(values), dtype=np.int64)
     for i, v in enumerate(values):
         where = f"{source}: count for length {i + 1}"
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (numbers.Integral, float)):
             raise PackingInputError(f"{where} is {v!r}, not a number")
+        v = int(v) if isinstance(v, numbers.Integral) else v   # (a list of numpy integers: np.bincount's, listed)
         if isinstance(v, float) and (not math.isfinite(v) or v != int(v)):
             raise PackingInputError(f"{where} is {v!r}; counts must be whole numbers")
         if v < 0:

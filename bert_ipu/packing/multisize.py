@@ -40,6 +40,7 @@ from functools import reduce
 import numpy as np
 
 from .bounds import deadline_of, past
+from .depth import parse_depth
 from .lp import highs
 from .heuristics import lpfhp
 from .histogram import PackingInputError, validate_histogram
@@ -100,11 +101,13 @@ def check_input(histogram, pack_lengths, costs, depth):
     if top > max(sizes):
         raise PackingInputError(f"the histogram has sequences of length {top}, longer than the largest pack "
                                 f"length {max(sizes)}")
-    costs = [float(s) for s in sizes] if costs is None else [float(c) for c in costs]
+    try:
+        costs = [float(s) for s in sizes] if costs is None else [float(c) for c in costs]
+    except (TypeError, ValueError):
+        raise PackingInputError(f"costs {costs!r}: one number > 0 per pack length") from None
     if len(costs) != len(sizes) or not all(math.isfinite(c) and c > 0 for c in costs):
         raise PackingInputError(f"costs {costs}: one number > 0 per pack length")
-    if depth is not None and (isinstance(depth, bool) or int(depth) != depth or depth < 1):
-        raise PackingInputError(f"max_sequences_per_pack {depth!r}: a whole number >= 1 or None")
+    parse_depth(depth, allow_auto=False)   # (a whole number >= 1, "max" or None)
     order = np.argsort(sizes)
     return (histogram, np.array(sizes, dtype=np.int64)[order], np.array(costs)[order])
 
@@ -332,6 +335,7 @@ def pack_multi_size(histogram, pack_lengths, max_sequences_per_pack: int | None 
     """Pack `histogram` into packs of the given lengths at least cost, with a proven bound (module docstring).
     Bad input is a PackingInputError (a ValueError) naming the problem."""
     histogram, sizes, costs_arr = check_input(histogram, pack_lengths, costs, max_sequences_per_pack)
+    max_sequences_per_pack = parse_depth(max_sequences_per_pack, allow_auto=False)
     deadline = deadline_of(time_limit)
     if grid is None:
         grid = max(1, -(-int(sizes.max()) // UNITS))
