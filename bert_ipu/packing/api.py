@@ -109,8 +109,8 @@ def pack(histogram, algorithm: str, max_sequences_per_pack: int | None = None, *
     """Run one packing algorithm on a length histogram.
 
     max_sequences_per_pack: the depth limit, None or "max" for unlimited, "auto" (`auto_depth`), as
-    `parse_depth` reads it. Ignored by NONE and SORT (one sequence per row). seed: GREEDY's shuffle. batch_size: SORT's batch size. time_limit: seconds (> 0)
-    after which the algorithm returns the best packing and bound it has, with `time_limit_reached` set
+    `parse_depth` reads it. Ignored by NONE and SORT (one sequence per row). seed: GREEDY's shuffle.
+    batch_size: SORT's batch size. time_limit: seconds (> 0) after which the algorithm returns the best packing and bound it has, with `time_limit_reached` set
     (SPFHP, LPFHP and GREEDY put what they have not placed into packs of their own; CGHP returns its best
     candidate; NNLSHP checks the limit before and after its NNLS solve, which cannot be interrupted).
     """
