@@ -161,6 +161,26 @@ def test_planned_packing_of_long_packs_under_a_depth_limit(monkeypatch):
     assert cghp_module.cghp(hist, 8).strategy == "planned"
 
 
+def test_the_plans_lp_at_a_million_tokens_prices_on_units_and_still_packs_at_the_bound(monkeypatch):
+    """3,000 log-normal lengths at 1,048,576 tokens, depth 8: the plan's LP priced its patterns by a knapsack over
+    the pack's million tokens, and CGHP ran past 60 s (at 4,194,304 tokens, 300 lengths, depth 3: 33 s). Past
+    PLAN_LP_TOKENS it works on the class means in units of L / 65,536 tokens: 391 packs, the bound, by the plan
+    (in 3.6 s here), every sequence once."""
+    from bert_ipu.packing import planned as planned_module
+
+    solved = []
+    real = planned_module.solve_relaxation
+    monkeypatch.setattr(planned_module, "solve_relaxation",
+                        lambda h, *a, **k: solved.append(len(h)) or real(h, *a, **k))
+    rng = np.random.default_rng(0)
+    lengths = np.clip(np.exp(rng.normal(np.log(2**20 / 12), 1.0, size=3000)).astype(int), 1, 2**20)
+    hist = np.bincount(lengths, minlength=2**20 + 1)[1:]
+    result = pack(hist, "cghp", 8)
+    assert result.packs == result.lower_bound_packs == 391 and result.strategy == "planned"
+    assert solved and max(solved) <= planned_module.PLAN_LP_TOKENS
+    assert np.array_equal(result.mixture.coverage(2**20), hist) and result.mixture.depth <= 8
+
+
 def test_a_plan_that_loses_to_best_fit_is_not_returned_as_planned(monkeypatch):
     """When the planned packing does not beat best fit, CGHP returns best fit's packing and says so
     ("heuristic"); it used to label it "planned" (review finding)."""

@@ -36,6 +36,10 @@ from .mixture import Mixture
 
 PLAN_CLASSES = 256  # the plan's LP is over at most this many class lengths
 PLAN_ROUNDS = 3
+# Past this pack length the plan's LP works on the class means in units of ceil(L / PLAN_LP_TOKENS) tokens: its
+# pricing is a knapsack over the pack's length, and at 4,194,304 tokens (300 lengths, depth 3) its 57 rounds took
+# 33 s (0.6 s each) for a plan that is only proportions (docs/results/packing-scale.md, "The plan's LP at 4M")
+PLAN_LP_TOKENS = 65_536
 PLAN_MAX_PACKS = 1_000_000  # realising a pack is a Python loop (about 10 us): above this, CGHP does not plan
 PLAN_MIN_DEPTH = 4           # CGHP tries the plan first where exact pricing is cheap only from this depth limit
 PLAN_ENOUGH = 5e-4           # ... and keeps it when within this fraction of the cheap bound
@@ -78,13 +82,19 @@ def _plan(histogram: np.ndarray, depth: int, g: int, deadline):
     used = np.nonzero(counts)[0]
     mean = np.zeros(len(counts), dtype=np.int64)
     mean[used] = np.floor(tokens[used] / counts[used]).astype(np.int64)  # distinct: classes are disjoint
-    coarse = np.zeros(max_len, dtype=np.int64)
-    coarse[mean[used] - 1] = counts[used].astype(np.int64)
+    # the LP prices patterns by a knapsack over the pack's tokens: past PLAN_LP_TOKENS, on the means in units of
+    # `scale` tokens (each class a unit above the one below at least, so they stay apart)
+    scale = -(-max_len // PLAN_LP_TOKENS)
+    length = mean[used] // scale
+    for i in range(len(length)):
+        length[i] = max(length[i], length[i - 1] + 1 if i else 1)
+    coarse = np.zeros(max(max_len // scale, int(length[-1])), dtype=np.int64)
+    coarse[length - 1] = counts[used].astype(np.int64)
     patterns, x, *_ = solve_relaxation(coarse, depth, [], False, deadline)  # a warm start only slowed it
     if x is None:
         return None, mean
-    class_of = np.zeros(max_len + 1, dtype=np.int64)
-    class_of[mean[used]] = used
+    class_of = np.zeros(len(coarse) + 1, dtype=np.int64)
+    class_of[length] = used
     copies = np.floor(x + 1e-9).astype(np.int64)
     plan = [(sorted(class_of[p].tolist(), reverse=True), int(c)) for p, c in zip(patterns, copies) if c > 0]
     plan.sort(reverse=True)  # longest classes first, as best fit would place them
