@@ -38,8 +38,9 @@ PLAN_CLASSES = 256  # the plan's LP is over at most this many class lengths
 PLAN_ROUNDS = 3
 # Past this pack length the plan's LP works on the class means in units of ceil(L / PLAN_LP_TOKENS) tokens: its
 # pricing is a knapsack over the pack's length, and at 4,194,304 tokens (300 lengths, depth 3) its 57 rounds took
-# 33 s (0.6 s each) for a plan that is only proportions (docs/results/packing-scale.md, "The plan's LP at 4M")
-PLAN_LP_TOKENS = 65_536
+# 33 s (0.6 s each) for a plan that is only proportions; 65,536 left 5,000 lengths at 131,072 at 6 s
+# (docs/results/packing-scale.md, "The plan's LP at 4M")
+PLAN_LP_TOKENS = 32_768
 PLAN_MAX_PACKS = 1_000_000  # realising a pack is a Python loop (about 10 us): above this, CGHP does not plan
 PLAN_MIN_DEPTH = 4           # CGHP tries the plan first where exact pricing is cheap only from this depth limit
 PLAN_ENOUGH = 5e-4           # ... and keeps it when within this fraction of the cheap bound
