@@ -218,6 +218,17 @@ def test_ranks_beyond_what_the_balance_report_measures_are_refused_up_front(tmp_
     assert json.loads(capsys.readouterr().out)["updates"] == balance_updates(32) == 64
 
 
+def test_options_that_would_be_ignored_are_refused(tmp_path, capsys):
+    """--max-len with --histogram (the histogram's length is the pack length) and --packs-per-update without
+    --ranks were silently ignored: one-line errors now, exit 2."""
+    hist = write(tmp_path, "h.json", json.dumps([0, 2, 1, 3, 0, 0, 0, 1]))
+    for extra, named in ((["--max-len", "4"], "--max-len applies to --lengths"),
+                         (["--packs-per-update", "4"], "give --ranks N too")):
+        assert main(["--histogram", hist, "--algorithm", "lpfhp", *extra]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and named in err[0], err
+
+
 def test_balance_report_on_millions_of_sequences_builds_only_the_packs_it_measures(tmp_path, capsys):
     """--ranks measures the first updates of packs in loader order; a pack's lengths are its strategy's, so
     the report no longer assigns all 30.7M sequences first (that took 10 s here) and gives the same numbers

@@ -125,6 +125,9 @@ def load_input(args) -> tuple:
     if (args.histogram is None) == (args.lengths is None):
         raise PackingInputError("give exactly one of --histogram FILE.json or --lengths FILE")
     if args.histogram is not None:
+        if args.max_len is not None:   # (it was ignored: the histogram's length is the pack length)
+            raise PackingInputError("--max-len applies to --lengths; a --histogram's pack length is its length "
+                                    "(one count per length 1..max_len): drop --max-len")
         return load_histogram(args.histogram), Path(args.histogram).name
     if args.max_len not in (None, "auto"):
         if args.max_len < 1:
@@ -293,6 +296,8 @@ def main(argv=None) -> int:
         if args.ranks is not None and args.ranks > MAX_RANKS:
             raise PackingInputError(f"--ranks is {args.ranks:,}; the balance report deals updates to at most "
                                     f"{MAX_RANKS} ranks (its work grows as ranks squared)")
+        if args.packs_per_update is not None and args.ranks is None:   # (it was ignored)
+            raise PackingInputError("--packs-per-update applies to the --ranks balance report: give --ranks N too")
         per_update = args.packs_per_update if args.packs_per_update is not None else 8 * (args.ranks or 1)
         if per_update < 1 or (args.ranks is not None and per_update % args.ranks):  # 0 once meant "default"
             raise PackingInputError(f"--packs-per-update {per_update} must be a positive multiple of "
