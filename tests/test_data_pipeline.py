@@ -475,6 +475,18 @@ def test_pack_and_pack_multi_size_read_the_depth_limit_as_parse_depth_does():
     assert np.array_equal(pack(listed, "cghp").histogram, np.array(hist))
 
 
+def test_pack_multi_size_refuses_more_sequences_than_memory_holds():
+    """pack_multi_size realises its packs with every sequence in memory (about 160 bytes each): the command line
+    refused more than the memory available in one line, the library ran out (10**9 sequences: killed at 22 GB).
+    10**11 sequences (16 TB) are refused before any work, naming the memory."""
+    from bert_ipu.packing.multisize import pack_multi_size
+
+    hist = np.zeros(512, dtype=np.int64)
+    hist[99] = 10**11
+    with pytest.raises(PackingInputError, match="in memory"):
+        pack_multi_size(hist, [256, 512])
+
+
 def test_bad_depth_is_refused_before_any_work(instances_dir, tmp_path):
     for value in (0, 2.5, "abc"):
         with pytest.raises(PackingInputError, match="max_sequences_per_pack"):

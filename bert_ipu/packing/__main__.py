@@ -18,8 +18,8 @@ from pathlib import Path
 from ..files import describe_os_error, is_png, output_file_problem
 from .api import ALGORITHMS, DEPTH_FREE, applies, pack
 from .depth import depth_label, parse_depth
-from .histogram import (MAX_PACK_LENGTH, PackingInputError, check_pack_length, histogram_of, load_histogram,
-                        load_lengths)
+from .histogram import (MAX_PACK_LENGTH, PackingInputError, check_memory, check_pack_length, histogram_of,
+                        load_histogram, load_lengths)
 
 COLUMNS = [  # header, width, format
     ("algorithm", 9, "{}"), ("depth", 5, "{}"), ("packs", 11, "{:,}"), ("efficiency", 10, "{:.3%}"),
@@ -49,7 +49,6 @@ def max_len_arg(text: str) -> int | str:
 MAX_RANKS = 256           # --ranks: balancing one update costs about ranks^2 steps (256 ranks: ~3 s)
 MAX_PACKS_PER_RANK = 1024  # --packs-per-update: at most this many per rank
 BALANCE_WORK = 2 ** 16     # updates measured: at most BALANCE_WORK / ranks^2 of the first 100 (at least one)
-MULTI_SIZE_BYTES = 160  # --multi-size's peak memory a sequence (measured: 2.8 GB for 20M sequences)
 
 
 AUTO_FACTORS = (1, 1.25, 1.5, 2, 3, 4)  # candidate pack lengths, as multiples of the longest sequence
@@ -172,19 +171,6 @@ def format_table(results) -> str:
     return "\n".join(lines)
 
 
-def check_memory(needed: int, what: str) -> None:
-    """Refuse, in one line, work estimated to need more than the memory available now (MemAvailable on
-    Linux): past it the kernel kills the process rather than raise a MemoryError. Unknown memory: no check."""
-    try:
-        with open("/proc/meminfo") as f:
-            available = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
-    except (OSError, StopIteration, ValueError, IndexError):
-        return
-    if needed > available:
-        raise PackingInputError(f"{what}: about {needed / 2**30:,.1f} GiB, more than the {available / 2**30:,.1f} "
-                                "GiB of memory available; use fewer sequences")
-
-
 def balance_updates(ranks: int) -> int:
     """How many of the first updates --ranks measures: 100 up to 25 ranks, fewer above (at least one)."""
     return min(100, max(1, BALANCE_WORK // ranks ** 2))
@@ -253,7 +239,7 @@ def multi_size_row(histogram, pack_lengths, depth, time_limit, as_json: bool, ch
 
     import numpy as np
 
-    from .multisize import check_input, pack_multi_size
+    from .multisize import MULTI_SIZE_BYTES, check_input, pack_multi_size
 
     if pack_lengths and max(pack_lengths) > len(histogram):  # longer packs than the histogram: no such sequences
         histogram = np.concatenate([histogram, np.zeros(max(pack_lengths) - len(histogram), dtype=np.int64)])

@@ -192,3 +192,16 @@ def _is_number(text: str) -> bool:
         return True
     except ValueError:
         return False
+
+
+def check_memory(needed: int, what: str) -> None:
+    """Refuse, in one line, work estimated to need more than the memory available now (MemAvailable on
+    Linux): past it the kernel kills the process rather than raise a MemoryError. Unknown memory: no check."""
+    try:
+        with open("/proc/meminfo") as f:
+            available = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return
+    if needed > available:
+        raise PackingInputError(f"{what}: about {needed / 2**30:,.1f} GiB, more than the {available / 2**30:,.1f} "
+                                "GiB of memory available; use fewer sequences")
