@@ -231,6 +231,13 @@ def test_balanced_order_is_a_deterministic_permutation_no_worse_than_dealing_in_
     assert per_rank.max() <= costs.reshape(n_ranks, -1).sum(axis=1).max() + 1e-6
 
 
+def test_balanced_order_of_no_packs_is_a_value_error():
+    """An empty update raised ZeroDivisionError (a helper's review): the one-line ValueError of any update that
+    cannot be dealt."""
+    with pytest.raises(ValueError, match="0 packs cannot be dealt to 2 ranks"):
+        balanced_order([], 2)
+
+
 def test_balanced_order_reaches_a_small_attention_balance_ratio():
     """Wikipedia-like packs of 512 tokens, 8 ranks x 8 packs: random dealing leaves ABR about 0.2;
     the balanced order brings it below 0.02 on every one of 20 updates."""

@@ -123,7 +123,7 @@ def balanced_order(costs, n_ranks: int, micro_batch_size: int = 1, swap_rounds: 
     the micro-batches within a rank. Deterministic; the set of packs is unchanged."""
     costs = np.asarray(costs, dtype=np.float64)
     n = len(costs)
-    if n_ranks < 1 or micro_batch_size < 1 or n % (n_ranks * micro_batch_size):
+    if n == 0 or n_ranks < 1 or micro_batch_size < 1 or n % (n_ranks * micro_batch_size):
         raise ValueError(f"{n} packs cannot be dealt to {n_ranks} ranks in micro-batches of {micro_batch_size}")
     ranks = _deal(costs, np.arange(n), n_ranks, swap_rounds)
     incoming = np.arange(n).reshape(n_ranks, -1)
