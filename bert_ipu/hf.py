@@ -107,9 +107,12 @@ def _arrow_lengths(dataset, column: str, batch_size: int, first_row: int = 0) ->
             raise ValueError(f"column {column!r} has missing rows (None); filter them out before packing")
         flat = pc.list_flatten(values)
         bad = pc.is_null(flat)
-        if pa.types.is_integer(kind.value_type) and len(flat):
+        value = kind.value_type
+        if pa.types.is_integer(value) and value.bit_width >= 32 and len(flat):   # (narrower ones fit int32)
             known = pc.fill_null(flat, 0)   # (a comparison with a null is null, which pc.any passes over)
-            bad = pc.or_(bad, pc.or_(pc.less(known, -2**31), pc.greater(known, 2**31 - 1)))
+            bad = pc.or_(bad, pc.greater(known, pa.scalar(2**31 - 1, value)))   # (in the column's own type)
+            if pa.types.is_signed_integer(value) and value.bit_width > 32:
+                bad = pc.or_(bad, pc.less(known, pa.scalar(-2**31, value)))
         if pc.any(bad).as_py():
             at = int(pc.list_parent_indices(values).to_numpy()[int(np.argmax(bad.to_numpy(zero_copy_only=False)))])
             raise ValueError(f"row {row + at} of column {column!r} holds a missing value (None) or one outside int32 "
@@ -162,7 +165,8 @@ def pack_dataset(dataset, pack_length: int, algorithm: str = "cghp", max_sequenc
     if not isinstance(dataset, datasets.Dataset):
         raise ValueError(f"pack_dataset takes a datasets.Dataset, got {type(dataset).__name__}; "
                          "wrap the data with datasets.Dataset.from_dict")
-    pack_length, columns = _checked(pack_length, algorithm, columns, too_long, label_column, sequence_label_column)
+    pack_length, columns = _checked(pack_length, algorithm, columns, too_long,
+                                    None if sequence_label_column else label_column, sequence_label_column)
     missing = [c for c in columns if c not in dataset.column_names]
     if missing:
         raise ValueError(f"the dataset has no column {missing[0]!r} (columns: {', '.join(dataset.column_names)})")
@@ -299,7 +303,8 @@ def pack_iterable(dataset, pack_length: int, algorithm: str = "cghp", max_sequen
     if isinstance(dataset, collections.abc.Iterator):
         raise ValueError(f"pack_iterable reads its stream again every epoch, and a {type(dataset).__name__} can be "
                          "read once: give a datasets.IterableDataset (IterableDataset.from_generator) or a list")
-    pack_length, columns = _checked(pack_length, algorithm, columns, too_long, label_column, sequence_label_column)
+    pack_length, columns = _checked(pack_length, algorithm, columns, too_long,
+                                    None if sequence_label_column else label_column, sequence_label_column)
     settings = dict(pack_length=pack_length, algorithm=algorithm, max_sequences_per_pack=max_sequences_per_pack,
                     columns=columns, label_column=None if sequence_label_column else label_column, causal=causal,
                     too_long=too_long, pad_token_id=pad_token_id, seed=seed, time_limit=time_limit,
@@ -455,12 +460,13 @@ def _write(plan: _Plan, folder: Path, num_proc: int):
 
     shards = _shards(len(plan.offsets) - 1, plan.pack_length)
     paths = [folder / f"packs-{i:05d}.arrow" for i in range(len(shards))]
-    folder.parent.mkdir(parents=True, exist_ok=True)
     # one writer at a time: processes packing the same data into the same cache (torchrun's ranks, each calling
     # pack_dataset) wait for the first, then read what it wrote (two writers crashed on each other's .tmp files)
-    with FileLock(str(folder) + ".lock"):
-        if not (folder / "done").exists():
-            _write_all(plan, folder, shards, paths, num_proc)
+    if not (folder / "done").exists():   # (a finished cache is read without the lock: it may be read-only)
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(folder) + ".lock"):
+            if not (folder / "done").exists():
+                _write_all(plan, folder, shards, paths, num_proc)
     return datasets.concatenate_datasets([datasets.Dataset.from_file(str(p)) for p in paths])
 
 
@@ -910,8 +916,8 @@ class PackedDataCollator:
         self.pool_last = self.causal or (model is not None and hasattr(model, "score"))
         # ... and there, as their forward does, the last token that is not the pad token (pad_token_id is often
         # the end-of-text token, which ends every document)
-        self.pad_token_id = pad_token_id if pad_token_id is not None or model is None \
-            else _text_config(model).pad_token_id
+        self.pad_token_id = pad_token_id if pad_token_id is not None or model is None or not self.pool_last \
+            else getattr(_text_config(model), "pad_token_id", None)   # (CodeGen's config has none)
         self.layer_types, self.limits, self.masks_by_type = _layer_limits(model, self.causal) \
             if model is not None else (None, {}, False)
         if shift_labels is None:  # a causal model's labels are next tokens, but a token classifier's
@@ -1064,8 +1070,8 @@ def packed_sequence_classifier(model):
 
     The forward runs the model's base (`model.base_model`) on the packs with the collator's mask, gathers each
     document's pooled token (the collator's `pooled_positions`: its last token that is not the pad token for a
-    causal model or under a `score` head, as their own forward pools, else its first) and applies the model's own head to it, as its
-    forward does to a row's: BERT-style (`base_model.pooler`, ALBERT's `pooler_activation` after it, `dropout`,
+    causal model or under a `score` head, as their own forward pools, else its first) and applies the model's own
+    head to it, as its forward does to a row's: BERT-style (`base_model.pooler`, ALBERT's `pooler_activation` after it, `dropout`,
     `classifier`), RoBERTa-style (`classifier` taking the [CLS] hidden state; a plain Linear `classifier` too,
     CTRL's) or decoder-style (`score`). A model with any other module beside its base and dropout (DistilBERT's
     pre_classifier, ModernBERT's head) is refused. Returns `logits` (B, slots, num_labels), and `loss` when

@@ -188,7 +188,7 @@ PACKING_CASES = {
     "plot is a folder": ("h.json", "[1, 2, 3]", ["--plot", "."], "is a folder"),
     "0 packs per update": ("h.json", "[1, 2, 3]", ["--ranks", "2", "--packs-per-update", "0"],
                            "--packs-per-update 0 must be a positive multiple"),
-    "negative packs per update": ("h.json", "[1, 2, 3]", ["--packs-per-update", "-4"],
+    "negative packs per update": ("h.json", "[1, 2, 3]", ["--ranks", "2", "--packs-per-update", "-4"],
                                   "--packs-per-update -4 must be a positive multiple"),
 }
 

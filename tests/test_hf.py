@@ -647,6 +647,34 @@ def test_columns_that_would_pack_wrong_are_refused_with_the_row():
         hf.PackedDataCollator(attn_implementation="sdpa", causal=True)([{"sequence_lengths": [2]}])
 
 
+def test_what_the_checks_above_must_still_take(tmp_path, monkeypatch):
+    """A review of the fixes above: a config with no pad_token_id (CodeGen's) made the collator raise an
+    AttributeError; a "labels" column among `columns` with sequence_label_column set (label_column unused) was
+    refused; a uint64 id past 2**63 got pyarrow's error, not the one line; a finished cache on a read-only file
+    system could not be read (the lock file was opened first)."""
+    import filelock
+    import pyarrow as pa
+
+    model = transformers.CodeGenForCausalLM(transformers.CodeGenConfig(
+        vocab_size=64, n_embd=32, n_layer=1, n_head=4, rotary_dim=4, n_positions=64))
+    assert not hasattr(model.config, "pad_token_id")
+    batch = hf.PackedDataCollator(model)([{"input_ids": [5, 6, 7, 8, 9, 0], "sequence_lengths": [2, 3]}])
+    assert batch["labels"].tolist() == [[IGNORE_INDEX, 6, IGNORE_INDEX, 8, 9, IGNORE_INDEX]]
+    src = labelled_source(12).add_column("labels", [[1] * len(r) for r in labelled_source(12)["input_ids"]])
+    packed = hf.pack_dataset(src, 48, columns=("input_ids", "labels"), sequence_label_column="label",
+                             cache_dir=tmp_path / "a", verbose=False)
+    assert {"labels", "sequence_labels"} <= set(packed.column_names)
+    ids = pa.ListArray.from_arrays(pa.array([0, 2, 3], pa.int32()), pa.array([5, 2**63 + 5, 7], pa.uint64()))
+    with pytest.raises(ValueError, match="row 0 of column 'input_ids' .* outside int32"):
+        hf.pack_dataset(datasets.Dataset(pa.table({"input_ids": ids})), 8, cache_dir=tmp_path / "b", verbose=False)
+    first = hf.pack_dataset(src, 48, cache_dir=tmp_path / "c", verbose=False)
+
+    def read_only(path, *args, **kwargs):   # (what opening a lock file on a read-only file system does)
+        raise OSError(30, "Read-only file system", path)
+    monkeypatch.setattr(filelock, "FileLock", read_only)
+    assert hf.pack_dataset(src, 48, cache_dir=tmp_path / "c", verbose=False)["input_ids"] == first["input_ids"]
+
+
 def test_a_stream_is_read_whole_by_loader_workers_and_its_edges_pack_or_are_refused():
     """pack_iterable: a sharded IterableDataset read through a DataLoader with 2 workers gives every row once
     (worker 0 read only its share of the 4 shards: half the rows, with wrong source_rows); a buffer whose rows are
