@@ -1071,15 +1071,15 @@ def packed_sequence_classifier(model):
     The forward runs the model's base (`model.base_model`) on the packs with the collator's mask, gathers each
     document's pooled token (the collator's `pooled_positions`: its last token that is not the pad token for a
     causal model or under a `score` head, as their own forward pools, else its first) and applies the model's own
-    head to it, as its forward does to a row's: BERT-style (`base_model.pooler`, ALBERT's `pooler_activation` after it, `dropout`,
-    `classifier`), RoBERTa-style (`classifier` taking the [CLS] hidden state; a plain Linear `classifier` too,
-    CTRL's) or decoder-style (`score`). A model with any other module beside its base and dropout (DistilBERT's
-    pre_classifier, ModernBERT's head) is refused. Returns `logits` (B, slots, num_labels), and `loss` when
-    labels are given: the documents' summed loss divided by `num_items_in_batch` (the Trainer's count of labels
-    other than IGNORE_INDEX over the whole update: documents, or documents x num_labels for list labels), so
-    packed and unpacked runs agree however the update is cut (Hugging Face's own forward takes each micro-batch's
-    mean instead). The loss is the one the model's own forward picks (`config.problem_type`, or as it infers it,
-    and then keeps in the config: regression where num_labels is 1, single-label for class indices, else
+    head to it, as its forward does to a row's: BERT-style (`base_model.pooler`, ALBERT's `pooler_activation` after
+    it, `dropout`, `classifier`), RoBERTa-style (`classifier` taking the [CLS] hidden state; a plain Linear
+    `classifier` too, CTRL's) or decoder-style (`score`). A model with any other module beside its base and dropout
+    (DistilBERT's pre_classifier, ModernBERT's head) is refused. Returns `logits` (B, slots, num_labels), and `loss`
+    when labels are given: the documents' summed loss divided by `num_items_in_batch` (the Trainer's count of labels
+    other than IGNORE_INDEX over the whole update: documents, or documents x num_labels for list labels), so packed
+    and unpacked runs agree however the update is cut (Hugging Face's own forward takes each micro-batch's mean
+    instead). The loss is the one the model's own forward picks (`config.problem_type`, or as it infers it, and then
+    keeps in the config: regression where num_labels is 1, single-label for class indices, else
     multi-label): cross-entropy, squared error or binary cross-entropy on logits."""
     return _classifier_class()(model)
 
