@@ -475,6 +475,27 @@ def test_pack_and_pack_multi_size_read_the_depth_limit_as_parse_depth_does():
     assert np.array_equal(pack(listed, "cghp").histogram, np.array(hist))
 
 
+def test_auto_depth_under_a_time_limit_gives_its_runs_the_time_left(monkeypatch):
+    """pack(..., "auto", time_limit=t) ran auto_depth's CGHP runs with no limit, then packed within t: each of
+    them now gets the time left, and a limit already past when the search would go on stops it at the
+    unlimited packing's deepest pack (a limit that costs no pack)."""
+    from bert_ipu.packing import api
+
+    limits, real = [], api.pack
+
+    def spy(histogram, algorithm, depth=None, **kwargs):
+        limits.append(kwargs.get("time_limit"))
+        return real(histogram, algorithm, depth, **kwargs)
+    monkeypatch.setattr(api, "pack", spy)
+    hist = np.bincount(np.random.default_rng(0).integers(1, 200, 3000), minlength=257)[1:]
+    result = real(hist, "cghp", "auto", time_limit=60)
+    assert limits and all(limit is not None and 0 < limit <= 60 for limit in limits)
+    assert result.max_sequences_per_pack == api.auto_depth(hist)
+    limits.clear()
+    api.auto_depth(hist, deadline=api.time.perf_counter() - 1)   # (the time already up: no run at a limit)
+    assert limits == [1e-3]
+
+
 def test_pack_multi_size_refuses_more_sequences_than_memory_holds():
     """pack_multi_size realises its packs with every sequence in memory (about 160 bytes each): the command line
     refused more than the memory available in one line, the library ran out (10**9 sequences: killed at 22 GB).

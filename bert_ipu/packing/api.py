@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import baselines, heuristics, nnlshp as _nnlshp
-from .bounds import deadline_of, lower_bound
+from .bounds import deadline_of, lower_bound, past
 from .cghp import cghp as _cghp
 from .depth import depth_label, parse_depth
 from .histogram import PackingInputError, validate_histogram
@@ -108,18 +108,19 @@ def pack(histogram, algorithm: str, max_sequences_per_pack: int | None = None, *
          batch_size: int = 32, time_limit: float | None = None) -> PackingResult:
     """Run one packing algorithm on a length histogram.
 
-    max_sequences_per_pack: the depth limit, None or "max" for unlimited, "auto" (`auto_depth`), as
-    `parse_depth` reads it. Ignored by NONE and SORT (one sequence per row). seed: GREEDY's shuffle.
-    batch_size: SORT's batch size. time_limit: seconds (> 0) after which the algorithm returns the best packing and bound it has, with `time_limit_reached` set
-    (SPFHP, LPFHP and GREEDY put what they have not placed into packs of their own; CGHP returns its best
-    candidate; NNLSHP checks the limit before and after its NNLS solve, which cannot be interrupted).
+    max_sequences_per_pack: the depth limit, None or "max" for unlimited, "auto" (`auto_depth`), as `parse_depth`
+    reads it. Ignored by NONE and SORT (one sequence per row). seed: GREEDY's shuffle. batch_size: SORT's batch
+    size. time_limit: seconds (> 0) after which the algorithm returns the best packing and bound it has, with
+    `time_limit_reached` set (SPFHP, LPFHP and GREEDY put what they have not placed into packs of their own; CGHP
+    returns its best candidate; NNLSHP checks the limit before and after its NNLS solve, which cannot be
+    interrupted); with "auto", `auto_depth`'s CGHP runs count to it too.
     """
     deadline = deadline_of(time_limit)
     histogram = validate_histogram(histogram)
     if algorithm not in ALGORITHMS:
         raise PackingInputError(f"unknown algorithm {algorithm!r}; choose from {', '.join(ALGORITHMS)}")
     # (read as everywhere: a whole number >= 1, "max" or None, "auto"; 2.5 or True were taken as they were)
-    max_sequences_per_pack = resolve_depth(max_sequences_per_pack, histogram, algorithm)
+    max_sequences_per_pack = resolve_depth(max_sequences_per_pack, histogram, algorithm, deadline)
     if not applies(algorithm, max_sequences_per_pack):
         raise PackingInputError(f"nnlshp supports max_sequences_per_pack up to {_nnlshp.MAX_DEPTH}, "
                                 f"not {depth_label(max_sequences_per_pack)}")
@@ -155,16 +156,22 @@ def pack(histogram, algorithm: str, max_sequences_per_pack: int | None = None, *
                          strategy)
 
 
-def auto_depth(histogram, algorithm: str = "cghp") -> int:
+def auto_depth(histogram, algorithm: str = "cghp", deadline: float | None = None) -> int:
     """The smallest depth limit at which CGHP needs at most 0.1% more packs than with unlimited depth (and at most
-    the deepest pack of the unlimited packing): deeper packs would gain almost nothing. Capped at 3 for NNLSHP (it enumerates strategies up to depth 3).
+    the deepest pack of the unlimited packing): deeper packs would gain almost nothing. Capped at 3 for NNLSHP (it
+    enumerates strategies up to depth 3).
 
     Depths below sequences / packs(unlimited) cannot reach that pack count (a packing of depth d has at
-    least sequences / d packs), so the search starts there."""
+    least sequences / d packs), so the search starts there. `deadline` (a `time.perf_counter()` value, a
+    packing call's with "auto"): each CGHP run gets the time left, and once it passes the search stops at the
+    unlimited packing's deepest pack (a limit that costs no pack)."""
     if algorithm not in ALGORITHMS:
         raise PackingInputError(f"unknown algorithm {algorithm!r}; choose from {', '.join(ALGORITHMS)}")
     histogram = validate_histogram(histogram)
-    unlimited = pack(histogram, "cghp", None)
+    def left():
+        return None if deadline is None else max(deadline - time.perf_counter(), 1e-3)
+
+    unlimited = pack(histogram, "cghp", None, time_limit=left())
     target = unlimited.packs
     # the unlimited packing itself respects a limit of its own deepest pack: no deeper limit is ever needed
     # (CGHP at a limit is a heuristic that can stay a few packs above the unlimited count at every depth,
@@ -172,18 +179,20 @@ def auto_depth(histogram, algorithm: str = "cghp") -> int:
     deepest = max(1, unlimited.mixture.depth)
     depth = max(1, math.ceil(int(np.sum(histogram)) / target))
     enough = target + target // 1000  # within 0.1% of the unlimited count: a deeper limit would gain at most that
-    while depth < deepest and pack(histogram, "cghp", depth).packs > enough:
+    while depth < deepest and not past(deadline) \
+            and pack(histogram, "cghp", depth, time_limit=left()).packs > enough:
         depth += 1
-    depth = min(depth, deepest)
+    depth = deepest if past(deadline) else min(depth, deepest)
     return min(depth, 3) if algorithm == "nnlshp" else depth
 
 
-def resolve_depth(requested, histogram, algorithm: str) -> int | None:
+def resolve_depth(requested, histogram, algorithm: str, deadline: float | None = None) -> int | None:
     """The depth limit a packer runs with on this data: 1 for NONE and SORT (one sequence a row),
-    `auto_depth(histogram)` for "auto", else `requested` as `parse_depth` reads it (None = unlimited)."""
+    `auto_depth(histogram, deadline=deadline)` for "auto", else `requested` as `parse_depth` reads it (None =
+    unlimited)."""
     requested = parse_depth(requested)
     if algorithm in DEPTH_FREE:
         return 1
     if requested == "auto":
-        return auto_depth(histogram, algorithm)
+        return auto_depth(histogram, algorithm, deadline)
     return requested
