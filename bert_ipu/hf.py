@@ -99,15 +99,15 @@ def _arrow_lengths(dataset, column: str, batch_size: int, first_row: int = 0) ->
         if not (pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)):
             raise ValueError(f"column {column!r} holds {kind}, not lists of token ids: tokenize it first (or leave it "
                              "out of columns)")
-        if not (pa.types.is_integer(kind.value_type) or pa.types.is_boolean(kind.value_type)):
-            raise ValueError(f"column {column!r} holds lists of {kind.value_type}; packed columns are whole numbers "
+        value = kind.value_type
+        if not (pa.types.is_integer(value) or pa.types.is_boolean(value)):
+            raise ValueError(f"column {column!r} holds lists of {value}; packed columns are whole numbers "
                              "(int32): cast it to integers, or leave it out of columns")
         lengths = pc.list_value_length(values)
         if lengths.null_count:
             raise ValueError(f"column {column!r} has missing rows (None); filter them out before packing")
         flat = pc.list_flatten(values)
         bad = pc.is_null(flat)
-        value = kind.value_type
         if pa.types.is_integer(value) and value.bit_width >= 32 and len(flat):   # (narrower ones fit int32)
             known = pc.fill_null(flat, 0)   # (a comparison with a null is null, which pc.any passes over)
             bad = pc.or_(bad, pc.greater(known, pa.scalar(2**31 - 1, value)))   # (in the column's own type)
@@ -165,8 +165,7 @@ def pack_dataset(dataset, pack_length: int, algorithm: str = "cghp", max_sequenc
     if not isinstance(dataset, datasets.Dataset):
         raise ValueError(f"pack_dataset takes a datasets.Dataset, got {type(dataset).__name__}; "
                          "wrap the data with datasets.Dataset.from_dict")
-    pack_length, columns = _checked(pack_length, algorithm, columns, too_long,
-                                    None if sequence_label_column else label_column, sequence_label_column)
+    pack_length, columns = _checked(pack_length, algorithm, columns, too_long, label_column, sequence_label_column)
     missing = [c for c in columns if c not in dataset.column_names]
     if missing:
         raise ValueError(f"the dataset has no column {missing[0]!r} (columns: {', '.join(dataset.column_names)})")
@@ -196,7 +195,8 @@ def pack_dataset(dataset, pack_length: int, algorithm: str = "cghp", max_sequenc
 def _checked(pack_length, algorithm, columns, too_long, label_column=None,
              sequence_label_column=None) -> tuple[int, tuple]:
     """pack_dataset's and pack_iterable's arguments checked (a one-line ValueError each): pack_length, columns
-    (no column twice, nor a label column among them: it packs apart, under its own name)."""
+    (no column twice, nor a label column among them: it packs apart, under its own name; label_column is unused
+    where sequence_label_column is given)."""
     if isinstance(pack_length, bool) or not isinstance(pack_length, (int, np.integer)) or pack_length < 1:
         raise ValueError(f"pack_length must be a whole number >= 1, got {pack_length!r}")
     if algorithm not in ALGORITHMS:
@@ -207,7 +207,9 @@ def _checked(pack_length, algorithm, columns, too_long, label_column=None,
     twice = [c for c in columns if columns.count(c) > 1]
     if twice:
         raise ValueError(f"columns names {twice[0]!r} twice: name each column once")
-    for name, label in (("label_column", label_column), ("sequence_label_column", sequence_label_column)):
+    used = (("label_column", None if sequence_label_column else label_column),
+            ("sequence_label_column", sequence_label_column))
+    for name, label in used:
         if label in columns:
             raise ValueError(f"{label!r} is the {name} and is packed as labels: leave it out of columns (or pass "
                              f"{name}=None to pack it as a plain column)")
@@ -303,8 +305,7 @@ def pack_iterable(dataset, pack_length: int, algorithm: str = "cghp", max_sequen
     if isinstance(dataset, collections.abc.Iterator):
         raise ValueError(f"pack_iterable reads its stream again every epoch, and a {type(dataset).__name__} can be "
                          "read once: give a datasets.IterableDataset (IterableDataset.from_generator) or a list")
-    pack_length, columns = _checked(pack_length, algorithm, columns, too_long,
-                                    None if sequence_label_column else label_column, sequence_label_column)
+    pack_length, columns = _checked(pack_length, algorithm, columns, too_long, label_column, sequence_label_column)
     settings = dict(pack_length=pack_length, algorithm=algorithm, max_sequences_per_pack=max_sequences_per_pack,
                     columns=columns, label_column=None if sequence_label_column else label_column, causal=causal,
                     too_long=too_long, pad_token_id=pad_token_id, seed=seed, time_limit=time_limit,

@@ -128,8 +128,6 @@ def pack(histogram, algorithm: str, max_sequences_per_pack: int | None = None, *
         raise PackingInputError(f"batch_size is {batch_size}; it must be >= 1")
     max_len = len(histogram)
     depth = max_len if max_sequences_per_pack is None else min(max_sequences_per_pack, max_len)
-    if algorithm in DEPTH_FREE:
-        max_sequences_per_pack = 1
     bound = lower_bound(histogram, max_sequences_per_pack)
     start = time.perf_counter()
     computed, late, strategy = None, False, ""
@@ -168,6 +166,7 @@ def auto_depth(histogram, algorithm: str = "cghp", deadline: float | None = None
     if algorithm not in ALGORITHMS:
         raise PackingInputError(f"unknown algorithm {algorithm!r}; choose from {', '.join(ALGORITHMS)}")
     histogram = validate_histogram(histogram)
+
     def left():
         return None if deadline is None else max(deadline - time.perf_counter(), 1e-3)
 

@@ -96,7 +96,8 @@ def check_pack_lengths(pack_lengths) -> list[int]:
 
 
 def check_input(histogram, pack_lengths, costs, depth):
-    """(histogram, sizes ascending, costs in that order), or a PackingInputError naming the problem."""
+    """(histogram, sizes ascending, costs in that order, the depth limit as `parse_depth` reads it), or a
+    PackingInputError naming the problem."""
     sizes = check_pack_lengths(pack_lengths)
     histogram = validate_histogram(histogram)
     top = int(np.nonzero(histogram)[0][-1]) + 1
@@ -109,9 +110,9 @@ def check_input(histogram, pack_lengths, costs, depth):
         raise PackingInputError(f"costs {costs!r}: one number > 0 per pack length") from None
     if len(costs) != len(sizes) or not all(math.isfinite(c) and c > 0 for c in costs):
         raise PackingInputError(f"costs {costs}: one number > 0 per pack length")
-    parse_depth(depth, allow_auto=False)   # (a whole number >= 1, "max" or None)
+    depth = parse_depth(depth, allow_auto=False)   # (a whole number >= 1, "max" or None)
     order = np.argsort(sizes)
-    return (histogram, np.array(sizes, dtype=np.int64)[order], np.array(costs)[order])
+    return (histogram, np.array(sizes, dtype=np.int64)[order], np.array(costs)[order], depth)
 
 
 def _knapsack(lens: np.ndarray, vals: np.ndarray, cap: int, depth: int):
@@ -336,8 +337,8 @@ def pack_multi_size(histogram, pack_lengths, max_sequences_per_pack: int | None 
                     grid: int | None = None, rounds: int = 8, time_limit: float | None = None) -> MultiSizeResult:
     """Pack `histogram` into packs of the given lengths at least cost, with a proven bound (module docstring).
     Bad input is a PackingInputError (a ValueError) naming the problem."""
-    histogram, sizes, costs_arr = check_input(histogram, pack_lengths, costs, max_sequences_per_pack)
-    max_sequences_per_pack = parse_depth(max_sequences_per_pack, allow_auto=False)
+    histogram, sizes, costs_arr, max_sequences_per_pack = check_input(histogram, pack_lengths, costs,
+                                                                      max_sequences_per_pack)
     sequences = int(histogram.sum())
     check_memory(sequences * MULTI_SIZE_BYTES, f"pack_multi_size realises its packs with each of the {sequences:,} "
                                                "sequences in memory")
