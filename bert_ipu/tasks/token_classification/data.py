@@ -37,7 +37,9 @@ class Features:
     input_ids: np.ndarray      # (T,) every sentence's tokens back to back
     labels: np.ndarray         # (T,) a word's tag id at its first sub-token, -100 elsewhere
     lengths: np.ndarray        # (N,) tokens per sentence
-    first: list = field(default_factory=list)  # per sentence: the token offset of each scored word
+    first: list = field(default_factory=list)  # per sentence: the token offset of each scored word ...
+    words: list = field(default_factory=list)  # ... and that word's index in the sentence (a word the tokenizer
+                                               # makes no token of, as a zero-width space, has none)
 
 
 def read_conll(path: str | Path) -> tuple[list[list[tuple[str, str]]], Report]:
@@ -77,7 +79,7 @@ def featurize(sentences, wp: WordPiece, labels: list[str], max_seq_length: int, 
                              f"({', '.join(labels)}); train on data that has them")
     encoded = wp.tokenizer.encode_batch([[w for w, _ in s] for s in sentences], is_pretokenized=True,
                                         add_special_tokens=False)
-    ids, tags, lengths, firsts = [], [], [], []
+    ids, tags, lengths, firsts, scored = [], [], [], [], []
     cls, sep = wp.ids["[CLS]"], wp.ids["[SEP]"]
     for sentence, enc in zip(sentences, encoded):
         words = enc.word_ids
@@ -87,17 +89,19 @@ def featurize(sentences, wp: WordPiece, labels: list[str], max_seq_length: int, 
                 keep -= 1
             report.cut_sentences += 1
             report.cut_words += len(sentence) - (words[keep - 1] + 1 if keep else 0)
-        row_ids, row_tags, first = [cls], [IGNORE_INDEX], []
+        row_ids, row_tags, first, which = [cls], [IGNORE_INDEX], [], []
         for position, (token, word) in enumerate(zip(enc.ids[:keep], words[:keep]), 1):
             starts = position == 1 or words[position - 2] != word
             row_ids.append(token)
             row_tags.append(index[sentence[word][1]] if starts else IGNORE_INDEX)
             if starts:
                 first.append(position)
+                which.append(word)
         row_ids.append(sep)
         row_tags.append(IGNORE_INDEX)
         ids += row_ids
         tags += row_tags
         lengths.append(len(row_ids))
         firsts.append(first)
-    return Features(np.array(ids, np.int64), np.array(tags, np.int64), np.array(lengths, np.int64), firsts)
+        scored.append(which)
+    return Features(np.array(ids, np.int64), np.array(tags, np.int64), np.array(lengths, np.int64), firsts, scored)

@@ -138,7 +138,8 @@ class TokenClassificationTask(TaskBase):
 
     @torch.no_grad()
     def predict(self, model, split: str) -> list[list[str]]:
-        """Every sentence's predicted tags (words cut at the pack length get "O")."""
+        """Every sentence's predicted tags, word by word (words cut at the pack length, and words the tokenizer
+        makes no token of, get "O")."""
         packed, t = self.packed_splits[split], self.cfg.train
         was_training = model.training
         model.eval()
@@ -151,9 +152,11 @@ class TokenClassificationTask(TaskBase):
         model.train(was_training)
         out = []
         for i, sentence in enumerate(self.sentences[split]):
-            first = np.array(self.features[split].first[i], np.int64)
-            tags = [self.labels[j] for j in best[packed.row[i], packed.offset[i] + first]]
-            out.append(tags + ["O"] * (len(sentence) - len(tags)))
+            features, tags = self.features[split], ["O"] * len(sentence)
+            first = np.array(features.first[i], np.int64)
+            for word, j in zip(features.words[i], best[packed.row[i], packed.offset[i] + first]):
+                tags[word] = self.labels[j]
+            out.append(tags)
         return out
 
     def evaluate(self, engine, rt: Runtime, step: int) -> dict:
