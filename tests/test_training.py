@@ -71,6 +71,24 @@ def test_smoke_loss_falls_and_exports(dataset, tmp_path):
         assert torch.equal(tensor, weights[name]), name
 
 
+def test_a_checkpoint_or_validation_between_log_rows_leaves_the_logged_loss_as_it_is(dataset, tmp_path):
+    """The loss sums read from the device for a checkpoint or a validation between two log rows stay in that
+    row's window: the update after the read kept the window's counts only, so the row divided what was left of
+    the sums by all of its counts (a helper's run: loss 5.49 instead of 10.97 with a checkpoint at step 2 of a
+    4-step row, 2.74 with a validation at step 3)."""
+    rows = {}
+    for name, every in (("plain", (4, 4)), ("checkpoint", (2, 4)), ("validation", (4, 3))):
+        out = tmp_path / name
+        main(tiny(dataset, out, "train.max_steps=4", "train.log_every=4", f"train.checkpoint_every={every[0]}",
+                  f"train.validate_every={every[1]}"), progress=False)
+        rows[name] = [x for x in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "loss" in x]
+    assert [r["step"] for r in rows["plain"]] == [4]
+    for name in ("checkpoint", "validation"):
+        assert [r["step"] for r in rows[name]] == [4]
+        for key in ("loss", "mlm_accuracy", "nsp_accuracy"):
+            assert rows[name][0][key] == pytest.approx(rows["plain"][0][key], rel=1e-6), (name, key)
+
+
 def test_bf16_autocast_trains_close_to_fp32(dataset, tmp_path):
     """train.precision=bf16: the forward runs under bf16 autocast, the weights stay float32, and the losses
     follow the fp32 run's to within bf16 rounding (2% of the loss over 4 updates); pipeline stages refuse it

@@ -600,7 +600,7 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, load
                 clock.stop(mark, level.pack_length, counts["tokens"])
             step += 1
             pending = sums if pending is None else pending + sums
-            window = {k: window.get(k, 0.0) + v for k, v in counts.items()}
+            window = window | {k: window.get(k, 0.0) + v for k, v in counts.items()}  # (keeping the sums read)
             seen += counts["sequences"]
             if flops is not None:
                 timed["flops"] += sum(flops.of(b) for b in host)  # this replica's (every replica does as much)
