@@ -105,8 +105,8 @@ def test_an_update_holds_the_configured_examples_when_packed(tmp_path, capsys):
 def test_an_init_checkpoint_says_it_replaces_the_model_sizes(tmp_path, capsys):
     """model.init_checkpoint replaced the config's model sizes silently (glue_tiny says 2 layers of 128; MiniLM has
     6 of 384): the start-up line names the checkpoint's architecture and each size it replaces."""
-    code = entry("glue", ["--config", "glue_tiny_packed", "--eval-only", f"model.init_checkpoint={minilm()}",
-                          f"output_dir={tmp_path / 'eval'}"])
+    code = entry("glue", ["--config", "glue_tiny_packed", "train.max_steps=1", "train.num_train_epochs=null",
+                          f"model.init_checkpoint={minilm()}", f"output_dir={tmp_path / 'eval'}"])
     out = capsys.readouterr().out
     assert code == 0
     line = next(x for x in out.splitlines() if "model from model.init_checkpoint" in x)

@@ -215,6 +215,11 @@ def evaluate_only(task, cfg, rt: Runtime, overwrite: bool = False) -> dict:
     torch.manual_seed(cfg.train.seed)
     with quiet_off_terminal():  # an init checkpoint's "Loading weights" bar is noise in a log file
         model = task.build_model().to(rt.device).eval()
+    fresh = getattr(model, "newly_initialised", [])
+    if fresh:  # (a pretrained BERT has no task head: its scores would be a random head's)
+        raise RunError(f"model.init_checkpoint {cfg.model.init_checkpoint} lacks weights this model needs "
+                       f"({', '.join(fresh[:3])}{', ...' if len(fresh) > 3 else ''}: they would start random, and "
+                       "the scores with them); evaluate the hf/ export of a run that trained this task")
     say_init_architecture(cfg, model, rt)
     lock = prepare_run_dir(Path(cfg.output_dir), False, overwrite, rt, run_config(cfg, task))
     try:

@@ -57,17 +57,22 @@ def init_weights(module: nn.Module, std: float) -> None:
 
 def from_hf(cls, hf_class, path, hf_kwargs: dict, kwargs: dict):
     """Our model `cls` from a Hugging Face folder read by `hf_class` (a head it lacks starts fresh, silently:
-    "some weights were newly initialised" is expected), its state dict loaded with strict=True."""
+    "some weights were newly initialised" is expected), its state dict loaded with strict=True. The names of
+    the weights that started fresh (missing from the folder, or of another shape there) are the model's
+    `newly_initialised`: an evaluation-only run refuses a model with any (it would score a random head)."""
     from transformers.utils import logging
 
     verbosity = logging.get_verbosity()
     logging.set_verbosity_error()
     try:
-        hf = hf_class.from_pretrained(str(path), **hf_kwargs)
+        hf, info = hf_class.from_pretrained(str(path), output_loading_info=True, **hf_kwargs)
     finally:
         logging.set_verbosity(verbosity)
     model = cls(hf.config, **kwargs)
     model.load_state_dict(hf.state_dict(), strict=True)
+    fresh = list(info.get("missing_keys", [])) + [k[0] if isinstance(k, tuple) else k
+                                                  for k in info.get("mismatched_keys", [])]
+    model.newly_initialised = sorted(str(k) for k in fresh)
     return model
 
 
