@@ -73,6 +73,26 @@ def test_overwrite_never_deletes_a_folder_that_is_not_a_dataset(corpus, tmp_path
     assert (mine / "notes.txt").read_text() == "x" and sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
 
 
+def test_overwrite_never_deletes_files_a_dataset_writer_did_not_write_beside_a_dataset(corpus, tmp_path):
+    """A dataset folder that also holds other files (a training run whose output_dir was the dataset, a user's
+    notes): --overwrite removed the whole folder with the old dataset. Refused, nothing deleted; a plain dataset
+    is still replaced."""
+    data = tmp_path / "instances"
+    create_pretraining_data([str(corpus)], data, InstanceConfig(max_seq_length=64), progress=False)
+    (data / "NOTES.txt").write_text("mine")
+    (data / "checkpoints").mkdir()
+    before = sorted(p.relative_to(data) for p in data.rglob("*"))
+    with pytest.raises(DatasetError, match="did not write .NOTES.txt, checkpoints.*nothing was deleted"):
+        create_pretraining_data([str(corpus)], data, InstanceConfig(max_seq_length=64), overwrite=True,
+                                progress=False)
+    assert sorted(p.relative_to(data) for p in data.rglob("*")) == before
+    (data / "NOTES.txt").unlink()
+    (data / "checkpoints").rmdir()
+    create_pretraining_data([str(corpus)], data, InstanceConfig(max_seq_length=64, dupe_factor=2), overwrite=True,
+                            progress=False)
+    assert json.loads((data / "manifest.json").read_text())["kind"] == "instances"
+
+
 def test_output_inside_the_input_is_refused(corpus):
     """An output inside (or equal to) its input folder would be read as input by the next run: refused."""
     for out in (corpus / "instances", corpus):
@@ -580,6 +600,56 @@ def test_evaluation_only_of_a_checkpoint_without_the_tasks_head_is_refused(tmp_p
 
     assert PackedBertForSequenceClassification.from_pretrained(minilm, num_labels=3).newly_initialised == [
         "classifier.bias", "classifier.weight"]
+
+
+def test_a_folder_is_a_run_of_this_project_by_its_marker_or_a_checkpoint_that_reads_not_by_names(dataset, tmp_path,
+                                                                                                 capsys):
+    """A user's folder with checkpoints/step-1/state.json (any content) was taken for a run: --overwrite deleted the
+    user's config.yaml and hf/, and --resume, refused later, had already replaced config.yaml and written the
+    marker. Both are refused now with the folder as it was."""
+    import hashlib
+
+    def snapshot(folder):
+        return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None
+                for p in sorted(folder.rglob("*"))}
+
+    common = [f"data.dataset={dataset}", "model.max_position_embeddings=64", "data.max_seq_length=64",
+              "train.max_steps=1"]
+    user = tmp_path / "user"
+    (user / "checkpoints" / "step-1").mkdir(parents=True)
+    (user / "checkpoints" / "step-1" / "state.json").write_text("{}")
+    (user / "config.yaml").write_text("my config\n")
+    (user / "hf").mkdir()
+    (user / "hf" / "model.bin").write_text("mine")
+    before = snapshot(user)
+    for flag in ("--overwrite", "--resume"):
+        rc = entry("pretraining", ["--config", "test_tiny", f"output_dir={user}", *common, flag])
+        lines, err = _errors(capsys)
+        assert rc == 2 and len(lines) == 1 and "did not write" in lines[0], (flag, err)
+        assert snapshot(user) == before, flag
+
+
+def test_a_run_whose_output_dir_overlaps_its_input_is_refused(dataset, tmp_path, capsys):
+    """output_dir equal to data.dataset (or holding it, or inside it) was accepted, and rebuilding the dataset
+    then deleted the run; model.init_checkpoint inside output_dir was replaced by --overwrite. Refused, nothing
+    written."""
+    common = ["model.max_position_embeddings=64", "data.max_seq_length=64", "train.max_steps=1"]
+    run = tmp_path / "run"
+    assert entry("pretraining", ["--config", "test_tiny", f"data.dataset={dataset}", f"output_dir={run}",
+                                 *common]) == 0
+    capsys.readouterr()
+    before = sorted(p.relative_to(dataset) for p in dataset.rglob("*"))
+    for out in (dataset, dataset / "run", dataset.parent):
+        rc = entry("pretraining", ["--config", "test_tiny", f"data.dataset={dataset}", f"output_dir={out}", *common])
+        lines, err = _errors(capsys)
+        assert rc == 2 and len(lines) == 1 and "overlaps data.dataset" in lines[0], err
+    assert sorted(p.relative_to(dataset) for p in dataset.rglob("*")) == before
+    export = (run / "hf" / "model.safetensors").read_bytes()
+    rc = entry("pretraining", ["--config", "test_tiny", f"data.dataset={dataset}", f"output_dir={run}",
+                               f"model.init_checkpoint={run / 'hf'}", *common, "--overwrite"])
+    lines, err = _errors(capsys)
+    assert rc == 2 and len(lines) == 1 and "overlaps model.init_checkpoint" in lines[0], err
+    assert (run / "hf" / "model.safetensors").read_bytes() == export
 
 
 def test_fewer_pipeline_stages_on_a_config_that_splits_its_layers_names_the_fix():

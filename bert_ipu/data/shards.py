@@ -90,6 +90,9 @@ class DatasetWriter:
                                        "it) and is not a dataset of this project; move it away") from None
                 shutil.rmtree(self.old)
             if self.partial.exists():
+                if not _leftover(self.partial):
+                    raise DatasetError(f"{self.partial} is in the way (a dataset is written there before it takes "
+                                       "its name) and is not a dataset of this project; move it away") from None
                 shutil.rmtree(self.partial)  # left by an interrupted run
             self.partial.mkdir(parents=True)
         except OSError as e:
@@ -104,6 +107,12 @@ class DatasetWriter:
         if self.out_dir.exists() and not (self.out_dir / MANIFEST).is_file():
             raise DatasetError(f"{self.out_dir} exists and is not a dataset of this project (no {MANIFEST}); "
                                "--overwrite only replaces a dataset, nothing was deleted: choose another output")
+        if self.out_dir.is_dir() and not _leftover(self.out_dir):  # a run's output_dir, a user's notes
+            foreign = sorted(p.name for p in self.out_dir.iterdir() if p.name not in _written_names(self.out_dir))
+            raise DatasetError(f"{self.out_dir} holds files this project's dataset writer did not write "
+                               f"({', '.join(foreign[:4])}{', ...' if len(foreign) > 4 else ''}); --overwrite "
+                               "replaces a dataset whole, so nothing was deleted: move them away, or choose "
+                               "another output")
 
     def write_shard(self, split: str, arrays: dict[str, np.ndarray]) -> dict:
         name = self.next_shard(split)
@@ -186,9 +195,22 @@ def write_shard_files(folder: Path, arrays: dict[str, np.ndarray], layout: PackL
     return entry
 
 
+def _written_names(folder: Path) -> set[str]:
+    """The names a DatasetWriter writes into a dataset folder: the manifest, vocab.txt and a folder a split
+    (those the manifest names, and train and validation)."""
+    names = {"train", "validation", "vocab.txt", MANIFEST, MANIFEST + ".tmp"}
+    try:
+        splits = json.loads((folder / MANIFEST).read_text(encoding="utf-8")).get("splits", {})
+        names |= {str(name) for name in splits} if isinstance(splits, dict) else set()
+    except (OSError, ValueError, AttributeError):
+        pass
+    return names
+
+
 def _leftover(folder: Path) -> bool:
     """Whether a folder holds nothing but what a DatasetWriter writes (so removing it deletes no user file)."""
-    return all(p.name in ("train", "validation", "vocab.txt", MANIFEST, MANIFEST + ".tmp") for p in folder.iterdir())
+    names = _written_names(folder)
+    return all(p.name in names for p in folder.iterdir())
 
 
 def _json_default(value):

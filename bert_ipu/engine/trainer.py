@@ -57,7 +57,26 @@ def ours(out: Path) -> bool:
             return json.loads((out / MARKER).read_text()).get("written_by") == "bert_ipu"
         except (OSError, ValueError, AttributeError):
             return False
-    return bool(checkpoint.checkpoints(out))
+    found = checkpoint.checkpoints(out)  # a run older than the marker: its newest checkpoint must read as ours
+    try:
+        return bool(found) and isinstance(checkpoint.read_state(found[-1]), dict)
+    except RunError:
+        return False
+
+
+def overlapping_input(out: Path, config: dict) -> str | None:
+    """The config's input (model.init_checkpoint, data.dataset) that is the run folder `out`, lies in it or holds
+    it, as "key path"; None if none does. A run there would mix its files with its input, --overwrite would
+    delete the input, and rebuilding the dataset would delete the run."""
+    inputs = {"model.init_checkpoint": (config.get("model") or {}).get("init_checkpoint"),
+              "data.dataset": (config.get("data") or {}).get("dataset")}
+    mine = out.resolve()
+    for key, path in inputs.items():
+        if isinstance(path, str) and path:
+            theirs = Path(path).resolve()
+            if theirs == mine or mine in theirs.parents or theirs in mine.parents:
+                return f"{key} {path}"
+    return None
 
 
 def recorded_data(out: Path) -> str | None:
@@ -67,6 +86,15 @@ def recorded_data(out: Path) -> str | None:
     except (OSError, yaml.YAMLError, AttributeError):
         return None
     return layout.get("data_sha256") if isinstance(layout, dict) else None
+
+
+def _unreadable(newest: Path) -> str | None:
+    """read_state's one-line refusal of a run's newest checkpoint, or None where it reads."""
+    try:
+        checkpoint.read_state(newest)
+    except RunError as e:
+        return str(e)
+    return None
 
 
 def run_lock(out: Path) -> OutputLock:
@@ -84,7 +112,12 @@ def prepare_run_dir(out: Path, resume: bool, overwrite: bool, rt: Runtime, confi
     files, and only those). Rank 0 decides, all ranks raise the same error. Returns rank 0's lock."""
     error, lock = None, None
     found = sorted({p.name for pattern in RUN_FILES for p in out.glob(pattern)}) if rt.main and out.is_dir() else []
-    if found and not resume and not ours(out):  # refused before the lock: not even a lock file is left there
+    overlap = overlapping_input(out, config) if rt.main else None
+    if overlap:
+        error = (f"output_dir {out} overlaps {overlap} (one is, or holds, the other): the run's files would mix "
+                 "with its input, and --overwrite or a rebuilt dataset would delete one with the other; choose an "
+                 "output_dir apart from it")
+    elif found and not ours(out):  # refused before the lock: not even a lock file is left there
         error = (f"output_dir {out} holds files this project did not write ({', '.join(found)}; no {MARKER} "
                  "marker), so nothing there is replaced or deleted; choose another output_dir")
     elif rt.main and out.is_dir():
@@ -99,6 +132,8 @@ def prepare_run_dir(out: Path, resume: bool, overwrite: bool, rt: Runtime, confi
             error = f"output_dir {out} is a file; choose a folder"
         elif resume and not checkpoint.checkpoints(out):
             error = f"--resume: no checkpoint in {out / 'checkpoints'}; start without --resume"
+        elif resume and (damaged := _unreadable(checkpoint.checkpoints(out)[-1])):
+            error = damaged  # (before the marker and config.yaml are written)
         elif not resume and found and not overwrite:
             error = (f"output_dir {out} already holds a run ({', '.join(found)}); continue it with --resume, "
                      "replace it with --overwrite, or choose another output_dir")
