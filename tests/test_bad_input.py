@@ -871,6 +871,28 @@ def test_a_trace_dir_that_is_a_file_is_refused_before_the_run(tmp_path):
     assert taken.read_text() == "mine"
 
 
+def test_a_trace_dir_holding_a_users_files_is_refused_and_one_of_ours_is_reused(tmp_path):
+    """profile.trace_dir wrote config.yaml and ALGORITHM_ops.txt into any existing folder (a run folder's
+    config.yaml was replaced). A folder with files and no marker is refused before the run; an empty one, or
+    one this project marked, is taken."""
+    from bert_ipu.tasks.profile.run import TRACE_MARKER, ProfilingError, check_outputs, claim_trace_dir
+
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "config.yaml").write_text("keep me")
+    with pytest.raises(ProfilingError, match="holds files this project did not write"):
+        check_outputs(load_profile(trace_dir=str(user)))
+    assert sorted(p.name for p in user.iterdir()) == ["config.yaml"]
+    for folder in (tmp_path / "new", tmp_path / "empty"):
+        if folder.name == "empty":
+            folder.mkdir()
+        check_outputs(load_profile(trace_dir=str(folder)))
+        claim_trace_dir(folder)
+        (folder / "none_ops.txt").write_text("a trace of ours")
+        check_outputs(load_profile(trace_dir=str(folder)))  # (ours: a second profile writes there again)
+        assert (folder / TRACE_MARKER).is_file()
+
+
 def load_profile(**fields):
     from bert_ipu.tasks import load_config
 

@@ -369,6 +369,7 @@ def write_traces(model, opt, batches: dict, trace_dir) -> None:
     from torch.profiler import ProfilerActivity, profile as torch_profile
 
     trace_dir = Path(trace_dir)
+    claim_trace_dir(trace_dir)
     (trace_dir / "tensorboard").mkdir(parents=True, exist_ok=True)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     for name, bs in batches.items():
@@ -548,6 +549,7 @@ def run(cfg, say=print) -> dict:
             write_atomic(Path(prof.json), "".join(json.dumps(r) + "\n" for r in rows))
             write_config(cfg, Path(f"{prof.json}.config.yaml"))
         if prof.trace_dir:
+            claim_trace_dir(Path(prof.trace_dir))
             write_config(cfg, Path(prof.trace_dir) / "config.yaml")
         if prof.plot:
             plot(prof.plot, histogram, rows)
@@ -638,6 +640,23 @@ def check_outputs(prof) -> None:
     if prof.trace_dir and Path(prof.trace_dir).exists() and not Path(prof.trace_dir).is_dir():
         raise ProfilingError(f"profile.trace_dir {prof.trace_dir} is a file, not a folder; give a folder for the "
                              "traces (it is created if missing)")
+    if prof.trace_dir and Path(prof.trace_dir).is_dir() and any(Path(prof.trace_dir).iterdir()) \
+            and not (Path(prof.trace_dir) / TRACE_MARKER).is_file():
+        raise ProfilingError(f"profile.trace_dir {prof.trace_dir} holds files this project did not write (no "
+                             f"{TRACE_MARKER} marker), and traces would replace some (config.yaml, ALGORITHM_ops.txt); "
+                             "give a new or empty folder")
+
+
+TRACE_MARKER = ".bert_ipu_traces"
+"""written into a trace folder before its first file: profile.trace_dir writes only into an empty folder or one
+holding this marker, never over a user's files that share the traces' names"""
+
+
+def claim_trace_dir(folder: Path) -> None:
+    """Create the trace folder (if missing) and mark it as this project's (`check_outputs` allowed it)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if not (folder / TRACE_MARKER).is_file():
+        write_atomic(folder / TRACE_MARKER, json.dumps({"written_by": "bert_ipu", "kind": "profile traces"}) + "\n")
 
 
 def write_config(cfg, path: Path) -> None:
