@@ -269,8 +269,9 @@ class TrainConfig:
         for key in ("validate_every", "checkpoint_every"):
             if getattr(self, key) is not None and getattr(self, key) < 1:
                 raise ConfigError(f"train.{key} must be >= 1 (or null: at the end only)")
-        if self.seed < 0:
-            raise ConfigError("train.seed must be >= 0")
+        if not 0 <= self.seed < 2 ** 63:
+            raise ConfigError(f"train.seed must be >= 0 (and below 2**63, what torch's generators take), not "
+                              f"{self.seed}")
 
 
 @dataclass
@@ -374,6 +375,29 @@ def _typed(value, hint, key: str):
     return value
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key given twice in one mapping (YAML keeps the last silently: a second
+    `train:` block in a config dropped the first)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"{key!r} is given twice in one mapping (the first would be dropped); "
+                        "give it once", key_node.start_mark)
+                seen.add(key)
+            except TypeError:  # (an unhashable key: SafeLoader's own error follows)
+                pass
+        return super().construct_mapping(node, deep=deep)
+
+
+def _safe_load(text: str):
+    return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 (a SafeLoader)
+
+
 def _resolve(name: str) -> Path:
     path = Path(name)
     if path.suffix in (".yaml", ".yml") and path.is_file():
@@ -390,7 +414,7 @@ def _read(name: str, seen=()) -> dict:
     if path in seen:
         raise ConfigError(f"{path}: inherit loop")
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        raw = _safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
     except UnicodeDecodeError:
@@ -404,6 +428,8 @@ def _read(name: str, seen=()) -> dict:
     for key, value in raw.items():
         if isinstance(value, dict) and isinstance(merged.get(key), dict):
             merged[key] = {**merged[key], **value}
+        elif value is None and isinstance(merged.get(key), dict):
+            continue  # an empty section (`train:` with its keys commented out) changes nothing it inherits
         else:
             merged[key] = value
     return merged
@@ -412,7 +438,7 @@ def _read(name: str, seen=()) -> dict:
 def _value(key: str, text: str):
     """An override's value, read as YAML (safely: a python tag is refused, never run)."""
     try:
-        return yaml.safe_load(text)
+        return _safe_load(text)
     except yaml.YAMLError as e:
         raise ConfigError(f"override {key}={text}: not a YAML value ({str(e).splitlines()[0]}); give a number, a "
                           "word, true/false, null or a [list]") from None
@@ -430,7 +456,14 @@ def _apply(raw: dict, overrides) -> None:
                 raise ConfigError(f"override {key!r}: {parts[0]} is not a section")
             section[parts[1]] = _value(key, value)
         elif len(parts) == 1:
-            raw[key] = _value(key, value)
+            value = _value(key, value)
+            if isinstance(raw.get(key), dict):  # a section: its keys are merged, as a child config's are
+                if not isinstance(value, dict):
+                    raise ConfigError(f"override {item!r}: {key} is a section; set its keys ({key}.KEY=VALUE, or "
+                                      f"{key}={{KEY: VALUE}})")
+                raw[key] = {**raw[key], **value}
+            else:
+                raw[key] = value
         else:
             raise ConfigError(f"override {key!r}: use section.key (e.g. train.max_steps)")
 

@@ -172,6 +172,10 @@ def test_manifest_totals_must_match_the_shards(dataset, tmp_path):
     ("train.checkpoint_every=0", "train.checkpoint_every must be >= 1"),
     ("train.validate_every=0", "train.validate_every must be >= 1"),
     ("train.seed=-1", "train.seed must be >= 0"),
+    ("train.seed=18446744073709551616", "below 2\\*\\*63"),
+    ("model=null", "model is a section; set its keys"),
+    ("train=3", "train is a section; set its keys"),
+    ("train={max_steps: 2, max_steps: 3}", "'max_steps' is given twice"),
     ("output_dir=[1, 2]", "output_dir = \\[1, 2\\]: expected str"),
     ("output_dir=3", "output_dir = 3: expected str"),
     ("data.max_sequences_per_pack=0", "data.max_sequences_per_pack"),
@@ -183,6 +187,29 @@ def test_configs_that_cannot_be_meant_are_refused(override, named):
 
     with pytest.raises(ConfigError, match=named):
         load_config("test_tiny", [override])
+
+
+def test_config_sections_merge_and_are_never_reset_to_the_defaults(tmp_path):
+    """An empty section in a child config (its keys commented out), an override `train={max_steps: 2}` and
+    `model=null` each replaced the inherited section with the code's defaults (max_steps 6 -> 200,
+    micro_batch_size 4 -> 8 for test_tiny); a section given twice in one file dropped the first silently. Now an
+    empty section inherits, a mapping override merges, and the others are refused."""
+    from bert_ipu.config import ConfigError
+    from bert_ipu.tasks import load_config
+
+    base = load_config("test_tiny")
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("inherit: test_tiny\ntrain:\n#  max_steps: 10\n")
+    assert load_config(str(empty)).train == base.train
+    merged = load_config("test_tiny", ["train={max_steps: 2}"]).train
+    assert merged.max_steps == 2 and merged.micro_batch_size == base.train.micro_batch_size == 4
+    assert merged.learning_rate == base.train.learning_rate
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("inherit: test_tiny\ntrain:\n  max_steps: 3\nmodel:\n  hidden_size: 64\ntrain:\n  seed: 2\n")
+    with pytest.raises(ConfigError, match="'train' is given twice"):
+        load_config(str(twice))
+    with pytest.raises(ConfigError, match="data.eval_splits \\[5\\]: give split names"):
+        load_config("glue_tiny", ["data.eval_splits=[5]"], kind="glue")
 
 
 def test_a_binary_file_as_config_is_a_clear_error(tmp_path):

@@ -38,6 +38,8 @@ class GlueDataConfig:
             raise ConfigError(f"data.task {self.task!r}: choose one of {', '.join(GLUE_TASKS)}")
         if self.max_seq_length < 8:
             raise ConfigError("data.max_seq_length must be >= 8")
+        if self.eval_splits is not None and not all(isinstance(s, str) and s for s in self.eval_splits):
+            raise ConfigError(f"data.eval_splits {self.eval_splits!r}: give split names (e.g. [dev])")
         check_algorithm(self.algorithm)
         self.max_sequences_per_pack = depth_value(self.max_sequences_per_pack, "data.max_sequences_per_pack")
 
