@@ -93,6 +93,36 @@ def test_overwrite_never_deletes_files_a_dataset_writer_did_not_write_beside_a_d
     assert json.loads((data / "manifest.json").read_text())["kind"] == "instances"
 
 
+def test_instances_left_from_other_text_are_remade_from_data_prepare_input(corpus, tmp_path):
+    """A run making a missing dataset from data.prepare_input packed DATASET_instances as it found them, made from
+    other text by an earlier run, without a word (a helper trained on text A while asking for text B). They are
+    kept only if made from this text with these settings, else remade; an existing dataset is used as it is, and
+    a run that gives prepare_input is told so."""
+    import pydoc_data.topics
+
+    from bert_ipu.data.pipeline import inputs_sha256, prepare_dataset
+    from bert_ipu.data.text import split_sentences
+    from bert_ipu.tasks import load_config
+
+    other = tmp_path / "b.txt"
+    other.write_text("\n\n".join("\n".join(split_sentences(pydoc_data.topics.topics[n]))
+                                 for n in sorted(pydoc_data.topics.topics)[12:24]))
+    text = corpus / "corpus.txt"
+    data = tmp_path / "d"
+    said = []
+    for source in (text, other):
+        if data.exists():
+            shutil.rmtree(data)  # the dataset goes, its instances stay
+        cfg = load_config("test_tiny", [f"data.dataset={data}", f"data.prepare_input={source}",
+                                        "data.max_seq_length=64"])
+        prepare_dataset(cfg.data, say=said.append)
+        made = json.loads((tmp_path / "d_instances" / "manifest.json").read_text())["made_from"]
+        assert made["input"] == inputs_sha256([str(source)]), source
+    said.clear()
+    prepare_dataset(cfg.data, say=said.append)
+    assert len(said) == 1 and "exists and is used as it is" in said[0]
+
+
 def test_output_inside_the_input_is_refused(corpus):
     """An output inside (or equal to) its input folder would be read as input by the next run: refused."""
     for out in (corpus / "instances", corpus):

@@ -404,6 +404,9 @@ def prepare_dataset(data, say=print) -> Path:
     d = data
     path = Path(d.dataset)
     if (path / "manifest.json").is_file():
+        if d.prepare_input is not None:
+            say(f"data.dataset {path} exists and is used as it is (data.prepare_input {d.prepare_input} only makes "
+                "a missing dataset: remove the dataset, or point data.dataset at a new folder, to remake it)")
         return path
     instances = path.with_name(path.name + "_instances")
     if path.exists():
@@ -420,11 +423,12 @@ def prepare_dataset(data, say=print) -> Path:
         if made != d.max_seq_length:
             raise DatasetError(f"{instances} holds instances of {made} tokens, not data.max_seq_length="
                                f"{d.max_seq_length}; point data.dataset at a new folder")
-        say(f"packing the instances in {instances}")
+        say(f"instances in {instances}: kept if made from {d.prepare_input} with these settings, else remade")
     else:
         say(f"creating pretraining instances from {d.prepare_input} -> {instances}")
-        create_pretraining_data([d.prepare_input], instances, InstanceConfig(max_seq_length=d.max_seq_length),
-                                validation_fraction=d.validation_fraction)
+    # (instances left by an earlier run from other text were packed as they were: if_changed remakes them)
+    create_pretraining_data([d.prepare_input], instances, InstanceConfig(max_seq_length=d.max_seq_length),
+                            validation_fraction=d.validation_fraction, if_changed=True)
     depth = None if d.max_sequences_per_pack == "max" else d.max_sequences_per_pack
     say(f"packing them ({d.algorithm}, depth limit {d.max_sequences_per_pack}) -> {path}")
     pack_pretraining_data(instances, path, d.algorithm, depth)
