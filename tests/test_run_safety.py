@@ -57,6 +57,11 @@ def test_resume_refuses_other_data_and_accepts_the_same_data_moved(dataset, tiny
     assert entry("pretraining", [*COMMON, f"data.dataset={shuffled}", f"output_dir={run}", "--resume"]) == 2
     assert snapshot(run) == before
 
+    # another optimizer: its moments were read as LAMB's (adamw -> lamb), or a KeyError (lamb -> adamw)
+    assert entry("pretraining", [*COMMON, f"data.dataset={dataset}", f"output_dir={run}", "--resume",
+                                 "train.optimizer=adamw"]) == 2
+    assert snapshot(run) == before
+
     moved = tmp_path / "moved"
     shutil.copytree(dataset, moved)
     assert entry("pretraining", [*COMMON, f"data.dataset={moved}", f"output_dir={run}", "--resume"]) == 0
@@ -274,6 +279,14 @@ DAMAGE = {
     "logging window garbage": lambda c: _edit(c, window={"sums": {"loss": "x"}, "balance": {}, "start": 0}),
     "logging window a list": lambda c: _edit(c, window=[1]),
     "rng not base64": lambda c: _edit(c, rng=["%%%"]),
+    "scheduler step a string": lambda c: _edit_in(c, "scheduler", last_epoch="x"),
+    "scheduler rate a string": lambda c: _edit_in(c, "scheduler", _last_lr=["x"]),
+    "optimizer learning rate a string": lambda c: _edit_group(c, lr="x"),
+    "no optimizer groups": lambda c: _edit(c, optimizer_groups=[]),
+    "another optimizer": lambda c: _edit(c, optimizer="AdamW"),
+    "loader past its epoch": lambda c: _edit_in(c, "loader", update_in_epoch=10 ** 9),
+    "loader before its epoch": lambda c: _edit_in(c, "loader", update_in_epoch=-5),
+    "sequences seen NaN": lambda c: _edit(c, sequences_seen=float("nan")),
     "weights truncated": lambda c: _truncate(next(c.glob("*.safetensors"))),
     "weights garbage": lambda c: next(c.glob("*.safetensors")).write_bytes(b"\x00garbage" * 100),
 }
@@ -289,6 +302,20 @@ def _edit(folder: Path, **fields):
         else:
             state[key] = value
     (folder / "state.json").write_text(json.dumps(state))
+
+
+def _edit_in(folder: Path, key: str, **fields):
+    import json
+
+    state = json.loads((folder / "state.json").read_text())
+    _edit(folder, **{key: state[key] | fields})
+
+
+def _edit_group(folder: Path, **fields):
+    import json
+
+    state = json.loads((folder / "state.json").read_text())
+    _edit(folder, optimizer_groups=[state["optimizer_groups"][0] | fields] + state["optimizer_groups"][1:])
 
 
 def _truncate(path: Path):

@@ -276,6 +276,9 @@ class UpdateLoader:
             raise ValueError(f"the checkpoint's loader read updates of {state['packs_per_update']} packs with seed "
                              f"{state['seed']}; this run has {self.packs_per_update} packs per update and seed "
                              f"{self.seed}: keep train.global_batch_size, the batch unit and train.seed to resume")
+        if not 0 <= state["update_in_epoch"] <= self.updates_per_epoch:
+            raise ValueError(f"the checkpoint's loader stopped at update {state['update_in_epoch']} of an epoch of "
+                             f"{self.updates_per_epoch}: not a place in this data")
         self.epoch, self.update_in_epoch = state["epoch"], state["update_in_epoch"]
 
 
@@ -358,6 +361,9 @@ class LevelLoader:
                              "data.pack_lengths, train.levels and train.level_order to resume")
         for loader, saved in zip(self.loaders, state["levels"]):
             loader.load_state_dict(saved)
+        if not 0 <= state["update_in_epoch"] <= self.updates_per_epoch:
+            raise ValueError(f"the checkpoint's loader stopped at update {state['update_in_epoch']} of an epoch of "
+                             f"{self.updates_per_epoch}: not a place in this data")
         self.epoch, self.update_in_epoch = state["epoch"], state["update_in_epoch"]
 
 

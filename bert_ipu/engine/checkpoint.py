@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import os
 import re
 import shutil
@@ -155,7 +156,8 @@ def save(path: Path, module: torch.nn.Module, opt, state: dict, keep: int, main:
             merged |= part
         groups = [{k: v for k, v in g.items() if k != "params"} for g in opt.state_dict()["param_groups"]]
         rngs = [r if isinstance(r, dict) else {"cpu": r, "cuda": None} for r in rngs]
-        doc = state | {"optimizer_groups": groups, "optimizer_other": merged, "rng": rngs}
+        doc = state | {"optimizer": type(opt).__name__, "optimizer_groups": groups, "optimizer_other": merged,
+                       "rng": rngs}
         try:
             (partial / STATE).write_text(json.dumps(doc, indent=1))
             fsync_tree(partial)
@@ -182,6 +184,35 @@ STATE_FIELDS = {"step": int, "sequences_seen": (int, float), "scheduler": dict, 
 """what every checkpoint's JSON state holds, by type (read_state checks it before anything uses it)"""
 
 
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
+def _bad_progress(state: dict) -> str | None:
+    """What is wrong with the counters a resumed run continues from (read_state has checked their types): the
+    sequences seen, the scheduler's step and rates, the optimizer's groups (their learning rates and steps), the
+    loader's place in its epoch; None where nothing is. Each was a traceback some updates later, or a run that
+    went on from a wrong place."""
+    sched, loader = state["scheduler"], state["loader"]
+    groups = state.get("optimizer_groups")
+    if not _number(state["sequences_seen"]):
+        return f"sequences_seen {state['sequences_seen']!r}"
+    if not (isinstance(sched.get("last_epoch", 0), int) and not isinstance(sched.get("last_epoch", 0), bool)
+            and 0 <= sched.get("last_epoch", 0)):
+        return f"scheduler last_epoch {sched.get('last_epoch')!r}"
+    if not all(isinstance(sched.get(k, []), list) and all(map(_number, sched.get(k, []))) for k in ("base_lrs",
+                                                                                                    "_last_lr")):
+        return f"scheduler rates {sched.get('base_lrs')!r} / {sched.get('_last_lr')!r}"
+    if groups is not None and not (isinstance(groups, list) and groups and all(
+            isinstance(g, dict) and all(_number(g[k]) for k in ("lr", "initial_lr", "step") if k in g) for g in groups)):
+        return f"optimizer_groups {str(groups)[:80]}"
+    if "update_in_epoch" in loader and not (isinstance(loader["update_in_epoch"], int)
+                                            and not isinstance(loader["update_in_epoch"], bool)
+                                            and loader["update_in_epoch"] >= 0):
+        return f"loader update_in_epoch {loader['update_in_epoch']!r}"
+    return None
+
+
 def read_state(path: Path) -> dict:
     try:
         state = json.loads((Path(path) / STATE).read_text())
@@ -199,6 +230,10 @@ def read_state(path: Path) -> dict:
                for k in ("epoch", "seed") if k in loader) or "epoch" not in loader:
         raise RunError(f"checkpoint {path} is damaged ({STATE}: loader {loader!r}); move it away to resume from "
                        "an older one, or start a new run with --overwrite")
+    bad = _bad_progress(state)
+    if bad:
+        raise RunError(f"checkpoint {path} is damaged ({STATE}: {bad}); move it away to resume from an older one, "
+                       "or start a new run with --overwrite")
     window = state.get("window", {})  # the logging window's sums (absent in checkpoints before it was kept)
     number = (int, float)
     if not (isinstance(window, dict) and all(isinstance(window.get(k, {}), dict) and all(
@@ -242,6 +277,11 @@ def load(path: Path, module: torch.nn.Module, opt, rank: int = 0, shared_rank: i
     # optimizer: one template per state tensor of every parameter this rank holds, under a name it was saved by
     names = _param_names(module)
     groups = state["optimizer_groups"]
+    kind = state.get("optimizer")  # (absent in checkpoints before it was recorded)
+    if (kind is not None and kind != type(opt).__name__) or len(groups) != len(opt.param_groups):
+        raise RunError(f"{path} was saved by another optimizer ({kind or 'other'}, {len(groups)} parameter groups; "
+                       f"this run: {type(opt).__name__}, {len(opt.param_groups)}): its moments would be read as "
+                       "this one's; resume with the train.optimizer it was saved with, or start a new run")
     templates, where = {}, {}
     for gi, group in enumerate(opt.param_groups):
         for p in group["params"]:

@@ -79,13 +79,18 @@ def overlapping_input(out: Path, config: dict) -> str | None:
     return None
 
 
-def recorded_data(out: Path) -> str | None:
-    """The data fingerprint the run in `out` recorded in its config.yaml (None: not recorded or unreadable)."""
+def recorded(out: Path, section: str, key: str):
+    """What the run in `out` recorded in its config.yaml as section.key (None: not recorded or unreadable)."""
     try:
-        layout = yaml.safe_load((out / "config.yaml").read_text()).get("data_layout") or {}
+        part = yaml.safe_load((out / "config.yaml").read_text()).get(section) or {}
     except (OSError, yaml.YAMLError, AttributeError):
         return None
-    return layout.get("data_sha256") if isinstance(layout, dict) else None
+    return part.get(key) if isinstance(part, dict) else None
+
+
+def recorded_data(out: Path) -> str | None:
+    """The data fingerprint the run in `out` recorded in its config.yaml (None: not recorded or unreadable)."""
+    return recorded(out, "data_layout", "data_sha256")
 
 
 def _unreadable(newest: Path) -> str | None:
@@ -137,6 +142,10 @@ def prepare_run_dir(out: Path, resume: bool, overwrite: bool, rt: Runtime, confi
         elif not resume and found and not overwrite:
             error = (f"output_dir {out} already holds a run ({', '.join(found)}); continue it with --resume, "
                      "replace it with --overwrite, or choose another output_dir")
+        elif resume and recorded(out, "train", "optimizer") not in (None, config["train"].get("optimizer")):
+            error = (f"--resume: {out} trained with train.optimizer={recorded(out, 'train', 'optimizer')}, not "
+                     f"{config['train'].get('optimizer')} (its moments would be read as the other's); resume with "
+                     "the optimizer it was saved with, or start a new run")
         elif resume and recorded_data(out) not in (None, config["data_layout"].get("data_sha256")):
             error = (f"--resume: {out} trained on other data than this config reads (data sha256 "
                      f"{recorded_data(out)[:12]}..., now {str(config['data_layout'].get('data_sha256'))[:12]}...: "
@@ -506,8 +515,8 @@ def restore(newest: Path, engine, opt, sched, loader, rt: Runtime, t) -> dict:
         rt.say(f"train.learning_rate {saved_lr} -> {t.learning_rate} from step {state['step']} on")
     try:
         loader.load_state_dict(state["loader"])
-    except ValueError as e:  # the config's update size or seed differs from the run's: the user's choice
-        raise RunError(str(e)) from None
+    except ValueError as e:  # the config's update size or seed differs from the run's, or the state is damaged
+        raise RunError(f"checkpoint {newest}: {e}") from None
     return state
 
 
