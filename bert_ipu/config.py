@@ -66,6 +66,15 @@ def check_run(cfg, pipeline: bool = True, what: str = "this task") -> None:
         raise ConfigError(f"output_dir {cfg.output_dir!r}: give a folder path")
     if not pipeline and cfg.parallel.pipeline_stages != 1:
         raise ConfigError(f"{what} runs on one process or data parallel (torchrun); set parallel.pipeline_stages=1")
+    lengths = getattr(getattr(cfg, "data", None), "pack_lengths", None)
+    levels = getattr(cfg.train, "levels", None)
+    if levels and lengths is None:
+        raise ConfigError(f"train.levels sets one level a pack length of data.pack_lengths (a causal LM's list of "
+                          f"lengths), and this run packs into one length: drop train.levels (train.micro_batch_size, "
+                          "parallel.sequence_parallel and model settings apply)")
+    if levels and isinstance(lengths, list) and len(levels) != len(lengths):
+        raise ConfigError(f"train.levels has {len(levels)} entries for {len(lengths)} pack lengths "
+                          f"(data.pack_lengths {lengths}); give one (or null) a length")
     if cfg.parallel.pipeline_stages > 1 and cfg.train.precision != "fp32":
         raise ConfigError("train.precision=bf16 is not supported with pipeline stages yet; use fp32 or "
                           "parallel.pipeline_stages=1")

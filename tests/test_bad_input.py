@@ -206,6 +206,7 @@ def test_manifest_totals_must_match_the_shards(dataset, tmp_path):
     ("model=null", "model is a section; set its keys"),
     ("train=3", "train is a section; set its keys"),
     ("train={max_steps: 2, max_steps: 3}", "'max_steps' is given twice"),
+    ("train.levels=[{micro_batch_size: 1}]", "this run packs into one length: drop train.levels"),
     ("output_dir=[1, 2]", "output_dir = \\[1, 2\\]: expected str"),
     ("output_dir=3", "output_dir = 3: expected str"),
     ("data.max_sequences_per_pack=0", "data.max_sequences_per_pack"),

@@ -134,10 +134,13 @@ def test_bad_level_settings_are_refused():
            "data.pack_lengths=[128, 128, 256]": "a list of different whole numbers",
            "data.pack_lengths=fast": "a list of different whole numbers",
            "train.levels=[{micro: 2}]": "unknown key 'micro'",
-           "train.levels=[{checkpointed_layers: -1}]": "a whole number >= 0"}
+           "train.levels=[{checkpointed_layers: -1}]": "a whole number >= 0",
+           "train.levels=[null, {micro_batch_size: 1}]": "this run packs into one length: drop train.levels"}
     for override, named in bad.items():
         with pytest.raises(ConfigError, match=re.escape(named)):
             load_config("sft_tiny_chat_packed", [override])
+    with pytest.raises(ConfigError, match="train.levels has 3 entries for 2 pack lengths"):  # (a third was dropped)
+        load_config("sft_tiny_chat_packed", ["data.pack_lengths=[128, 256]", "train.levels=[null, null, {}]"])
     with pytest.raises(ConfigError, match="use data.algorithm=cghp"):
         load_config("sft_tiny_chat_packed", ["data.pack_lengths=[128, 256]", "data.algorithm=lpfhp"])
     cfg = load_config("sft_tiny_chat_packed", ["data.pack_lengths=[128, 256]"])

@@ -164,3 +164,20 @@ def test_a_word_the_tokenizer_drops_leaves_the_other_words_tags_in_place(tmp_pat
     assert [p[0] for p in predicted[1]] == ["O"] * len(sentences)
     assert [p[1:] for p in predicted[1]] == predicted[0]
     assert len({t for p in predicted[0] for t in p}) > 2  # (the stub's tags vary, so a shift would show)
+
+
+def test_training_data_with_one_tag_is_refused(tmp_path):
+    """A training file whose words all have one tag made a one-output head, which the loss treats as a regression
+    on the tag ids (a helper's run: loss 8.0e4, accuracy 1.0). One line naming the file."""
+    from types import SimpleNamespace
+
+    from bert_ipu.engine.runtime import RunError
+    from bert_ipu.tasks import load_config
+    from bert_ipu.tasks.token_classification.task import TokenClassificationTask
+
+    sentences, _ = read_conll(ROOT / "tests" / "fixtures" / "ner" / "train.txt")
+    plain = tmp_path / "train.txt"
+    plain.write_text("\n\n".join("\n".join(f"{w} O" for w, _ in s) for s in sentences) + "\n")
+    task = TokenClassificationTask(load_config("ner_tiny", [f"data.train_file={plain}", "data.eval_file=null"]))
+    with contextlib.chdir(ROOT), pytest.raises(RunError, match="every word has the tag O; .*at least 2 tags"):
+        task.prepare(SimpleNamespace(device=torch.device("cpu"), say=lambda *a, **k: None))

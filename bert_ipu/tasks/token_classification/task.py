@@ -62,6 +62,9 @@ class TokenClassificationTask(TaskBase):
                     self.sentences[split], reports[split] = read_conll(path)
             tags = {t for s in self.sentences["train"] for _, t in s}
             self.labels = sorted(tags, key=lambda t: (t != "O", t))
+            if len(self.labels) < 2:  # (one label would make the head a regression on the tag ids)
+                raise DataInputError(f"{d.train_file}: every word has the tag {self.labels[0]}; token "
+                                     "classification needs at least 2 tags: train on data that has them")
             features = {split: featurize(s, self.wp, self.labels, d.max_seq_length, reports[split])
                         for split, s in self.sentences.items()}
             self.depth = pack_depth(features["train"].lengths, d.max_seq_length, d.algorithm,
