@@ -995,3 +995,49 @@ def test_a_dataset_without_a_validation_split_trains_without_validation(corpus, 
     result = main(tiny(packed, out, "train.max_steps=2", "train.validate_every=1"), progress=False)
     assert result["step"] == 2 and not any(k.startswith("val_") for k in result["metrics"])
     assert (out / "hf" / "config.json").is_file()
+
+
+def test_json_nested_thousands_deep_or_with_huge_integers_is_a_reading_error_not_a_traceback(tmp_path):
+    """JSON lines nested 100,000 deep were a RecursionError, an integer of 5,000 digits a ValueError (Python's
+    limit), a SQuAD answer whose text is a number an AttributeError: each is the reader's one-line error."""
+    import json as json_module
+
+    from bert_ipu.data.text import json_line
+    from bert_ipu.tasks.squad.features import SquadInputError, read_squad
+
+    deep, huge = "[" * 100_000 + "]" * 100_000, '{"text": ' + "9" * 5000 + "}"
+    for line in (deep, huge):
+        with pytest.raises(json_module.JSONDecodeError):
+            json_line(line)
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"text": "A sentence. Another one."}\n' + deep + "\n")
+    with pytest.raises(DataInputError, match="c.jsonl"):
+        create_pretraining_data([str(corpus)], tmp_path / "out", InstanceConfig(max_seq_length=64), progress=False)
+    assert not (tmp_path / "out").exists()
+    squad = tmp_path / "s.json"
+    for text in (deep, huge):
+        squad.write_text(text)
+        with pytest.raises(SquadInputError, match="is not valid JSON"):
+            read_squad(squad, training=True)
+    squad.write_text(json_module.dumps({"data": [{"paragraphs": [{"context": "five apples", "qas": [
+        {"id": "q", "question": "how many?", "answers": [{"text": 5, "answer_start": 0}]}]}]}]}))
+    with pytest.raises(SquadInputError, match="question 'q' has an answer whose text is not text"):
+        read_squad(squad, training=True)
+
+
+def test_a_span_model_from_a_checkpoint_with_another_head_starts_that_head_fresh(tmp_path):
+    """SQuAD from a token classifier's export (7 labels) was a `size mismatch for qa_outputs` traceback: its
+    config's num_labels made the span head 7 wide. The head starts fresh, as from a pretrained BERT (which
+    --eval-only then refuses)."""
+    import torch
+    from transformers import BertConfig, BertForTokenClassification
+
+    from bert_ipu.models.bert import PackedBertForQuestionAnswering
+
+    source = BertForTokenClassification(BertConfig(vocab_size=60, hidden_size=32, num_hidden_layers=1,
+                                                   num_attention_heads=2, intermediate_size=64, num_labels=7))
+    source.save_pretrained(tmp_path / "ner")
+    model = PackedBertForQuestionAnswering.from_pretrained(tmp_path / "ner")
+    assert model.qa_outputs.weight.shape == (2, 32)
+    assert model.newly_initialised == ["qa_outputs.bias", "qa_outputs.weight"]
+    assert torch.equal(model.bert.embeddings.word_embeddings.weight, source.bert.embeddings.word_embeddings.weight)

@@ -104,7 +104,14 @@ def json_line(line: str):
         if isinstance(value, dict):
             return {clean(k): clean(v) for k, v in value.items()}
         return value
-    return clean(json.loads(line))
+    try:
+        return clean(json.loads(line))
+    except json.JSONDecodeError:
+        raise
+    except ValueError as e:  # an integer of more than 4,300 digits (Python's limit on converting them)
+        raise json.JSONDecodeError(str(e).split(";")[0], line[:80], 0) from None
+    except RecursionError:  # arrays or objects nested thousands deep
+        raise json.JSONDecodeError("nested too deeply to read", line[:80], 0) from None
 
 
 def split_sentences(text: str) -> list[str]:

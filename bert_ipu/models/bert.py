@@ -389,7 +389,10 @@ class PackedBertForQuestionAnswering(nn.Module):
         from torch's generator, so seed it)."""
         from transformers import BertForQuestionAnswering
 
-        return from_hf(cls, BertForQuestionAnswering, path, {}, kwargs)
+        # (a checkpoint with another head, say a token classifier of 7 labels, says num_labels 7: the span head has
+        # 2 outputs, and one of another shape starts fresh, as a missing one does)
+        return from_hf(cls, BertForQuestionAnswering, path, {"num_labels": 2, "ignore_mismatched_sizes": True},
+                       kwargs)
 
     def save_pretrained(self, path: str | Path) -> None:
         """Write a folder that `transformers.BertForQuestionAnswering.from_pretrained` loads."""

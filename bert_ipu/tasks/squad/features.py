@@ -107,8 +107,11 @@ def _records(path: Path):
     except FileNotFoundError:
         raise SquadInputError(f"{path} does not exist; give a SQuAD v1.1 JSON file (e.g. train-v1.1.json from "
                               "the SQuAD site) or a datasets folder") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise SquadInputError(f"{path} is not valid JSON ({e}); give a SQuAD v1.1 JSON file") from None
+    except (UnicodeDecodeError, ValueError) as e:  # (ValueError: JSON's errors, and an integer of 4,300+ digits)
+        raise SquadInputError(f"{path} is not valid JSON ({str(e)[:200]}); give a SQuAD v1.1 JSON file") from None
+    except RecursionError:
+        raise SquadInputError(f"{path} is not valid JSON (nested too deeply to read); give a SQuAD v1.1 JSON "
+                              "file") from None
     if not isinstance(raw, dict) or not isinstance(raw.get("data"), list):
         raise SquadInputError(f"{path}: expected an object with a list under \"data\" (the SQuAD v1.1 format)")
     try:
@@ -138,6 +141,9 @@ def read_squad(path: str | Path, training: bool) -> tuple[list[SquadExample], li
         report.questions += 1
         if not isinstance(context, str) or not isinstance(question, str):
             raise SquadInputError(f"{path}: question {qid!r} has a context or question that is not text")
+        if not all(isinstance(t, str) for t in texts):
+            raise SquadInputError(f"{path}: question {qid!r} has an answer whose text is not text "
+                                  f"({str(texts)[:60]}); give each answer's text as a string")
         example = SquadExample(qid, question, context, [str(t) for t in texts])
         if not context.strip():
             report.empty_context += 1
