@@ -40,9 +40,9 @@ def parser(specs: list[TaskSpec], prog: str | None = None) -> argparse.ArgumentP
         mode.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in output_dir "
                           "(on any number of processes)")
         mode.add_argument("--overwrite", action="store_true", help="replace the run already in output_dir")
-        if any(s.eval_only is not None for s in specs):
-            mode.add_argument("--eval-only", action="store_true", help="no training: evaluate model.init_checkpoint "
-                              "on the evaluation data")
+        if any(s.eval_only is not None for s in specs):  # (with --overwrite: replaces an earlier evaluation)
+            p.add_argument("--eval-only", action="store_true", help="no training: evaluate model.init_checkpoint "
+                           "on the evaluation data (--overwrite replaces an evaluation already in output_dir)")
     p.add_argument("--print-config", action="store_true", help="print the resolved config (YAML) and exit")
     seen = set()
     for s in specs:
@@ -68,9 +68,14 @@ def config(argv: list[str], kind: str | None = None):
         kind = load_config(args.config, overrides).kind
     spec = specs[kind]
     flags = vars(args)
+    if not spec.resumable and (flags.get("resume") or flags.get("overwrite")):  # (python -m bert_ipu has them)
+        raise ConfigError(f"--resume and --overwrite are for runs that write a run folder; a {kind} config does not: "
+                          "drop the flag")
     if flags.get("eval_only"):
         if spec.eval_only is None:
             raise ConfigError(f"--eval-only: a {kind} run cannot evaluate only; drop --eval-only")
+        if flags.get("resume"):
+            raise ConfigError("--resume continues a training run and --eval-only trains nothing; drop one")
         overrides += list(spec.eval_only)
     own = {flag for flag, _, _ in spec.arguments}
     for flag, _, key in (a for s in chosen for a in s.arguments):

@@ -67,6 +67,8 @@ def test_python_m_bert_ipu_runs_any_kind_and_refuses_another_kinds_flags():
         cli.config(["--config", "test_tiny", "--algorithms", "cghp"])
     with pytest.raises(ConfigError, match="cannot evaluate only"):
         cli.config(["--config", "test_tiny", "--eval-only"])
+    with pytest.raises(ConfigError, match="a profile config does not: drop the flag"):  # (accepted, did nothing)
+        cli.config(["--config", "profile_quick", "--overwrite"])
     evaluate = cli.config(["--config", "squad_tiny_packed", "--eval-only"])[0]
     assert evaluate.data.train_file is None and evaluate.data.predict_file
 

@@ -56,6 +56,14 @@ def test_fine_tune_packed_export_and_reload_with_transformers(tmp_path):
     assert (json.loads((tmp_path / "none" / "predictions_dev.json").read_text())
             == json.loads((tmp_path / "cghp" / "predictions_dev.json").read_text()) == preds)
     assert evals["none"]["dev_accuracy"] == evals["cghp"]["dev_accuracy"] == tuned["dev_accuracy"]
+    # an evaluation again into the same folder: refused naming --overwrite, which --eval-only takes (argparse
+    # refused the two together, so the advice could not be followed)
+    again = ["--config", "glue_tiny_packed", "--eval-only", f"model.init_checkpoint={export}",
+             f"output_dir={tmp_path / 'cghp'}"]
+    assert entry("glue", again) == 2
+    assert entry("glue", [*again, "--overwrite"]) == 0
+    assert json.loads((tmp_path / "cghp" / "predictions_dev.json").read_text()) == preds
+    assert entry("glue", [*again, "--resume"]) == 2
 
 
 @pytest.mark.parametrize("task, keys", [("stsb", {"dev_pearson", "dev_spearman"}),
