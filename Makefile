@@ -76,8 +76,8 @@ wikipedia: ops
 	  $(PY) data/pack_pretraining_data.py --input $(WIKI)_$${S}_instances --output $(WIKI)_$${S}_packed \
 	    --if-changed $(DATA_ENGINE) || exit $$?; \
 	done
-	$(PY) run_pretraining.py --config pretrain_large_128_packed $(STAGE_ARGS) $(ARGS) $(PHASE1_ARGS)
-	$(PY) run_pretraining.py --config pretrain_large_512_packed $(STAGE_ARGS) $(ARGS) $(PHASE2_ARGS)
+	$(PY) run_pretraining.py --config pretrain_large_128_packed --auto-resume $(STAGE_ARGS) $(ARGS) $(PHASE1_ARGS)
+	$(PY) run_pretraining.py --config pretrain_large_512_packed --auto-resume $(STAGE_ARGS) $(ARGS) $(PHASE2_ARGS)
 
 # the packing report on the paper's histograms, and one decoded pack of the built-in corpus
 report: ops

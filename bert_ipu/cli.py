@@ -16,8 +16,10 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 
 from .config import ConfigError, to_yaml
+from .engine import checkpoint
 from .engine.launch import die_with_launcher, launch_if_needed
 from .engine.runtime import RunError, finish, report_error
 from .tasks import TaskSpec, load_config, registry
@@ -40,6 +42,8 @@ def parser(specs: list[TaskSpec], prog: str | None = None) -> argparse.ArgumentP
         mode.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in output_dir "
                           "(on any number of processes)")
         mode.add_argument("--overwrite", action="store_true", help="replace the run already in output_dir")
+        mode.add_argument("--auto-resume", action="store_true", help="--resume where output_dir holds a checkpoint, "
+                          "else start a new run (a rerun continues or skips what an earlier one did: make wikipedia)")
         if any(s.eval_only is not None for s in specs):  # (with --overwrite: replaces an earlier evaluation)
             p.add_argument("--eval-only", action="store_true", help="no training: evaluate model.init_checkpoint "
                            "on the evaluation data (--overwrite replaces an evaluation already in output_dir)")
@@ -68,13 +72,13 @@ def config(argv: list[str], kind: str | None = None):
         kind = load_config(args.config, overrides).kind
     spec = specs[kind]
     flags = vars(args)
-    if not spec.resumable and (flags.get("resume") or flags.get("overwrite")):  # (python -m bert_ipu has them)
-        raise ConfigError(f"--resume and --overwrite are for runs that write a run folder; a {kind} config does not: "
-                          "drop the flag")
+    if not spec.resumable and (flags.get("resume") or flags.get("overwrite") or flags.get("auto_resume")):
+        raise ConfigError(f"--resume, --auto-resume and --overwrite are for runs that write a run folder; a {kind} "
+                          "config does not: drop the flag")
     if flags.get("eval_only"):
         if spec.eval_only is None:
             raise ConfigError(f"--eval-only: a {kind} run cannot evaluate only; drop --eval-only")
-        if flags.get("resume"):
+        if flags.get("resume") or flags.get("auto_resume"):
             raise ConfigError("--resume continues a training run and --eval-only trains nothing; drop one")
         overrides += list(spec.eval_only)
     own = {flag for flag, _, _ in spec.arguments}
@@ -121,7 +125,9 @@ def main(argv: list[str] | None = None, kind: str | None = None, script: str | N
             code = launch_if_needed(cfg, script or sys.argv[0], argv, cfg.model.parameter_estimate())
             if code is not None:  # its processes were launched here and have finished
                 return code
-        result = spec.run(cfg, resume=flags.get("resume", False), overwrite=flags.get("overwrite", False))
+        resume = flags.get("resume", False) or (flags.get("auto_resume", False) and bool(
+            checkpoint.checkpoints(Path(cfg.output_dir))))
+        result = spec.run(cfg, resume=resume, overwrite=flags.get("overwrite", False))
     except (ConfigError, RunError) as e:
         report_error(e)
         return getattr(e, "exit_code", 2)  # a ConfigError has none: 2

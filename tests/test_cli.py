@@ -5,6 +5,7 @@ reorganisation (tests/fixtures/legacy, written by commit a72fa96) still read and
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 import subprocess
 import sys
@@ -130,3 +131,21 @@ def test_a_dataset_and_a_checkpoint_of_the_previous_layout_read_and_resume(tmp_p
     from transformers import BertForPreTraining
 
     BertForPreTraining.from_pretrained(str(resumed / "hf"))
+
+
+def test_auto_resume_starts_a_new_run_and_continues_one_with_a_checkpoint(dataset, tmp_path):
+    """--auto-resume (what make wikipedia's phases run with: a rerun failed at phase 1, "already holds a run"):
+    a folder without a checkpoint starts, one with a checkpoint resumes (a finished run only exports again);
+    beside --resume or --overwrite it is argparse's error."""
+    from training_helpers import entry
+
+    out = tmp_path / "run"
+    common = ["--config", "test_tiny", f"data.dataset={dataset}", f"output_dir={out}",
+              "model.max_position_embeddings=64", "data.max_seq_length=64", "train.checkpoint_every=2"]
+    assert entry("pretraining", [*common, "train.max_steps=2", "--auto-resume"]) == 0
+    assert entry("pretraining", [*common, "train.max_steps=2"]) == 2  # (without it: already holds a run)
+    assert entry("pretraining", [*common, "train.max_steps=4", "--auto-resume"]) == 0
+    steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
+    assert steps == [1, 2, 3, 4]
+    with pytest.raises(SystemExit):
+        entry("pretraining", [*common, "--auto-resume", "--resume"])
