@@ -18,6 +18,7 @@ import os
 import sys
 from pathlib import Path
 
+from .arguments import Parser
 from .config import ConfigError, to_yaml
 from .engine import checkpoint
 from .engine.launch import die_with_launcher, launch_if_needed
@@ -35,7 +36,7 @@ def _split(argv: list[str]) -> tuple[list[str], list[str]]:
 def parser(specs: list[TaskSpec], prog: str | None = None) -> argparse.ArgumentParser:
     """The parser of a command line that runs configs of the kinds `specs` (one for run_X.py, all for -m)."""
     doc = specs[0].doc if len(specs) == 1 else __doc__
-    p = argparse.ArgumentParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True, metavar="NAME", help="config name in configs/ or path to a .yaml file")
     if any(s.resumable for s in specs):
         mode = p.add_mutually_exclusive_group()

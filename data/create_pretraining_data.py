@@ -17,10 +17,11 @@ from bert_ipu.data.jobs import EngineError, add_engine_arguments
 from bert_ipu.data.pipeline import create_pretraining_data
 from bert_ipu.data.shards import DatasetError
 from bert_ipu.data.text import BUILTIN, DataInputError, at_least, workers_arg
+from bert_ipu.arguments import Parser
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--input", nargs="+", default=[BUILTIN], metavar="PATH",
                    help=f"text files or folders, or '{BUILTIN}' (default)")
     p.add_argument("--output", required=True, help="dataset folder to create")

@@ -10,6 +10,7 @@ import sys
 from bert_ipu.data.layout import IGNORE_INDEX, unpack
 from bert_ipu.data.shards import DatasetError, PackedDataset
 from bert_ipu.packing import DEPTH_FREE
+from bert_ipu.arguments import Parser
 
 
 def describe_depth(manifest: dict, K: int) -> str:
@@ -31,7 +32,7 @@ def describe_depth(manifest: dict, K: int) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dataset")
     p.add_argument("--split", default="train")
     p.add_argument("--pack", type=int, default=0, help="index of the pack to decode")

@@ -17,6 +17,7 @@ from bert_ipu.data.pipeline import pack_pretraining_data
 from bert_ipu.data.shards import DatasetError
 from bert_ipu.data.text import DataInputError, at_least, workers_arg
 from bert_ipu.packing import ALGORITHMS, PackingInputError, parse_depth
+from bert_ipu.arguments import Parser
 
 
 def depth_arg(text: str):
@@ -28,7 +29,7 @@ def depth_arg(text: str):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--input", required=True, help="output of data/create_pretraining_data.py")
     p.add_argument("--output", required=True, help="dataset folder to create")
     p.add_argument("--algorithm", default="cghp", choices=[a for a in ALGORITHMS if a != "sort"],

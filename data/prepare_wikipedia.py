@@ -31,6 +31,7 @@ from bert_ipu.data.jobs import EngineError, add_engine_arguments
 from bert_ipu.data.wikipedia import DEFAULT_DOCS_PER_SHARD, WikipediaError, prepare
 from bert_ipu.data.text import workers_arg
 from bert_ipu.data.wikipedia.writer import DEFAULT_BATCH_BYTES
+from bert_ipu.arguments import Parser
 
 
 def positive_mb(text: str) -> float:
@@ -45,7 +46,7 @@ def positive_mb(text: str) -> float:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--dump", metavar="FILE", help="MediaWiki XML dump (.xml, .xml.bz2, .xml.gz, .xml.xz)")
     source.add_argument("--hf-dataset", metavar="FOLDER", help="a wikipedia dataset saved with save_to_disk")

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "bert_ipu"
 
 # the layers, lowest first; a module belongs to the first prefix that matches its name
-LAYERS = [("bert_ipu.files", "bert_ipu.processes"), ("bert_ipu.packing",), ("bert_ipu.data", "bert_ipu.hf"), ("bert_ipu.ops", "bert_ipu.models"),
+LAYERS = [("bert_ipu.files", "bert_ipu.processes", "bert_ipu.arguments"), ("bert_ipu.packing",), ("bert_ipu.data", "bert_ipu.hf"), ("bert_ipu.ops", "bert_ipu.models"),
           ("bert_ipu.config",), ("bert_ipu.engine",), ("bert_ipu.tasks",), ("bert_ipu.cli", "bert_ipu.__main__")]
 
 

@@ -149,3 +149,17 @@ def test_auto_resume_starts_a_new_run_and_continues_one_with_a_checkpoint(datase
     assert steps == [1, 2, 3, 4]
     with pytest.raises(SystemExit):
         entry("pretraining", [*common, "--auto-resume", "--resume"])
+
+
+def test_a_bad_command_line_is_one_line_from_every_command():
+    """argparse printed its usage block before the error (two lines and more); every command's parser now
+    says the error in one line, exit code 2, as every other refusal."""
+    run = lambda *a: subprocess.run([sys.executable, *a], capture_output=True, text=True, cwd=ROOT)  # noqa: E731
+    for argv, named in ((["-m", "bert_ipu.packing", "--histogram", "h.json", "--max-sequences-per-pack", "0"],
+                         "max_sequences_per_pack 0 is below 1"),
+                        (["run_pretraining.py", "--config", "test_tiny", "--resume", "--overwrite"],
+                         "not allowed with argument --resume"),
+                        (["data/create_pretraining_data.py"], "the following arguments are required: --output")):
+        done = run(*argv)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and len(lines) == 1 and named in lines[0] and "see --help" in lines[0], done.stderr

@@ -15,6 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ..arguments import Parser
 from ..files import describe_os_error, is_png, output_file_problem
 from .api import ALGORITHMS, DEPTH_FREE, applies, pack
 from .depth import depth_label, parse_depth
@@ -76,7 +77,7 @@ def auto_pack_length(lengths, depth, quiet: bool = False) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="python -m bert_ipu.packing",
         description="Compare packing algorithms on a sequence-length distribution: packs, efficiency "
                     "(real tokens / computed tokens), packing factor p (sequences per pack), the speed-up "
