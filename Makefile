@@ -23,6 +23,7 @@ help:
 	@echo "make docs   ... the documentation site (docs/, mkdocs.yml) into site/, strictly: a broken link fails"
 	@echo "make setup  only create/update $(VENV) from requirements.txt"
 	@echo "make extras ... and the optional requirements-benchmarks.txt (trackers of train.report_to, benchmark peers)"
+	@echo "make clean  remove $(VENV), the build and the custom op, test caches, runs/, the report's plots and site/"
 
 setup: $(VENV)/.installed
 
