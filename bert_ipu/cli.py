@@ -65,7 +65,14 @@ def config(argv: list[str], kind: str | None = None):
     specs = registry()
     chosen = [specs[kind]] if kind else list(specs.values())
     overrides, rest = _split(argv)
-    args = parser(chosen).parse_args(rest)
+    if kind is None and ("-h" in rest or "--help" in rest):  # the help of the config's own kind, where one is named
+        named = next((rest[i + 1] for i, a in enumerate(rest[:-1]) if a == "--config"), None)
+        named = named or next((a.split("=", 1)[1] for a in rest if a.startswith("--config=")), None)
+        try:
+            chosen = [specs[load_config(named, overrides).kind]] if named else chosen
+        except (ConfigError, KeyError):
+            pass  # (a config that does not load: the general help)
+    args = parser(chosen, None if kind else "python -m bert_ipu").parse_args(rest)
     if args.overrides:  # what argparse left over: words without "=" (KEY=VALUE pairs were taken out above)
         raise ConfigError(f"argument {args.overrides[0]!r} is not a KEY=VALUE override (e.g. train.max_steps=100) or "
                           "a flag of this command; see --help")

@@ -80,6 +80,9 @@ def test_module_entry_point_prints_help_and_config():
     run = lambda *a: subprocess.run([sys.executable, *a], capture_output=True, text=True, cwd=ROOT)  # noqa: E731
     helped = run("-m", "bert_ipu", "--help")
     assert helped.returncode == 0 and "--print-config" in helped.stdout and "--eval-only" in helped.stdout
+    own = run("-m", "bert_ipu", "--config", "ner_tiny_packed", "--help")  # (the general text, every kind's flags)
+    assert own.returncode == 0 and "token classification" in own.stdout and "--algorithms" not in own.stdout
+    assert own.stdout.startswith("usage: python -m bert_ipu ")
     shown = run("-m", "bert_ipu", "--config", "glue_tiny_packed", "--print-config")
     assert shown.returncode == 0 and yaml.safe_load(shown.stdout)["kind"] == "glue"
     wrong = run("run_squad.py", "--config", "test_tiny")
