@@ -1041,3 +1041,19 @@ def test_a_span_model_from_a_checkpoint_with_another_head_starts_that_head_fresh
     assert model.qa_outputs.weight.shape == (2, 32)
     assert model.newly_initialised == ["qa_outputs.bias", "qa_outputs.weight"]
     assert torch.equal(model.bert.embeddings.word_embeddings.weight, source.bert.embeddings.word_embeddings.weight)
+
+
+def test_a_bert_task_from_a_checkpoint_of_another_architecture_names_it(tmp_path, capsys):
+    """GLUE from a Llama export said only that the vocab (30,522) is larger than the model's (4,096): it names
+    the checkpoint's type now, before anything is written."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                 num_attention_heads=2, num_key_value_heads=1)).save_pretrained(tmp_path / "llama")
+    out = tmp_path / "run"
+    rc = entry("glue", ["--config", "glue_tiny_packed", f"model.init_checkpoint={tmp_path / 'llama'}",
+                        f"output_dir={out}"])
+    err = capsys.readouterr().err
+    lines = [x for x in err.splitlines() if "error:" in x]
+    assert rc == 2 and len(lines) == 1 and "is a llama checkpoint; this task fine-tunes bert" in lines[0], err
+    assert not out.exists()

@@ -64,10 +64,11 @@ PICKLED_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json", "tf_mode
 """weight files that only a pickle (or another framework) reads: refused, loading a pickle can run code"""
 
 
-def require_checkpoint_folder(init_checkpoint: str) -> None:
+def require_checkpoint_folder(init_checkpoint: str, model_types: tuple[str, ...] = ()) -> None:
     """A local Hugging Face model folder that is safe to load (checked by the command line before anything
     starts, and by the tasks): its config.json is a JSON object that maps to no custom code (we never pass
-    trust_remote_code), and its weights are safetensors (pickled weights are refused for safety)."""
+    trust_remote_code), and its weights are safetensors (pickled weights are refused for safety); where
+    `model_types` are given, its model_type is one of them."""
     import json
 
     folder = Path(init_checkpoint)
@@ -82,6 +83,9 @@ def require_checkpoint_folder(init_checkpoint: str) -> None:
         raise RunError(f"{folder / 'config.json'} is not JSON ({e}); give a transformers model folder") from None
     if not isinstance(config, dict):
         raise RunError(f"{folder / 'config.json'} is not a JSON object; give a transformers model folder")
+    if model_types and config.get("model_type") not in model_types:  # (a Llama export for a BERT task)
+        raise RunError(f"model.init_checkpoint {init_checkpoint} is a {config.get('model_type') or 'model of no type'} "
+                       f"checkpoint; this task fine-tunes {' or '.join(model_types)}: give such a checkpoint")
     if config.get("auto_map"):
         raise RunError(f"{folder / 'config.json'} maps the model to custom code (auto_map: "
                        f"{', '.join(map(str, config['auto_map']))}), which is refused for safety (it would run code "

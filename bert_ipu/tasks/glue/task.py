@@ -136,7 +136,7 @@ class GlueTask(TaskBase):
         m, d = self.cfg.model, self.cfg.data
         id2label = None if self.regression else dict(enumerate(self.spec.labels))
         if m.init_checkpoint:
-            require_checkpoint_folder(m.init_checkpoint)
+            require_checkpoint_folder(m.init_checkpoint, ("bert",))
             model = PackedBertForSequenceClassification.from_pretrained(
                 m.init_checkpoint, num_labels=self.num_labels, id2label=id2label,
                 max_sequences_per_pack=self.depth, attention_backend=m.attention_backend)

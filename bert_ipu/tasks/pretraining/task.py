@@ -119,7 +119,7 @@ class PretrainingTask(TaskBase):
         kwargs = dict(max_sequences_per_pack=lay.max_sequences_per_pack, attention_backend=m.attention_backend,
                       mlm_slots=lay.mlm_slots)
         if m.init_checkpoint:
-            require_checkpoint_folder(m.init_checkpoint)
+            require_checkpoint_folder(m.init_checkpoint, ("bert",))
             model = PackedBertForPreTraining.from_pretrained(m.init_checkpoint, **kwargs)
             if model.config.max_position_embeddings < lay.pack_len:
                 raise RunError(f"model.init_checkpoint has {model.config.max_position_embeddings} positions, fewer "

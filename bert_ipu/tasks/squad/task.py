@@ -50,7 +50,7 @@ from .features import (SLOT_FIELDS, Features, PackedFeatures, SquadExample, Squa
 def build_model(cfg, vocab_size: int, depth: int) -> PackedBertForQuestionAnswering:
     m = cfg.model
     if m.init_checkpoint:
-        require_checkpoint_folder(m.init_checkpoint)
+        require_checkpoint_folder(m.init_checkpoint, ("bert",))
         model = PackedBertForQuestionAnswering.from_pretrained(m.init_checkpoint, max_sequences_per_pack=depth,
                                                                attention_backend=m.attention_backend)
     else:

@@ -101,7 +101,7 @@ class TokenClassificationTask(TaskBase):
         m, d = self.cfg.model, self.cfg.data
         id2label = dict(enumerate(self.labels))
         if m.init_checkpoint:
-            require_checkpoint_folder(m.init_checkpoint)
+            require_checkpoint_folder(m.init_checkpoint, ("bert",))
             model = PackedBertForTokenClassification.from_pretrained(
                 m.init_checkpoint, id2label, max_sequences_per_pack=self.depth, attention_backend=m.attention_backend)
         else:
