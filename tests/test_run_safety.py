@@ -61,6 +61,11 @@ def test_resume_refuses_other_data_and_accepts_the_same_data_moved(dataset, tiny
     assert entry("pretraining", [*COMMON, f"data.dataset={dataset}", f"output_dir={run}", "--resume",
                                  "train.optimizer=adamw"]) == 2
     assert snapshot(run) == before
+    bare = tmp_path / "bare"  # (the checkpoint says it too, where config.yaml is gone)
+    shutil.copytree(run, bare)
+    (bare / "config.yaml").unlink()
+    assert entry("pretraining", [*COMMON, f"data.dataset={dataset}", f"output_dir={bare}", "--resume",
+                                 "train.optimizer=adamw"]) == 2
 
     moved = tmp_path / "moved"
     shutil.copytree(dataset, moved)
@@ -283,7 +288,7 @@ DAMAGE = {
     "scheduler rate a string": lambda c: _edit_in(c, "scheduler", _last_lr=["x"]),
     "optimizer learning rate a string": lambda c: _edit_group(c, lr="x"),
     "no optimizer groups": lambda c: _edit(c, optimizer_groups=[]),
-    "another optimizer": lambda c: _edit(c, optimizer="AdamW"),
+    "no optimizer groups but one": lambda c: _edit(c, optimizer_groups=[{"lr": 0.01}]),
     "loader past its epoch": lambda c: _edit_in(c, "loader", update_in_epoch=10 ** 9),
     "loader before its epoch": lambda c: _edit_in(c, "loader", update_in_epoch=-5),
     "sequences seen NaN": lambda c: _edit(c, sequences_seen=float("nan")),

@@ -156,8 +156,7 @@ def save(path: Path, module: torch.nn.Module, opt, state: dict, keep: int, main:
             merged |= part
         groups = [{k: v for k, v in g.items() if k != "params"} for g in opt.state_dict()["param_groups"]]
         rngs = [r if isinstance(r, dict) else {"cpu": r, "cuda": None} for r in rngs]
-        doc = state | {"optimizer": type(opt).__name__, "optimizer_groups": groups, "optimizer_other": merged,
-                       "rng": rngs}
+        doc = state | {"optimizer_groups": groups, "optimizer_other": merged, "rng": rngs}
         try:
             (partial / STATE).write_text(json.dumps(doc, indent=1))
             fsync_tree(partial)
@@ -277,11 +276,9 @@ def load(path: Path, module: torch.nn.Module, opt, rank: int = 0, shared_rank: i
     # optimizer: one template per state tensor of every parameter this rank holds, under a name it was saved by
     names = _param_names(module)
     groups = state["optimizer_groups"]
-    kind = state.get("optimizer")  # (absent in checkpoints before it was recorded)
-    if (kind is not None and kind != type(opt).__name__) or len(groups) != len(opt.param_groups):
-        raise RunError(f"{path} was saved by another optimizer ({kind or 'other'}, {len(groups)} parameter groups; "
-                       f"this run: {type(opt).__name__}, {len(opt.param_groups)}): its moments would be read as "
-                       "this one's; resume with the train.optimizer it was saved with, or start a new run")
+    if len(groups) != len(opt.param_groups):  # (which optimizer: the trainer checks train.optimizer first)
+        raise RunError(f"{path} was saved by an optimizer of {len(groups)} parameter groups, this run's has "
+                       f"{len(opt.param_groups)}: resume with the config it was saved with, or start a new run")
     templates, where = {}, {}
     for gi, group in enumerate(opt.param_groups):
         for p in group["params"]:

@@ -102,6 +102,13 @@ def _unreadable(newest: Path) -> str | None:
     return None
 
 
+def _saved_optimizer(out: Path) -> str | None:
+    """train.optimizer of the run in `out`: as its newest checkpoint recorded it, else its config.yaml (None:
+    neither says; read_state has checked the checkpoint)."""
+    saved = checkpoint.read_state(checkpoint.checkpoints(out)[-1]).get("optimizer")
+    return saved if isinstance(saved, str) else recorded(out, "train", "optimizer")
+
+
 def run_lock(out: Path) -> OutputLock:
     """An exclusive lock on a run folder (OUTPUT/.lock) held while a run writes it: a second run on the same
     folder is refused instead of mixing checkpoints. Released at exit, also when the process dies."""
@@ -142,10 +149,10 @@ def prepare_run_dir(out: Path, resume: bool, overwrite: bool, rt: Runtime, confi
         elif not resume and found and not overwrite:
             error = (f"output_dir {out} already holds a run ({', '.join(found)}); continue it with --resume, "
                      "replace it with --overwrite, or choose another output_dir")
-        elif resume and recorded(out, "train", "optimizer") not in (None, config["train"].get("optimizer")):
-            error = (f"--resume: {out} trained with train.optimizer={recorded(out, 'train', 'optimizer')}, not "
-                     f"{config['train'].get('optimizer')} (its moments would be read as the other's); resume with "
-                     "the optimizer it was saved with, or start a new run")
+        elif resume and (saved := _saved_optimizer(out)) not in (None, config["train"].get("optimizer")):
+            error = (f"--resume: {out} trained with train.optimizer={saved}, not {config['train'].get('optimizer')} "
+                     "(its moments would be read as the other's); resume with the optimizer it was saved with, or "
+                     "start a new run")
         elif resume and recorded_data(out) not in (None, config["data_layout"].get("data_sha256")):
             error = (f"--resume: {out} trained on other data than this config reads (data sha256 "
                      f"{recorded_data(out)[:12]}..., now {str(config['data_layout'].get('data_sha256'))[:12]}...: "
@@ -609,7 +616,7 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, load
         state = {"step": at_step, "sequences_seen": seen, "scheduler": sched.state_dict(),
                  "loader": loader.state_dict(), "world": rt.world, "replicas": rt.dp_world, "stages": stages,
                  "tensor": rt.tensor, "sequence": rt.sequence,
-                 "config": cfg.name, "learning_rate": t.learning_rate, "metrics": last,
+                 "config": cfg.name, "learning_rate": t.learning_rate, "optimizer": t.optimizer, "metrics": last,
                  "window": {"sums": window, "balance": balance, "start": window_step}}
         return checkpoint.save(out / "checkpoints" / f"step-{at_step:07d}", engine.module, opt, state,
                                t.keep_checkpoints, rt.main)
