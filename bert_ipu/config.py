@@ -391,16 +391,21 @@ class _StrictLoader(yaml.SafeLoader):
     def construct_mapping(self, node, deep=False):
         seen = set()
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor`: merged keys may be overridden
+                continue
             key = self.construct_object(key_node, deep=deep)
             try:
                 if key in seen:
-                    raise yaml.constructor.ConstructorError(
-                        None, None, f"{key!r} is given twice in one mapping (the first would be dropped); "
-                        "give it once", key_node.start_mark)
+                    raise DuplicateKey(f"{key!r} is given twice in one mapping (line {key_node.start_mark.line + 1}"
+                                       "; YAML would drop the first): give it once")
                 seen.add(key)
             except TypeError:  # (an unhashable key: SafeLoader's own error follows)
                 pass
         return super().construct_mapping(node, deep=deep)
+
+
+class DuplicateKey(yaml.YAMLError):
+    """A key given twice in one mapping of a config (`_StrictLoader`)."""
 
 
 def _safe_load(text: str):
@@ -424,6 +429,8 @@ def _read(name: str, seen=()) -> dict:
         raise ConfigError(f"{path}: inherit loop")
     try:
         raw = _safe_load(path.read_text(encoding="utf-8")) or {}
+    except DuplicateKey as e:
+        raise ConfigError(f"{path}: {e}") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
     except UnicodeDecodeError:
@@ -448,6 +455,8 @@ def _value(key: str, text: str):
     """An override's value, read as YAML (safely: a python tag is refused, never run)."""
     try:
         return _safe_load(text)
+    except DuplicateKey as e:
+        raise ConfigError(f"override {key}={text}: {e}") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"override {key}={text}: not a YAML value ({str(e).splitlines()[0]}); give a number, a "
                           "word, true/false, null or a [list]") from None

@@ -239,6 +239,12 @@ def test_config_sections_merge_and_are_never_reset_to_the_defaults(tmp_path):
     twice.write_text("inherit: test_tiny\ntrain:\n  max_steps: 3\nmodel:\n  hidden_size: 64\ntrain:\n  seed: 2\n")
     with pytest.raises(ConfigError, match="'train' is given twice"):
         load_config(str(twice))
+    merged = tmp_path / "merged.yaml"  # (YAML merge keys: what they bring may be overridden, not a key twice)
+    merged.write_text("inherit: sft_tiny_chat_packed\ndata:\n  pack_lengths: [128, 256]\ntrain:\n  levels:\n"
+                      "    - &short {micro_batch_size: 2}\n"
+                      "    - {<<: *short, checkpointed_layers: 1, micro_batch_size: 3}\n")
+    assert load_config(str(merged)).train.levels == [{"micro_batch_size": 2},
+                                                     {"micro_batch_size": 3, "checkpointed_layers": 1}]
     with pytest.raises(ConfigError, match="data.eval_splits \\[5\\]: give split names"):
         load_config("glue_tiny", ["data.eval_splits=[5]"], kind="glue")
 
