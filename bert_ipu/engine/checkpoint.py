@@ -203,7 +203,8 @@ def _bad_progress(state: dict) -> str | None:
                                                                                                     "_last_lr")):
         return f"scheduler rates {sched.get('base_lrs')!r} / {sched.get('_last_lr')!r}"
     if groups is not None and not (isinstance(groups, list) and groups and all(
-            isinstance(g, dict) and all(_number(g[k]) for k in ("lr", "initial_lr", "step") if k in g) for g in groups)):
+            isinstance(g, dict) and all(_number(g[k]) for k in ("lr", "initial_lr", "step") if k in g)
+            for g in groups)):
         return f"optimizer_groups {str(groups)[:80]}"
     if "update_in_epoch" in loader and not (isinstance(loader["update_in_epoch"], int)
                                             and not isinstance(loader["update_in_epoch"], bool)
