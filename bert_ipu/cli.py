@@ -44,10 +44,12 @@ def parser(specs: list[TaskSpec], prog: str | None = None) -> argparse.ArgumentP
                           "(on any number of processes)")
         mode.add_argument("--overwrite", action="store_true", help="replace the run already in output_dir")
         mode.add_argument("--auto-resume", action="store_true", help="--resume where output_dir holds a checkpoint, "
-                          "else start a new run (a rerun continues or skips what an earlier one did: make wikipedia)")
+                          "else start (over a run of this project that stopped before its first checkpoint): a rerun "
+                          "continues or skips what an earlier one did (make wikipedia)")
         if any(s.eval_only is not None for s in specs):  # (with --overwrite: replaces an earlier evaluation)
             p.add_argument("--eval-only", action="store_true", help="no training: evaluate model.init_checkpoint "
-                           "on the evaluation data (--overwrite replaces an evaluation already in output_dir)")
+                           "on the evaluation data (--overwrite replaces an evaluation, never a training run, "
+                           "already in output_dir)")
     p.add_argument("--print-config", action="store_true", help="print the resolved config (YAML) and exit")
     seen = set()
     for s in specs:
@@ -87,7 +89,8 @@ def config(argv: list[str], kind: str | None = None):
         if spec.eval_only is None:
             raise ConfigError(f"--eval-only: a {kind} run cannot evaluate only; drop --eval-only")
         if flags.get("resume") or flags.get("auto_resume"):
-            raise ConfigError("--resume continues a training run and --eval-only trains nothing; drop one")
+            raise ConfigError("--resume and --auto-resume continue a training run, and --eval-only trains nothing; "
+                              "drop one")
         overrides += list(spec.eval_only)
     own = {flag for flag, _, _ in spec.arguments}
     for flag, _, key in (a for s in chosen for a in s.arguments):
@@ -133,9 +136,12 @@ def main(argv: list[str] | None = None, kind: str | None = None, script: str | N
             code = launch_if_needed(cfg, script or sys.argv[0], argv, cfg.model.parameter_estimate())
             if code is not None:  # its processes were launched here and have finished
                 return code
-        resume = flags.get("resume", False) or (flags.get("auto_resume", False) and bool(
-            checkpoint.checkpoints(Path(cfg.output_dir))))
-        result = spec.run(cfg, resume=resume, overwrite=flags.get("overwrite", False))
+        overwrite = flags.get("overwrite", False)
+        resume = flags.get("resume", False)
+        if flags.get("auto_resume", False):  # resume; a run of ours stopped before its first checkpoint: start over
+            resume = bool(checkpoint.checkpoints(Path(cfg.output_dir)))
+            overwrite = not resume
+        result = spec.run(cfg, resume=resume, overwrite=overwrite)
     except (ConfigError, RunError) as e:
         report_error(e)
         return getattr(e, "exit_code", 2)  # a ConfigError has none: 2

@@ -88,9 +88,11 @@ def test_overwrite_never_deletes_files_a_dataset_writer_did_not_write_beside_a_d
     assert sorted(p.relative_to(data) for p in data.rglob("*")) == before
     (data / "NOTES.txt").unlink()
     (data / "checkpoints").rmdir()
+    (tmp_path / "instances.partial" / "test" / "shard-00000").mkdir(parents=True)  # an interrupted writer's
     create_pretraining_data([str(corpus)], data, InstanceConfig(max_seq_length=64, dupe_factor=2), overwrite=True,
                             progress=False)
     assert json.loads((data / "manifest.json").read_text())["kind"] == "instances"
+    assert not (tmp_path / "instances.partial").exists()
 
 
 def test_instances_left_from_other_text_are_remade_from_data_prepare_input(corpus, tmp_path):
@@ -691,6 +693,14 @@ def test_a_folder_is_a_run_of_this_project_by_its_marker_or_a_checkpoint_that_re
         lines, err = _errors(capsys)
         assert rc == 2 and len(lines) == 1 and "did not write" in lines[0], (flag, err)
         assert snapshot(user) == before, flag
+    # a run of an older version (no marker) whose only checkpoint is damaged is still ours: its own message
+    legacy = tmp_path / "legacy"
+    shutil.copytree(Path(__file__).parent / "fixtures" / "legacy" / "run", legacy)
+    state = next((legacy / "checkpoints").iterdir()) / "state.json"
+    state.write_text(state.read_text().replace('"sequences_seen": ', '"sequences_seen": -'))
+    rc = entry("pretraining", ["--config", "test_tiny", f"output_dir={legacy}", *common, "--resume"])
+    lines, err = _errors(capsys)
+    assert rc == 2 and len(lines) == 1 and "is damaged" in lines[0], err
 
 
 def test_a_run_whose_output_dir_overlaps_its_input_is_refused(dataset, tmp_path, capsys):
@@ -708,6 +718,11 @@ def test_a_run_whose_output_dir_overlaps_its_input_is_refused(dataset, tmp_path,
         lines, err = _errors(capsys)
         assert rc == 2 and len(lines) == 1 and "overlaps data.dataset" in lines[0], err
     assert sorted(p.relative_to(dataset) for p in dataset.rglob("*")) == before
+    moved = run / "data"  # a run resumed where it stands is left alone (older versions allowed the overlap)
+    shutil.copytree(dataset, moved)
+    assert entry("pretraining", ["--config", "test_tiny", f"data.dataset={moved}", f"output_dir={run}", *common,
+                                 "train.max_steps=2", "--resume"]) == 0
+    capsys.readouterr()
     export = (run / "hf" / "model.safetensors").read_bytes()
     rc = entry("pretraining", ["--config", "test_tiny", f"data.dataset={dataset}", f"output_dir={run}",
                                f"model.init_checkpoint={run / 'hf'}", *common, "--overwrite"])
@@ -955,6 +970,12 @@ def test_a_trace_dir_holding_a_users_files_is_refused_and_one_of_ours_is_reused(
         (folder / "none_ops.txt").write_text("a trace of ours")
         check_outputs(load_profile(trace_dir=str(folder)))  # (ours: a second profile writes there again)
         assert (folder / TRACE_MARKER).is_file()
+    older = tmp_path / "older"  # traces written before the marker was: still ours
+    (older / "tensorboard").mkdir(parents=True)
+    (older / "tensorboard" / "cghp.pt.trace.json").write_text("{}")
+    (older / "cghp_ops.txt").write_text("ops")
+    (older / "config.yaml").write_text("kind: profile\nname: x\n")
+    check_outputs(load_profile(trace_dir=str(older)))
 
 
 def load_profile(**fields):
@@ -1020,6 +1041,16 @@ def test_json_nested_thousands_deep_or_with_huge_integers_is_a_reading_error_not
     with pytest.raises(DataInputError, match="c.jsonl"):
         create_pretraining_data([str(corpus)], tmp_path / "out", InstanceConfig(max_seq_length=64), progress=False)
     assert not (tmp_path / "out").exists()
+    model = tmp_path / "model"  # (a checkpoint's config.json too)
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"")
+    from bert_ipu.engine.runtime import RunError
+    from bert_ipu.tasks.common import require_checkpoint_folder
+
+    for text in (deep, huge):
+        (model / "config.json").write_text(text)
+        with pytest.raises(RunError, match="config.json is not JSON"):
+            require_checkpoint_folder(str(model))
     squad = tmp_path / "s.json"
     for text in (deep, huge):
         squad.write_text(text)

@@ -150,6 +150,9 @@ def test_auto_resume_starts_a_new_run_and_continues_one_with_a_checkpoint(datase
     assert entry("pretraining", [*common, "train.max_steps=4", "--auto-resume"]) == 0
     steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
     assert steps == [1, 2, 3, 4]
+    shutil.rmtree(out / "checkpoints")  # a run of ours killed before its first checkpoint: started over
+    assert entry("pretraining", [*common, "train.max_steps=2", "--auto-resume"]) == 0
+    assert [p.name for p in (out / "checkpoints").iterdir()] == ["step-0000002"]
     with pytest.raises(SystemExit):
         entry("pretraining", [*common, "--auto-resume", "--resume"])
 

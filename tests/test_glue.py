@@ -5,6 +5,7 @@ and MNLI's two dev sets score; bad input is one clear line."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -64,6 +65,14 @@ def test_fine_tune_packed_export_and_reload_with_transformers(tmp_path):
     assert entry("glue", [*again, "--overwrite"]) == 0
     assert json.loads((tmp_path / "cghp" / "predictions_dev.json").read_text()) == preds
     assert entry("glue", [*again, "--resume"]) == 2
+    # ... but never over a training run: --eval-only --overwrite deleted its checkpoints, export and metrics
+    other = tmp_path / "other"
+    shutil.copytree(export, other)
+    trained = sorted(p.name for p in (tmp_path / "t").iterdir())
+    for flags in ([], ["--overwrite"]):
+        assert entry("glue", ["--config", "glue_tiny_packed", "--eval-only", f"model.init_checkpoint={other}",
+                              f"output_dir={tmp_path / 't'}", *flags]) == 2
+    assert sorted(p.name for p in (tmp_path / "t").iterdir()) == trained
 
 
 @pytest.mark.parametrize("task, keys", [("stsb", {"dev_pearson", "dev_spearman"}),

@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import zipfile
 from pathlib import Path
@@ -208,9 +209,15 @@ def _written_names(folder: Path) -> set[str]:
 
 
 def _leftover(folder: Path) -> bool:
-    """Whether a folder holds nothing but what a DatasetWriter writes (so removing it deletes no user file)."""
+    """Whether a folder holds nothing but what a DatasetWriter writes (so removing it deletes no user file): the
+    names of `_written_names`, and split folders of shards (shard-NNNNN folders only: a split the manifest,
+    not written yet in DATASET.partial, would name)."""
     names = _written_names(folder)
-    return all(p.name in names for p in folder.iterdir())
+    return all(p.name in names or (p.is_dir() and all(_SHARD.fullmatch(q.name) and q.is_dir() for q in p.iterdir()))
+               for p in folder.iterdir())
+
+
+_SHARD = re.compile(r"shard-\d{5,}")
 
 
 def _json_default(value):

@@ -183,6 +183,16 @@ STATE_FIELDS = {"step": int, "sequences_seen": (int, float), "scheduler": dict, 
 """what every checkpoint's JSON state holds, by type (read_state checks it before anything uses it)"""
 
 
+def written_here(path: Path) -> bool:
+    """Whether the checkpoint folder `path` was written by this project: its state is a JSON object with every
+    field of STATE_FIELDS (whatever their values: read_state judges those)."""
+    try:
+        state = json.loads((Path(path) / STATE).read_text())
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(state, dict) and set(STATE_FIELDS) <= set(state)
+
+
 def _number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
 

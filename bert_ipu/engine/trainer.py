@@ -57,11 +57,9 @@ def ours(out: Path) -> bool:
             return json.loads((out / MARKER).read_text()).get("written_by") == "bert_ipu"
         except (OSError, ValueError, AttributeError):
             return False
-    found = checkpoint.checkpoints(out)  # a run older than the marker: its newest checkpoint must read as ours
-    try:
-        return bool(found) and isinstance(checkpoint.read_state(found[-1]), dict)
-    except RunError:
-        return False
+    # a run older than the marker: a checkpoint whose state holds what this project's states hold (damaged values
+    # or not: a damaged checkpoint of ours gets its own message; a user's `{}` is not one)
+    return any(checkpoint.written_here(found) for found in checkpoint.checkpoints(out))
 
 
 def overlapping_input(out: Path, config: dict) -> str | None:
@@ -118,13 +116,15 @@ def run_lock(out: Path) -> OutputLock:
         raise RunError(f"another run is writing {out}; wait for it to finish or choose another output_dir") from None
 
 
-def prepare_run_dir(out: Path, resume: bool, overwrite: bool, rt: Runtime, config: dict) -> OutputLock | None:
+def prepare_run_dir(out: Path, resume: bool, overwrite: bool, rt: Runtime, config: dict,
+                    evaluation: bool = False) -> OutputLock | None:
     """Never mix two runs in one folder: a second run while one writes it is refused (run_lock); resuming needs
     a checkpoint; a folder that holds another run is an error unless `overwrite` (which removes that run's
     files, and only those). Rank 0 decides, all ranks raise the same error. Returns rank 0's lock."""
     error, lock = None, None
     found = sorted({p.name for pattern in RUN_FILES for p in out.glob(pattern)}) if rt.main and out.is_dir() else []
-    overlap = overlapping_input(out, config) if rt.main else None
+    # (a run resumed where it was started is left alone: refusing it would strand a run an older version began)
+    overlap = overlapping_input(out, config) if rt.main and not resume else None
     if overlap:
         error = (f"output_dir {out} overlaps {overlap} (one is, or holds, the other): the run's files would mix "
                  "with its input, and --overwrite or a rebuilt dataset would delete one with the other; choose an "
@@ -146,9 +146,14 @@ def prepare_run_dir(out: Path, resume: bool, overwrite: bool, rt: Runtime, confi
             error = f"--resume: no checkpoint in {out / 'checkpoints'}; start without --resume"
         elif resume and (damaged := _unreadable(checkpoint.checkpoints(out)[-1])):
             error = damaged  # (before the marker and config.yaml are written)
+        elif evaluation and checkpoint.checkpoints(out):
+            error = (f"output_dir {out} holds a training run (checkpoints): an evaluation never replaces one, "
+                     "--overwrite or not; choose another output_dir (e.g. output_dir=..._eval)")
         elif not resume and found and not overwrite:
-            error = (f"output_dir {out} already holds a run ({', '.join(found)}); continue it with --resume, "
-                     "replace it with --overwrite, or choose another output_dir")
+            error = (f"output_dir {out} already holds a run ({', '.join(found)}); "
+                     + ("replace an evaluation with --overwrite" if evaluation else
+                        "continue it with --resume, replace it with --overwrite")
+                     + ", or choose another output_dir")
         elif resume and (saved := _saved_optimizer(out)) not in (None, config["train"].get("optimizer")):
             error = (f"--resume: {out} trained with train.optimizer={saved}, not {config['train'].get('optimizer')} "
                      "(its moments would be read as the other's); resume with the optimizer it was saved with, or "
@@ -272,7 +277,7 @@ def evaluate_only(task, cfg, rt: Runtime, overwrite: bool = False) -> dict:
                        f"({', '.join(fresh[:3])}{', ...' if len(fresh) > 3 else ''}: they would start random, and "
                        "the scores with them); evaluate the hf/ export of a run that trained this task")
     say_init_architecture(cfg, model, rt)
-    lock = prepare_run_dir(Path(cfg.output_dir), False, overwrite, rt, run_config(cfg, task))
+    lock = prepare_run_dir(Path(cfg.output_dir), False, overwrite, rt, run_config(cfg, task), evaluation=True)
     try:
         engine = LocalParallel(model, task, rt, cfg.train.precision, seed=cfg.train.seed)
         metrics = task.evaluate(engine, rt, 0)

@@ -79,8 +79,12 @@ def require_checkpoint_folder(init_checkpoint: str, model_types: tuple[str, ...]
                        f"config.json){hint}; give the hf/ folder of a run or a transformers model folder")
     try:
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise RunError(f"{folder / 'config.json'} is not JSON ({e}); give a transformers model folder") from None
+    except (OSError, UnicodeDecodeError, ValueError) as e:  # (ValueError: JSON's, and an integer of 4,300+ digits)
+        why = str(e).split(";")[0][:120]
+        raise RunError(f"{folder / 'config.json'} is not JSON ({why}); give a transformers model folder") from None
+    except RecursionError:
+        raise RunError(f"{folder / 'config.json'} is not JSON (nested too deeply to read); give a transformers "
+                       "model folder") from None
     if not isinstance(config, dict):
         raise RunError(f"{folder / 'config.json'} is not a JSON object; give a transformers model folder")
     if model_types and config.get("model_type") not in model_types:  # (a Llama export for a BERT task)

@@ -641,7 +641,7 @@ def check_outputs(prof) -> None:
         raise ProfilingError(f"profile.trace_dir {prof.trace_dir} is a file, not a folder; give a folder for the "
                              "traces (it is created if missing)")
     if prof.trace_dir and Path(prof.trace_dir).is_dir() and any(Path(prof.trace_dir).iterdir()) \
-            and not (Path(prof.trace_dir) / TRACE_MARKER).is_file():
+            and not (Path(prof.trace_dir) / TRACE_MARKER).is_file() and not _old_traces(Path(prof.trace_dir)):
         raise ProfilingError(f"profile.trace_dir {prof.trace_dir} holds files this project did not write (no "
                              f"{TRACE_MARKER} marker), and traces would replace some (config.yaml, ALGORITHM_ops.txt); "
                              "give a new or empty folder")
@@ -650,6 +650,18 @@ def check_outputs(prof) -> None:
 TRACE_MARKER = ".bert_ipu_traces"
 """written into a trace folder before its first file: profile.trace_dir writes only into an empty folder or one
 holding this marker, never over a user's files that share the traces' names"""
+
+
+def _old_traces(folder: Path) -> bool:
+    """A trace folder a profile wrote before TRACE_MARKER was: its profile config.yaml, ALGORITHM_ops.txt and
+    ALGORITHM.trace.json files and tensorboard/*.pt.trace.json, nothing else."""
+    def ours(p: Path) -> bool:
+        if p.name == "config.yaml":
+            return p.is_file() and _our_config(p.read_bytes()[:4096])
+        if p.name == "tensorboard":
+            return p.is_dir() and all(q.name.endswith(".pt.trace.json") for q in p.iterdir())
+        return p.is_file() and (p.name.endswith("_ops.txt") or p.name.endswith(".trace.json"))
+    return all(ours(p) for p in folder.iterdir())
 
 
 def claim_trace_dir(folder: Path) -> None:
