@@ -343,8 +343,9 @@ def test_fine_tuning_end_to_end_packed_and_unpacked_eval(tmp_path):
               "train.log_every=1", "model.attention_backend=mask"]
     # the untuned model: its fresh span head, scored by a run that does not move it (--eval-only refuses a head
     # the checkpoint lacks)
-    before = main(load_config("squad_tiny_packed", [*common, "train.learning_rate=0", "train.num_train_epochs=1",
-                                                    f"output_dir={tmp_path / 'b'}"], kind="squad"), progress=False)
+    before = main(load_config("squad_tiny_packed", [*common, "train.learning_rate=0", "train.max_steps=1",
+                                                    "train.num_train_epochs=null", f"output_dir={tmp_path / 'b'}"],
+                              kind="squad"), progress=False)
     tuned = main(load_config("squad_tiny_packed", [*common, f"output_dir={tmp_path / 't'}"], kind="squad"),
                  progress=False)
     losses = [json.loads(line)["loss"] for line in (tmp_path / "t" / "metrics.jsonl").read_text().splitlines()]
