@@ -276,10 +276,15 @@ class UpdateLoader:
             raise ValueError(f"the checkpoint's loader read updates of {state['packs_per_update']} packs with seed "
                              f"{state['seed']}; this run has {self.packs_per_update} packs per update and seed "
                              f"{self.seed}: keep train.global_batch_size, the batch unit and train.seed to resume")
-        if not 0 <= state["update_in_epoch"] <= self.updates_per_epoch:
-            raise ValueError(f"the checkpoint's loader stopped at update {state['update_in_epoch']} of an epoch of "
-                             f"{self.updates_per_epoch}: not a place in this data")
+        _check_place(state["update_in_epoch"], self.updates_per_epoch)
         self.epoch, self.update_in_epoch = state["epoch"], state["update_in_epoch"]
+
+
+def _check_place(update_in_epoch: int, updates_per_epoch: int) -> None:
+    """A checkpoint's place in an epoch must be one of this data's (a ValueError, as a loader's other refusals)."""
+    if not 0 <= update_in_epoch <= updates_per_epoch:
+        raise ValueError(f"the checkpoint's loader stopped at update {update_in_epoch} of an epoch of "
+                         f"{updates_per_epoch}: not a place in this data")
 
 
 @dataclass(frozen=True)
@@ -361,9 +366,7 @@ class LevelLoader:
                              "data.pack_lengths, train.levels and train.level_order to resume")
         for loader, saved in zip(self.loaders, state["levels"]):
             loader.load_state_dict(saved)
-        if not 0 <= state["update_in_epoch"] <= self.updates_per_epoch:
-            raise ValueError(f"the checkpoint's loader stopped at update {state['update_in_epoch']} of an epoch of "
-                             f"{self.updates_per_epoch}: not a place in this data")
+        _check_place(state["update_in_epoch"], self.updates_per_epoch)
         self.epoch, self.update_in_epoch = state["epoch"], state["update_in_epoch"]
 
 

@@ -197,6 +197,10 @@ def _number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
 
 
+def _count(value) -> bool:
+    return isinstance(value, int) and _number(value)
+
+
 def _bad_progress(state: dict) -> str | None:
     """What is wrong with the counters a resumed run continues from (read_state has checked their types): the
     sequences seen, the scheduler's step and rates, the optimizer's groups (their learning rates and steps), the
@@ -206,8 +210,7 @@ def _bad_progress(state: dict) -> str | None:
     groups = state.get("optimizer_groups")
     if not _number(state["sequences_seen"]):
         return f"sequences_seen {state['sequences_seen']!r}"
-    if not (isinstance(sched.get("last_epoch", 0), int) and not isinstance(sched.get("last_epoch", 0), bool)
-            and 0 <= sched.get("last_epoch", 0)):
+    if not _count(sched.get("last_epoch", 0)):
         return f"scheduler last_epoch {sched.get('last_epoch')!r}"
     if not all(isinstance(sched.get(k, []), list) and all(map(_number, sched.get(k, []))) for k in ("base_lrs",
                                                                                                     "_last_lr")):
@@ -216,9 +219,7 @@ def _bad_progress(state: dict) -> str | None:
             isinstance(g, dict) and all(_number(g[k]) for k in ("lr", "initial_lr", "step") if k in g)
             for g in groups)):
         return f"optimizer_groups {str(groups)[:80]}"
-    if "update_in_epoch" in loader and not (isinstance(loader["update_in_epoch"], int)
-                                            and not isinstance(loader["update_in_epoch"], bool)
-                                            and loader["update_in_epoch"] >= 0):
+    if not _count(loader.get("update_in_epoch", 0)):
         return f"loader update_in_epoch {loader['update_in_epoch']!r}"
     return None
 
