@@ -47,6 +47,8 @@ class RunConfig:
     errors and model cards), and `pipeline`, whether the task has a pipeline plan (else one stage only)."""
     script: ClassVar[str]
     pipeline: ClassVar[bool] = False
+    invocation: ClassVar[tuple] = ()
+    """set by load_config on the instance: the config as named and its overrides (the command a model card gives)"""
     kind: str
     name: str = "unnamed"
     """defaults to the config file's name"""
@@ -518,7 +520,9 @@ def load_config(name: str, overrides=(), kinds: dict | None = None, expected: st
                 kwargs[k] = _build(sections[k], v or {}, f"{k}.")
             else:
                 kwargs[k] = _typed(v, typing.get_type_hints(root)[k], k)
-        return root(**kwargs)
+        cfg = root(**kwargs)
+        cfg.invocation = (str(name), *overrides)
+        return cfg
     except TypeError as e:
         raise ConfigError(str(e)) from None
 

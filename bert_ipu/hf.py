@@ -84,7 +84,8 @@ class _Plan:
                                               # (regression); k: k floats per row (multi-label, multi-output)
 
 
-def _arrow_lengths(dataset, column: str, batch_size: int, first_row: int = 0) -> np.ndarray:
+def _arrow_lengths(dataset, column: str, batch_size: int, first_row: int = 0,
+                   leave_out: str = "leave it out of columns") -> np.ndarray:
     """The number of tokens of every row of `column`, read batch by batch as Arrow (no Python loop over rows).
     Refused in one line: a column that holds no lists, or lists of anything but whole numbers within int32 (the
     packs' type: a float column was cast to it, an id past 2**31 wrapped), missing rows or values (a None inside
@@ -97,8 +98,8 @@ def _arrow_lengths(dataset, column: str, batch_size: int, first_row: int = 0) ->
         values = batch[column]
         kind = values.type
         if not (pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)):
-            raise ValueError(f"column {column!r} holds {kind}, not lists of token ids: tokenize it first (or leave it "
-                             "out of columns)")
+            raise ValueError(f"column {column!r} holds {kind}, not lists of token ids: tokenize it first (or "
+                             f"{leave_out})")
         value = kind.value_type
         if not (pa.types.is_integer(value) or pa.types.is_boolean(value)):
             raise ValueError(f"column {column!r} holds lists of {value}; packed columns are whole numbers "
@@ -165,7 +166,12 @@ def pack_dataset(dataset, pack_length: int, algorithm: str = "cghp", max_sequenc
     if not isinstance(dataset, datasets.Dataset):
         raise ValueError(f"pack_dataset takes a datasets.Dataset, got {type(dataset).__name__}; "
                          "wrap the data with datasets.Dataset.from_dict")
-    pack_length, columns = _checked(pack_length, algorithm, columns, too_long, label_column, sequence_label_column)
+    pack_length, columns = _checked(pack_length, algorithm, columns, too_long, label_column, sequence_label_column,
+                                    pad_token_id)
+    pad_token_id = int(pad_token_id)   # (a numpy integer would not make a cache key)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+        raise ValueError(f"batch_size must be a whole number >= 1 (rows read at a time), got {batch_size!r}")
+    batch_size = int(batch_size)
     missing = [c for c in columns if c not in dataset.column_names]
     if missing:
         raise ValueError(f"the dataset has no column {missing[0]!r} (columns: {', '.join(dataset.column_names)})")
@@ -193,7 +199,7 @@ def pack_dataset(dataset, pack_length: int, algorithm: str = "cghp", max_sequenc
 
 
 def _checked(pack_length, algorithm, columns, too_long, label_column=None,
-             sequence_label_column=None) -> tuple[int, tuple]:
+             sequence_label_column=None, pad_token_id=0) -> tuple[int, tuple]:
     """pack_dataset's and pack_iterable's arguments checked (a one-line ValueError each): pack_length, columns
     (no column twice, nor a label column among them: it packs apart, under its own name; label_column is unused
     where sequence_label_column is given)."""
@@ -215,6 +221,10 @@ def _checked(pack_length, algorithm, columns, too_long, label_column=None,
                              f"{name}=None to pack it as a plain column)")
     if too_long not in TOO_LONG:
         raise ValueError(f"too_long must be one of {', '.join(TOO_LONG)}, got {too_long!r}")
+    if isinstance(pad_token_id, bool) or not isinstance(pad_token_id, (int, np.integer)) \
+            or not -2**31 <= pad_token_id < 2**31:
+        raise ValueError(f"pad_token_id must be a whole number within int32 (the packs' type), got {pad_token_id!r}: "
+                         "give the tokenizer's pad_token_id, or its eos_token_id where it has none (GPT-2, Llama)")
     return int(pack_length), columns
 
 
@@ -305,10 +315,11 @@ def pack_iterable(dataset, pack_length: int, algorithm: str = "cghp", max_sequen
     if isinstance(dataset, collections.abc.Iterator):
         raise ValueError(f"pack_iterable reads its stream again every epoch, and a {type(dataset).__name__} can be "
                          "read once: give a datasets.IterableDataset (IterableDataset.from_generator) or a list")
-    pack_length, columns = _checked(pack_length, algorithm, columns, too_long, label_column, sequence_label_column)
+    pack_length, columns = _checked(pack_length, algorithm, columns, too_long, label_column, sequence_label_column,
+                                    pad_token_id)
     settings = dict(pack_length=pack_length, algorithm=algorithm, max_sequences_per_pack=max_sequences_per_pack,
                     columns=columns, label_column=None if sequence_label_column else label_column, causal=causal,
-                    too_long=too_long, pad_token_id=pad_token_id, seed=seed, time_limit=time_limit,
+                    too_long=too_long, pad_token_id=int(pad_token_id), seed=seed, time_limit=time_limit,
                     sequence_label_column=sequence_label_column)
     # (datasets splits a list in gen_kwargs into one shard per element: a list of rows became one stream per row,
     # each row packed alone as source row 0; a tuple it passes whole)
@@ -405,7 +416,9 @@ def _plan(dataset, pack_length, algorithm, max_sequences_per_pack, columns, labe
 
     lengths = _arrow_lengths(dataset, "input_ids", batch_size, first_row)
     for column in columns[1:] + ((label_column,) if label_column else ()):
-        other = _arrow_lengths(dataset, column, batch_size, first_row)
+        other = _arrow_lengths(dataset, column, batch_size, first_row, leave_out=(
+            f"pass label_column=None, or sequence_label_column={column!r} for a label per row"
+            if column == label_column else "leave it out of columns"))
         if not np.array_equal(other, lengths):
             i = int(np.argmax(other != lengths))
             raise ValueError(f"row {first_row + i}: {other[i]} {column} for {lengths[i]} input_ids; {column} must be "
@@ -698,9 +711,33 @@ UNPACKABLE_MODEL_TYPES = {
     **dict.fromkeys(("bloom", "canine", "deberta", "deberta-v2", "esm", "flaubert", "funnel", "longformer", "longt5",
                      "openai-gpt", "prophetnet", "xlm", "xlnet", "yoso"), _MASK_2D),
 }
+# Settings under which a model type's documents cannot be kept apart: (model type, config attribute) -> why
+UNPACKABLE_SETTINGS = {
+    ("falcon", "alibi"): _MASK_2D + " (ALiBi, as in the falcon-rw checkpoints)",
+}
 # config.layer_types that keep the documents of a pack apart under the collator's mask (others, linear attention
 # and recurrent or hybrid layers, carry a state from one document into the next)
 MASKED_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention", "mlp", "moe")
+
+
+def _unwrap(model):
+    """The `transformers` model inside the wrappers a Trainer's model may wear, which the collator reads for what
+    the model is: torch.compile's (`_orig_mod`), PEFT's (`get_base_model()`: LoRA's layers are swapped in place, so
+    the base runs them) and `packed_sequence_classifier`'s. Read through them, a compiled token classifier lost its
+    document starts' labels and a PEFT RoBERTa its position offset (logits 0.19 off)."""
+    for _ in range(16):
+        if getattr(type(model), "wraps_model", False):   # packed_sequence_classifier's
+            inner = model.model
+        elif hasattr(model, "_orig_mod"):
+            inner = model._orig_mod
+        elif callable(getattr(model, "get_base_model", None)) and hasattr(model, "peft_config"):
+            inner = model.get_base_model()
+        else:
+            return model
+        if inner is model:
+            return model
+        model = inner
+    return model
 
 
 def _text_config(model):
@@ -711,10 +748,15 @@ def _text_config(model):
 
 def _refuse_unpackable(model, what: str) -> None:
     """A model whose documents a packed row cannot keep apart, whatever the collator's mask: refused by model type
-    (UNPACKABLE_MODEL_TYPES: it mixes tokens outside attention, or its attention takes no 4D mask) or by its layer
+    (UNPACKABLE_MODEL_TYPES: it mixes tokens outside attention, or its attention takes no 4D mask), by a setting
+    of its config (UNPACKABLE_SETTINGS: Falcon's ALiBi failed with a traceback inside transformers) or by its layer
     types (linear attention, Mamba: a state carried from one document into the next)."""
     kind = getattr(model.config, "model_type", None)
     layers = sorted(set(getattr(_text_config(model), "layer_types", None) or ()) - set(MASKED_LAYER_TYPES))
+    for (setting_kind, setting), why in UNPACKABLE_SETTINGS.items():
+        if kind == setting_kind and getattr(model.config, setting, False):
+            raise ValueError(f"{what} cannot keep packed documents apart in {type(model).__name__} (model type "
+                             f"{kind}, config.{setting}=True): {why}; train it unpacked")
     if kind in UNPACKABLE_MODEL_TYPES or layers:
         why = UNPACKABLE_MODEL_TYPES.get(kind) or \
             f"its layer types {', '.join(layers)} carry a state from one document of a pack into the next"
@@ -784,6 +826,34 @@ WINDOW_MASKS = ("create_sliding_window_causal_mask", "create_bidirectional_slidi
                 "sliding_window_overlay", "sliding_window_bidirectional", "_bidirectional_window_overlay")
 
 
+class _Overlay:
+    """transformers' mask overlay `module.name(*args)` (a closure), made where it is first applied: the collator
+    then pickles, as a DataLoader's workers started by spawn or forkserver need (a closure did not)."""
+
+    def __init__(self, module: str, name: str, *args):
+        self.module, self.name, self.args, self._made = module, name, args, None
+
+    def __call__(self, b, h, q, k):
+        if self._made is None:
+            import importlib
+
+            self._made = getattr(importlib.import_module(self.module), self.name)(*self.args)
+        return self._made(b, h, q, k)
+
+    def __getstate__(self):
+        return dict(self.__dict__, _made=None)
+
+
+class _Chunks:
+    """Llama 4's chunked attention inside a document: q and k in the same chunk (picklable, as `_Overlay`)."""
+
+    def __init__(self, size: int):
+        self.size = size
+
+    def __call__(self, b, h, q, k):
+        return q // self.size == k // self.size
+
+
 def _layer_limits(model, causal: bool) -> tuple[tuple | None, dict, bool]:
     """How far each kind of layer attends, which the collator's eager or sdpa mask must say itself (transformers
     passes a 4D mask through as given, so a document longer than a window would attend too far back: Gemma 3's
@@ -817,15 +887,16 @@ def _layer_limits(model, causal: bool) -> tuple[tuple | None, dict, bool]:
     window = getattr(text, "sliding_window", None) if any(name in code for name in WINDOW_MASKS) else None
     if window and getattr(text, "use_sliding_window", True) is not False and (kinds is None
                                                                               or "sliding_attention" in kinds):
-        overlay = masking_utils.sliding_window_overlay
+        overlay = _Overlay(masking_utils.__name__, "sliding_window_overlay", int(window))
         if not causal:  # both ways: |q - k| <= window (the privacy filter's), or the model's own (Gemma 3's is <)
-            overlay = getattr(sys.modules[type(model).__module__], "_bidirectional_window_overlay",
-                              masking_utils.sliding_window_bidirectional_overlay)
-        limits["sliding_attention" if kinds else None] = (int(window), overlay(int(window)))
+            own = hasattr(sys.modules[type(model).__module__], "_bidirectional_window_overlay")
+            overlay = _Overlay(type(model).__module__, "_bidirectional_window_overlay", int(window)) if own else \
+                _Overlay(masking_utils.__name__, "sliding_window_bidirectional_overlay", int(window))
+        limits["sliding_attention" if kinds else None] = (int(window), overlay)
     chunk = getattr(text, "attention_chunk_size", None)
     if chunk and kinds and "chunked_attention" in kinds and "create_chunked_causal_mask" in code:
         # (masking_utils.chunked_overlay with no left padding: chunks count from each document's start)
-        limits["chunked_attention"] = (int(chunk), lambda b, h, q, k: q // int(chunk) == k // int(chunk))
+        limits["chunked_attention"] = (int(chunk), _Chunks(int(chunk)))
     return kinds, limits, bool(kinds and limits) and "attention_mask, dict)" in code
 
 
@@ -901,6 +972,7 @@ class PackedDataCollator:
 
         if model is None and (attn_implementation is None or causal is None):
             raise ValueError("PackedDataCollator needs the model, or both attn_implementation and causal")
+        model = _unwrap(model) if model is not None else None
         if attn_implementation is None:
             attn_implementation = getattr(model.config, "_attn_implementation", None) or "eager"
         if not (attn_implementation in MASK_IMPLEMENTATIONS or attn_implementation == OWN_MODELS
@@ -1090,8 +1162,11 @@ def _classifier_class():
     import torch
 
     class _Classifier(torch.nn.Module):
+        wraps_model = True   # (`_unwrap`: the collator reads the model inside)
+
         def __init__(self, model):
             super().__init__()
+            model = _unwrap(model)   # (PEFT's LoRA layers are in its base model; a compiled model runs eager)
             _refuse(model, "packed_sequence_classifier", masked=True)
             config = model.config
             if config.problem_type not in PROBLEM_TYPES or (config.num_labels < 2 and config.problem_type
@@ -1177,6 +1252,14 @@ def _classifier_class():
     return _Classifier
 
 
+def _at_least_float32(logits):
+    """Half-precision logits in float32 for the loss (as transformers' own loss does); float64 kept (a float64
+    run's loss was 3e-7 off Hugging Face's float64 one when cast down)."""
+    import torch
+
+    return logits if logits.dtype == torch.float64 else logits.float()
+
+
 def token_loss(causal: bool):
     """A `compute_loss_func` for `transformers.Trainer`: the sum of the token cross-entropies of the micro-batch
     divided by `num_items_in_batch`, the Trainer's count of valid labels over the whole update (all gradient
@@ -1189,7 +1272,7 @@ def token_loss(causal: bool):
         logits = outputs["logits"]
         if causal:
             logits, labels = logits[..., :-1, :], labels[..., 1:]
-        total = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
+        total = torch.nn.functional.cross_entropy(_at_least_float32(logits.reshape(-1, logits.shape[-1])),
                                                   labels.reshape(-1).to(logits.device),
                                                   ignore_index=IGNORE_INDEX, reduction="sum")
         count = num_items_in_batch if num_items_in_batch is not None else labels.ne(IGNORE_INDEX).sum()
@@ -1213,7 +1296,7 @@ def token_metrics(causal: bool):
             logits = logits[0]
         if causal:
             logits, labels = logits[..., :-1, :], labels[..., 1:]
-        losses = torch.nn.functional.cross_entropy(logits.transpose(1, -1).float(), labels,
+        losses = torch.nn.functional.cross_entropy(_at_least_float32(logits.transpose(1, -1)), labels,
                                                    ignore_index=IGNORE_INDEX, reduction="none")
         hits = (logits.argmax(-1) == labels).float()
         if causal:  # back to the position of the label they score

@@ -20,7 +20,8 @@ from bert_ipu.models.gpt2 import PackedGPT2LMHeadModel
 from bert_ipu.models.llama import PackedLlamaForCausalLM
 from bert_ipu.models.losses import causal_lm_loss, causal_lm_loss_sums, sequence_label_weights
 from bert_ipu.tasks import load_config
-from bert_ipu.tasks.causal_lm.data import CausalReport, chat_tokens, next_token_labels, sft_sequences, train_tokenizer
+from bert_ipu.tasks.causal_lm.data import (CausalReport, chat_tokens, load_tokenizer, next_token_labels, sft_sequences,
+                                          train_tokenizer, turn_end_token)
 from bert_ipu.data.contiguous import pack_sequences
 from bert_ipu.data.text import DataInputError
 from bert_ipu.data.layout import IGNORE_INDEX
@@ -364,6 +365,30 @@ def test_bad_sft_input_is_an_error_or_counted(tokenizer, tmp_path):
     seqs = sft_sequences(write_jsonl(tmp_path / "e.jsonl", [good]), plain, 64, "error", CausalReport())
     learnt = seqs.labels[seqs.labels != IGNORE_INDEX]
     assert plain.decode(learnt) == "Yes.<|endoftext|>"
+    # a chat that opens with the assistant's turn (transformers cannot render the empty chat before it: a
+    # traceback, exit 1)
+    opens = {"messages": [{"role": "assistant", "content": "Hi."}, {"role": "user", "content": "hi"},
+                          {"role": "assistant", "content": "ok"}]}
+    with pytest.raises(DataInputError, match=r"f.jsonl:1: the chat starts with the assistant's turn"):
+        sft_sequences(write_jsonl(tmp_path / "f.jsonl", [opens]), tokenizer, 64, "error", CausalReport())
+
+
+def test_a_model_folder_without_tokenizer_files_is_no_tokenizer(tmp_path):
+    """transformers makes an empty GPT-2 tokenizer of a model folder without tokenizer files: every example then
+    tokenized to nothing and the run blamed the data ("no usable sequence"). Now the folder is refused as a
+    tokenizer, naming data.tokenizer."""
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=8, n_head=2, n_positions=16)).save_pretrained(tmp_path / "model")
+    with pytest.raises(DataInputError, match=r"model: it has no vocabulary .* give the model's tokenizer folder"):
+        load_tokenizer(tmp_path / "model")
+
+
+def test_the_turn_end_is_the_token_that_ends_most_learnt_spans():
+    """The token ending the assistant's turns: the last label of each learnt span (a chat template's end token),
+    where one token ends at least half of them; None where no token does or nothing is learnt."""
+    X = IGNORE_INDEX
+    assert turn_end_token(np.array([X, 4, 9, X, X, 5, 9, X, 7, 3, X])) == 9   # 9, 9, 3: 9 ends two of three
+    assert turn_end_token(np.array([X, 4, 8, X, 5, 9, X, 7, 3, X])) is None   # 8, 9, 3
+    assert turn_end_token(np.array([X, X])) is None
 
 
 # --- the task on the engine ---------------------------------------------------------------------------------------
@@ -378,7 +403,7 @@ TINY = ["model.hidden_size=32", "model.intermediate_size=48", "model.num_attenti
 def test_sft_packed_run_exports_a_text_generation_model(tmp_path):
     """A packed SFT run on the engine: loss falls, the export loads in AutoModelForCausalLM (same logits as the
     packed model on one sequence) and pipeline("text-generation") with its tokenizer and chat template."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, pipeline
 
     from bert_ipu.tasks import run as main
 
@@ -399,6 +424,14 @@ def test_sft_packed_run_exports_a_text_generation_model(tmp_path):
         torch.testing.assert_close(model(ids).logits, packed, rtol=1e-5, atol=1e-5)
     text = pipeline("text-generation", model=str(out / "hf"))("Continue:", max_new_tokens=3, do_sample=False)
     assert text[0]["generated_text"].startswith("Continue:")
+    # generation stops at the end of the assistant's turn (<|end|>, which ends every learnt turn; it stopped at
+    # <|endoftext|> only, which SFT never learns), and the card names the model and the whole command
+    assert GenerationConfig.from_pretrained(out / "hf").eos_token_id == [tok.eos_token_id,
+                                                                         tok.convert_tokens_to_ids("<|end|>")]
+    card = (out / "hf" / "README.md").read_text()
+    assert "# Packed Llama: supervised fine-tuning" in card
+    assert f"python run_causal_lm.py --config sft_tiny_chat_packed {' '.join(TINY)} output_dir={out} " \
+           "train.max_steps=8" in card
 
 
 def test_data_parallel_equals_one_process(tmp_path):

@@ -113,10 +113,30 @@ def test_bad_input_is_one_clear_error(tmp_path):
         (dict(dataset=datasets.Dataset.from_dict({"input_ids": [[1, 2]], "labels": [[1]]}), pack_length=32),
          "row 0: 1 labels for 2 input_ids"),
         (dict(dataset=good.to_iterable_dataset(), pack_length=32), "needs a datasets.Dataset.*pack_iterable"),
+        # (None, GPT-2's and Llama's tokenizers' pad_token_id, failed inside numpy after the packing; 1.5 packed as 1)
+        (dict(dataset=good, pack_length=32, pad_token_id=None), "pad_token_id must be a whole number.*eos_token_id"),
+        (dict(dataset=good, pack_length=32, pad_token_id=1.5), "pad_token_id must be a whole number"),
+        (dict(dataset=good, pack_length=32, pad_token_id=2**31), "pad_token_id must be a whole number within int32"),
+        # (0 looped for ever on empty batches)
+        (dict(dataset=good, pack_length=32, batch_size=0), "batch_size must be a whole number >= 1"),
+        (dict(dataset=good, pack_length=32, batch_size=None), "batch_size must be a whole number >= 1"),
+        # (a label per row in the label column: the advice was to leave it out of columns, where it is not)
+        (dict(dataset=datasets.Dataset.from_dict({"input_ids": [[1, 2]], "labels": [1]}), pack_length=32,
+              causal=False), "column 'labels' holds int64.*label_column=None, or sequence_label_column='labels'"),
     ]
     for kwargs, message in cases:
         with pytest.raises(ValueError, match=message):
             hf.pack_dataset(**kwargs, cache_dir=tmp_path, verbose=False)
+
+
+def test_a_numpy_pad_token_id_packs_as_its_int(tmp_path):
+    """A numpy integer pad_token_id (a tokenizer's, read from an array) packs as the same int (it failed in the
+    cache key: int64 is not JSON serializable)."""
+    packed = hf.pack_dataset(source(5), 32, pad_token_id=np.int64(7), cache_dir=tmp_path, verbose=False)
+    row = packed[0]
+    assert row["input_ids"][sum(row["sequence_lengths"]):] == [7] * (32 - sum(row["sequence_lengths"]))
+    with pytest.raises(ValueError, match="pad_token_id must be a whole number"):
+        hf.pack_iterable([{"input_ids": [1, 2]}], 32, pad_token_id=None)
 
 
 def test_num_proc_2_writes_the_same_packs_as_num_proc_1(tmp_path, monkeypatch):
@@ -1567,3 +1587,91 @@ def test_a_document_longer_than_a_window_is_refused_where_the_model_takes_one_ma
     assert collator([{"input_ids": [5, 6, 7, 8, 9, 0], "sequence_lengths": [3, 2]}])["attention_mask"].ndim == 4
     flash = hf.PackedDataCollator(model, attn_implementation="flash_attention_2")
     assert flash([{"input_ids": list(range(5, 19)) + [0, 0], "sequence_lengths": [8, 6]}])["input_ids"].shape == (1, 14)
+
+
+def test_the_collator_reads_through_peft_compile_and_packed_sequence_classifier():
+    """A Trainer's model may be wrapped: PEFT's LoRA (PeftModel), torch.compile (OptimizedModule), or
+    packed_sequence_classifier. The collator reads the model inside: a PEFT RoBERTa keeps its position offset
+    (padding_idx + 1; it became 0, and the logits 0.19 off), a compiled decoder token classifier keeps its labels
+    as they are (its document starts became IGNORE_INDEX), a PEFT encoder-decoder is still refused. Float64, each
+    document against itself alone (1e-12: the same sums in another order)."""
+    import peft
+
+    torch.manual_seed(0)
+    model = transformers.RobertaForTokenClassification(transformers.RobertaConfig(
+        vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+        max_position_embeddings=64, pad_token_id=1, num_labels=3, attn_implementation="sdpa")).double().eval()
+    lora = peft.get_peft_model(model, peft.LoraConfig(task_type="TOKEN_CLS", target_modules=["query", "value"], r=2,
+                                                      init_lora_weights=False))
+    collator = hf.PackedDataCollator(lora)
+    assert collator.position_offset == 2 and not collator.causal
+    packed, alone = _packed_and_alone(lora, collator)
+    for p, a in zip(packed, alone):
+        torch.testing.assert_close(p, a, rtol=0, atol=1e-12)
+
+    tagger = token_classifier("llama")
+    pack = {"input_ids": [5, 6, 7, 8, 9, 0], "labels": [1, 2, 0, 1, 2, IGNORE_INDEX], "sequence_lengths": [3, 2]}
+    for wrapped in (tagger, torch.compile(tagger)):
+        assert hf.PackedDataCollator(wrapped)([pack])["labels"].tolist() == [pack["labels"]]
+
+    classifier_model = classifier("llama")
+    plain, wrapped = hf.PackedDataCollator(classifier_model), \
+        hf.PackedDataCollator(hf.packed_sequence_classifier(classifier_model))
+    assert (wrapped.causal, wrapped.pool_last, wrapped.pad_token_id) == (plain.causal, plain.pool_last, 0)
+
+    t5 = transformers.T5ForSequenceClassification(transformers.T5Config(
+        vocab_size=50, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2))
+    t5_lora = peft.get_peft_model(t5, peft.LoraConfig(task_type="SEQ_CLS", target_modules=["q", "v"], r=2))
+    with pytest.raises(ValueError, match=r"T5ForSequenceClassification is an encoder-decoder"):
+        hf.PackedDataCollator(t5_lora)
+
+
+def test_falcon_with_alibi_is_refused_and_without_it_packs():
+    """Falcon's ALiBi (config.alibi: the falcon-rw checkpoints) takes a 2D padding mask only: packed, it failed
+    with a traceback inside transformers; now a ValueError naming the setting. Falcon without it packs each
+    document as alone (float64, 1e-12)."""
+    torch.manual_seed(0)
+    common = dict(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                  attn_implementation="sdpa")
+    alibi = transformers.FalconForCausalLM(transformers.FalconConfig(**common, alibi=True, parallel_attn=False,
+                                                                     bias=True))
+    with pytest.raises(ValueError, match=r"FalconForCausalLM \(model type falcon, config.alibi=True\): its "
+                                         "attention takes a 2D padding mask only.*train it unpacked"):
+        hf.PackedDataCollator(alibi)
+    rotary = transformers.FalconForCausalLM(transformers.FalconConfig(**common)).double().eval()
+    packed, alone = _packed_and_alone(rotary, hf.PackedDataCollator(rotary))
+    for p, a in zip(packed, alone):
+        torch.testing.assert_close(p, a, rtol=0, atol=1e-12)
+
+
+def test_a_sliding_window_collator_pickles_for_spawned_loader_workers():
+    """A DataLoader's workers started by spawn or forkserver take the collator pickled; a sliding window's
+    overlay was a closure of transformers' and did not pickle. The collator pickled makes the same masks, and a
+    spawned worker collates with it."""
+    import pickle
+
+    torch.manual_seed(0)
+    mistral = transformers.MistralForCausalLM(transformers.MistralConfig(
+        vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=2, sliding_window=4, attn_implementation="sdpa"))
+    collator = hf.PackedDataCollator(mistral)
+    rows = [{"input_ids": list(range(5, 15)) + [0, 0], "sequence_lengths": [6, 4]}]
+    mask = collator(rows)["attention_mask"]
+    assert not mask[0, 0, 5, 0] and mask[0, 0, 5, 2]   # (a window of 4 inside the first document)
+    assert torch.equal(pickle.loads(pickle.dumps(collator))(rows)["attention_mask"], mask)
+    loader = torch.utils.data.DataLoader(rows, batch_size=1, collate_fn=collator, num_workers=1,
+                                         multiprocessing_context="spawn")
+    assert torch.equal(next(iter(loader))["attention_mask"], mask)
+
+
+def test_token_loss_and_metrics_keep_float64():
+    """A float64 run's loss stays float64 (it was cast to float32: 3e-7 off Hugging Face's float64 loss); half
+    precision goes up to float32, as transformers' own loss does."""
+    torch.manual_seed(0)
+    logits, labels = torch.randn(2, 8, 50, dtype=torch.float64), torch.randint(0, 50, (2, 8))
+    exact = torch.nn.functional.cross_entropy(logits.reshape(-1, 50), labels.reshape(-1), reduction="sum") / 16
+    loss = hf.token_loss(False)({"logits": logits}, labels)
+    assert loss.dtype == torch.float64 and torch.equal(loss, exact)
+    assert hf.token_loss(False)({"logits": logits.bfloat16()}, labels).dtype == torch.float32
+    preprocess, _ = hf.token_metrics(False)
+    assert preprocess(logits, labels).dtype == torch.float64

@@ -137,7 +137,7 @@ def check_device(name: str, device: torch.device | str, training: bool = True) -
         raise ValueError(f"attention backend {name} has no backward on {kind} (PyTorch's FlexAttention trains on "
                          f"CUDA only); train with "
                          f"{' or '.join(n for n, x in BACKENDS.items() if x.cpu_backward and not x.cuda_only)}, "
-                         f"or use {name} for evaluation")
+                         f"or use {name} for evaluation only (--eval-only, in the tasks that have it)")
 
 
 def attention_for(sequence_ids: torch.Tensor, name: str, dtype: torch.dtype, causal: bool = False,

@@ -52,6 +52,7 @@ class PackedCausalLM(nn.Module):
         self.attention_backend = attention_backend
         self.max_sequences_per_pack = max_sequences_per_pack  # K: varlen's segments a row (it needs it)
         self.head_in_loss = False  # True: forward returns HiddenStates, the loss applies the LM head in chunks
+        self.generation = {}  # settings of the export's generation_config (SFT: the end of a turn stops it)
         setattr(self, self.base, self.decoder_class(config))
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self._tie_and_init()
@@ -93,7 +94,7 @@ class PackedCausalLM(nn.Module):
 
     def save_pretrained(self, path: str | Path) -> None:
         """Write a folder that `transformers.AutoModelForCausalLM.from_pretrained` loads."""
-        save_as_hf(self, self._hf_class(), path)
+        save_as_hf(self, self._hf_class(), path, generation=self.generation)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -92,10 +92,13 @@ def quiet_off_terminal():
             hf_logging.enable_progress_bar()
 
 
-def save_as_hf(model: nn.Module, hf_class, path) -> None:
-    """Write `model` as a folder that `hf_class.from_pretrained` loads (same names, strict)."""
+def save_as_hf(model: nn.Module, hf_class, path, generation: dict | None = None) -> None:
+    """Write `model` as a folder that `hf_class.from_pretrained` loads (same names, strict); `generation`: settings
+    of its generation_config (a model that generates)."""
     hf = hf_class(model.config)
     hf.load_state_dict(model.state_dict(), strict=True)
+    for key, value in (generation or {}).items():
+        setattr(hf.generation_config, key, value)
     with quiet_off_terminal():
         hf.save_pretrained(str(path))
 
@@ -201,7 +204,7 @@ def model_card(card: dict) -> str:
         sentence += ", from scratch" if base.lower() == "from scratch" else f", starting from `{base}`"
     sentence += "."
 
-    lines = front + ["", f"# Packed BERT: {task}", "", sentence,
+    lines = front + ["", f"# Packed {architecture}: {task}", "", sentence,
                      "", "Sequences were packed without cross-contamination (Krell et al., \"Efficient Sequence "
                      f"Packing without Cross-contamination\"); the exported weights are a standard Hugging Face "
                      f"{architecture} and need no packing to use.", ""]

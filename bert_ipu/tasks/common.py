@@ -4,6 +4,7 @@ say, and the model card of their export."""
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,5 +138,7 @@ def card(cfg, task: str, pipeline_tag: str, data: str, depth: int, packing_facto
 
 
 def command(cfg) -> str:
-    """The command line that runs `cfg` (model cards say how a model was made)."""
-    return f"python {cfg.script} --config {cfg.name}"
+    """The command line that runs `cfg` (model cards say how a model was made): its config as named and its
+    overrides (without them a card's command trained something else: the fixture's data, from scratch)."""
+    config, *overrides = getattr(cfg, "invocation", ()) or (cfg.name,)
+    return shlex.join(["python", cfg.script, "--config", config, *overrides])

@@ -180,6 +180,9 @@ def _record(tokenizer, value, where: str):
                                  "give a tokenizer with a chat template (data.tokenizer) or prompt/response pairs")
         if not any(m["role"] == "assistant" for m in messages):
             return "no_assistant_turn"
+        if messages and messages[0]["role"] == "assistant":   # (transformers cannot render the empty chat before it)
+            raise DataInputError(f"{where}: the chat starts with the assistant's turn, which follows no prompt; start "
+                                 "it with a system or user message, or leave that turn out")
         if all(not m["content"] for m in messages if m["role"] == "assistant"):
             return "empty_response"
         return chat_tokens(tokenizer, messages, where)
@@ -288,13 +291,31 @@ def source_texts(fmt: str, source: str) -> Iterator[str]:
                     yield value[key]
 
 
+def turn_end_token(labels: np.ndarray) -> int | None:
+    """The token that ends the learnt spans of `labels` (an SFT set's: the assistant's turns) where one token ends
+    at least half of them (a chat template's end-of-turn token, or the EOS that ends each response), else None."""
+    learnt = labels != IGNORE_INDEX
+    ends = labels[learnt & ~np.append(learnt[1:], False)]   # (a sequence's last label is IGNORE_INDEX)
+    if not len(ends):
+        return None
+    values, counts = np.unique(ends, return_counts=True)
+    return int(values[np.argmax(counts)]) if counts.max() * 2 >= len(ends) else None
+
+
 def load_tokenizer(path: str | Path):
     from transformers import AutoTokenizer
 
     if not Path(path).is_dir():
         raise DataInputError(f"tokenizer {path} is not a folder; give a Hugging Face tokenizer folder")
     try:
-        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except (OSError, ValueError) as e:
         raise DataInputError(f"tokenizer {path}: cannot load it ({str(e).splitlines()[0]}); give a Hugging Face "
                              "tokenizer folder") from None
+    if not tokenizer("a b", add_special_tokens=False)["input_ids"]:
+        # (transformers makes an empty GPT-2 tokenizer of a model folder without tokenizer files: every example
+        # then tokenized to nothing, and the run blamed the data)
+        raise DataInputError(f"tokenizer {path}: it has no vocabulary (a folder without tokenizer files encodes "
+                             f"text to nothing, {len(tokenizer)} token(s)); give the model's tokenizer folder "
+                             "(data.tokenizer)")
+    return tokenizer

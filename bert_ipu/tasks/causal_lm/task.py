@@ -37,7 +37,8 @@ from ...models.losses import (HiddenStates, causal_lm_loss, causal_lm_loss_sums,
 from ...packing import PackingInputError
 from ..base import TaskBase
 from ..common import command, pack_depth, packing_line, require_checkpoint_folder
-from .data import CausalReport, load_tokenizer, sft_sequences, source_texts, text_sequences, train_tokenizer
+from .data import (CausalReport, load_tokenizer, sft_sequences, source_texts, text_sequences, train_tokenizer,
+                   turn_end_token)
 
 INPUTS = ("input_ids", "position_ids", "sequence_ids")
 FIELDS = (*INPUTS, "labels", "label_weights")  # every one per token: sequence parallelism splits them all
@@ -283,7 +284,20 @@ class CausalLMTask(TaskBase):
                             "packing_factor": round(self.packing_factor, 4)},
                 "metrics": {k: v for k, v in info["metrics"].items() if k in ("loss", "val_loss", "val_perplexity")},
                 "command": command(self.cfg)}
+        self._stop_at_turn_end(model)
         export_model(model, folder, card=card, tokenizer=self.tokenizer)
+
+    def _stop_at_turn_end(self, model) -> None:
+        """SFT teaches the model to end the assistant's turn with the chat template's end token (`<|end|>` here),
+        which generation must stop at: added to the export's generation_config.eos_token_id (it stopped at the
+        EOS only, which SFT's labels never hold, so a pipeline ran on into invented turns)."""
+        stop = turn_end_token(self.sequences["train"].labels) if self.cfg.data.format == "sft" else None
+        if stop is None:
+            return
+        eos = model.config.eos_token_id
+        eos = [] if eos is None else list(eos) if isinstance(eos, (list, tuple)) else [int(eos)]
+        if stop not in eos:
+            model.generation["eos_token_id"] = eos + [stop]
 
     def result_extra(self) -> dict:
         return {"format": self.cfg.data.format, "source": self.cfg.data.source, "algorithm": self.cfg.data.algorithm,
