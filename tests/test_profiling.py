@@ -95,19 +95,6 @@ def _tiny_profile(tmp_path):
     return cfg
 
 
-def test_compile_times_the_compilation_of_every_algorithm(tmp_path):
-    """--compile: each algorithm's row also has the time torch.compile took over its batches' shapes. Here on
-    NONE and CGHP (one shape each) of `_tiny_profile`, not in the end-to-end test: there SORT's and LPFHP's
-    shapes took half a minute of the suite, a compilation each."""
-    cfg = _tiny_profile(tmp_path)
-    out = tmp_path / "rows.jsonl"
-    assert entry("profile", ["--config", str(cfg), "--algorithms", "cghp", "--compile",
-                             "--json", str(out)]) == 0
-    rows = [json.loads(x) for x in out.read_text().splitlines()]
-    assert [r["algorithm"] for r in rows] == ["none", "cghp"]
-    assert all(r["compile_seconds"] > 0 for r in rows)
-
-
 def test_backends_hf_baseline_and_bf16(tmp_path, capsys):
     """--backends measures every algorithm per attention backend and names the fastest (a backend that cannot
     train here is skipped with its reason, not a crash); --hf-baseline adds transformers' BertForPreTraining on NONE's rows, which
@@ -128,38 +115,35 @@ def test_backends_hf_baseline_and_bf16(tmp_path, capsys):
     assert all(r["mfu"] is None for r in rows)  # no known peak on a CPU
 
 
-def test_step_modes_time_the_compiled_step_as_rows_of_their_own(tmp_path, capsys):
-    """--step-modes eager compile: every backend's steps also run under torch.compile (static shapes), as rows of
-    backend `mask+compile` with their own speed-ups over NONE; SORT (a shape per batch) is timed eager only, the
-    HF baseline compiled too; cudagraphs is skipped with its reason off CUDA. The compiled step trains: its
-    FLOPs are those of the eager step (counted on the eager model)."""
+def test_compile_step_modes_and_engine_rows_in_one_run(tmp_path, capsys):
+    """One run of every flag that compiles (each compilation costs seconds on the CPU; three runs took 95 s of the
+    suite, one takes 60):
+
+    - --compile: each algorithm's row also has the time torch.compile took over its batches' shapes;
+    - --step-modes eager compile: every backend's steps also run under torch.compile (static shapes), as rows of
+      backend `mask+compile` with their own speed-ups over NONE; SORT (a shape per batch) is timed eager only, the
+      HF baseline compiled too; cudagraphs is skipped with its reason off CUDA. The compiled step trains: its
+      FLOPs are those of the eager step (counted on the eager model);
+    - --engine: beside the AdamW rows, the training application's step (the engine's LocalParallel with each step
+      mode as train.compile, LAMB multi-tensor, clipping, the schedule, pinned copies) on the packed algorithms'
+      batches, as rows `mask+engine` and `mask+engine+compile`: the same batches, so the same FLOPs; not on SORT's
+      (a shape per batch: not what the application trains on)."""
     cfg = _tiny_profile(tmp_path)
     out = tmp_path / "rows.jsonl"
-    assert entry("profile", ["--config", str(cfg), "--algorithms", "sort", "cghp", "--hf-baseline",
-                             "--step-modes", "eager", "compile", "cudagraphs", "--json", str(out)]) == 0
+    assert entry("profile", ["--config", str(cfg), "--algorithms", "sort", "cghp", "--hf-baseline", "--compile",
+                             "--engine", "--step-modes", "eager", "compile", "cudagraphs", "--json", str(out)]) == 0
     text = capsys.readouterr().out
     rows = {(r["backend"], r["algorithm"]): r for r in map(json.loads, out.read_text().splitlines())}
     assert set(rows) == {("mask", "none"), ("mask", "sort"), ("mask", "cghp"), ("mask", "hf"),
-                         ("mask+compile", "none"), ("mask+compile", "cghp"), ("mask+compile", "hf")}
+                         ("mask+compile", "none"), ("mask+compile", "cghp"), ("mask+compile", "hf"),
+                         ("mask+engine", "none"), ("mask+engine", "cghp"),
+                         ("mask+engine+compile", "none"), ("mask+engine+compile", "cghp")}
+    assert all(rows["mask", a]["compile_seconds"] > 0 for a in ("none", "sort", "cghp", "hf"))
     for algorithm in ("none", "cghp", "hf"):
         eager, compiled = rows["mask", algorithm], rows["mask+compile", algorithm]
         assert compiled["flops_per_step"] == eager["flops_per_step"] and compiled["sequences_per_second"] > 0
     assert rows["mask+compile", "none"]["realized_speedup"] == 1.0
     assert "cudagraphs: skipped" in text
-
-
-def test_engine_rows_time_the_applications_step(tmp_path):
-    """--engine: beside the AdamW rows, the training application's step (the engine's LocalParallel with each step
-    mode as train.compile, LAMB multi-tensor, clipping, the schedule, pinned copies) on the packed algorithms'
-    batches, as rows `mask+engine` and `mask+engine+compile`: the same batches, so the same FLOPs."""
-    cfg = _tiny_profile(tmp_path)
-    out = tmp_path / "rows.jsonl"
-    assert entry("profile", ["--config", str(cfg), "--algorithms", "sort", "cghp", "--engine",
-                             "--step-modes", "eager", "compile", "--json", str(out)]) == 0
-    rows = {(r["backend"], r["algorithm"]): r for r in map(json.loads, out.read_text().splitlines())}
-    assert {("mask+engine", "none"), ("mask+engine", "cghp"), ("mask+engine+compile", "none"),
-            ("mask+engine+compile", "cghp")} <= set(rows)
-    assert ("mask+engine", "sort") not in rows  # a shape per batch: not what the application trains on
     for algorithm in ("none", "cghp"):
         assert rows["mask+engine", algorithm]["flops_per_step"] == rows["mask", algorithm]["flops_per_step"]
         assert rows["mask+engine+compile", algorithm]["sequences_per_second"] > 0
