@@ -731,6 +731,10 @@ def _unwrap(model):
         elif hasattr(model, "_orig_mod"):
             inner = model._orig_mod
         elif callable(getattr(model, "get_base_model", None)) and hasattr(model, "peft_config"):
+            if getattr(getattr(model, "active_peft_config", None), "is_prompt_learning", False):
+                raise ValueError(f"{type(model).__name__} uses prompt or prefix tuning, whose virtual tokens are "
+                                 "added to every row, not to each document of a pack: use LoRA (or another adapter "
+                                 "that swaps layers), or train it unpacked")
             inner = model.get_base_model()
         else:
             return model
@@ -1166,7 +1170,11 @@ def _classifier_class():
 
         def __init__(self, model):
             super().__init__()
-            model = _unwrap(model)   # (PEFT's LoRA layers are in its base model; a compiled model runs eager)
+            if hasattr(model, "_orig_mod"):
+                raise ValueError("packed_sequence_classifier takes the model uncompiled (it runs the model's base "
+                                 "and head itself): compile the classifier, torch.compile(packed_sequence_classifier("
+                                 "model))")
+            given, model = model, _unwrap(model)   # (PEFT's LoRA layers are in its base model, which runs them)
             _refuse(model, "packed_sequence_classifier", masked=True)
             config = model.config
             if config.problem_type not in PROBLEM_TYPES or (config.num_labels < 2 and config.problem_type
@@ -1189,27 +1197,30 @@ def _classifier_class():
                                  "packed_sequence_classifier knows (a classifier, after the base's pooler or not, "
                                  "or a score): give a *ForSequenceClassification model of such a head, or train "
                                  "it unpacked")
-            self.model, self.config = model, config
+            # `model`: the model given (a PeftModel saves its adapter); the one run, unregistered (its parameters
+            # are the given model's)
+            self.model, self.config = given, config
+            object.__setattr__(self, "_run", model)
 
         def forward(self, input_ids, attention_mask, position_ids, pooled_positions, labels=None,
                     token_type_ids=None, num_items_in_batch=None, **kwargs):
             extra = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
-            hidden = self.model.base_model(input_ids=input_ids, attention_mask=attention_mask,
-                                           position_ids=position_ids, **extra).last_hidden_state
+            hidden = self._run.base_model(input_ids=input_ids, attention_mask=attention_mask,
+                                          position_ids=position_ids, **extra).last_hidden_state
             B, slots = pooled_positions.shape
             index = pooled_positions.clamp_min(0)
             pooled = torch.gather(hidden, 1, index[..., None].expand(B, slots, hidden.shape[-1]))
             flat = pooled.reshape(B * slots, 1, -1)
             if self.kind == "pooler":
-                base = self.model.base_model
+                base = self._run.base_model
                 summary = base.pooler(flat)
                 if hasattr(base, "pooler_activation"):  # ALBERT's pooler is a Linear, its tanh apart
                     summary = base.pooler_activation(summary)
-                logits = self.model.classifier(self.model.dropout(summary))
+                logits = self._run.classifier(self._run.dropout(summary))
             elif self.kind == "cls":
-                logits = self.model.classifier(flat)
+                logits = self._run.classifier(flat)
             else:
-                logits = self.model.score(flat[:, 0])
+                logits = self._run.score(flat[:, 0])
             logits = logits.reshape(B, slots, -1)
             out = {"logits": logits}
             if labels is not None:

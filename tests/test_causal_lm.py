@@ -9,6 +9,7 @@ ones by about 1e-5; ours and its differ in summation order over a longer masked 
 
 from __future__ import annotations
 
+import copy
 import json
 
 import numpy as np
@@ -20,7 +21,7 @@ from bert_ipu.models.gpt2 import PackedGPT2LMHeadModel
 from bert_ipu.models.llama import PackedLlamaForCausalLM
 from bert_ipu.models.losses import causal_lm_loss, causal_lm_loss_sums, sequence_label_weights
 from bert_ipu.tasks import load_config
-from bert_ipu.tasks.causal_lm.data import (CausalReport, chat_tokens, load_tokenizer, next_token_labels, sft_sequences,
+from bert_ipu.tasks.causal_lm.data import (CHAT_TEMPLATE, CausalReport, chat_tokens, load_tokenizer, next_token_labels, sft_sequences,
                                           train_tokenizer, turn_end_token)
 from bert_ipu.data.contiguous import pack_sequences
 from bert_ipu.data.text import DataInputError
@@ -382,13 +383,24 @@ def test_a_model_folder_without_tokenizer_files_is_no_tokenizer(tmp_path):
         load_tokenizer(tmp_path / "model")
 
 
-def test_the_turn_end_is_the_token_that_ends_most_learnt_spans():
+def test_the_turn_end_is_the_token_that_ends_most_learnt_spans(tokenizer, tmp_path):
     """The token ending the assistant's turns: the last label of each learnt span (a chat template's end token),
-    where one token ends at least half of them; None where no token does or nothing is learnt."""
-    X = IGNORE_INDEX
-    assert turn_end_token(np.array([X, 4, 9, X, X, 5, 9, X, 7, 3, X])) == 9   # 9, 9, 3: 9 ends two of three
-    assert turn_end_token(np.array([X, 4, 8, X, 5, 9, X, 7, 3, X])) is None   # 8, 9, 3
-    assert turn_end_token(np.array([X, X])) is None
+    past whitespace after it (a template ending turns with `<|end|>` and a newline gave the newline, so
+    generation stopped at the first line break), where one token ends at least half of them; None where no token
+    does or nothing is learnt."""
+    X, (newline,) = IGNORE_INDEX, tokenizer("\n", add_special_tokens=False)["input_ids"]
+    assert turn_end_token(np.array([X, 4, 9, X, X, 5, 9, X, 7, 3, X]), tokenizer) == 9   # 9, 9, 3
+    assert turn_end_token(np.array([X, 4, 8, X, 5, 9, X, 7, 3, X]), tokenizer) is None   # 8, 9, 3
+    assert turn_end_token(np.array([X, 4, 9, newline, X, 5, 9, newline, X]), tokenizer) == 9
+    assert turn_end_token(np.array([X, X]), tokenizer) is None
+    chat = {"messages": [{"role": "user", "content": "Say yes."}, {"role": "assistant", "content": "Yes."},
+                         {"role": "user", "content": "Again."}, {"role": "assistant", "content": "Yes!"}]}
+    path = write_jsonl(tmp_path / "chat.jsonl", [chat])
+    templated = copy.deepcopy(tokenizer)
+    for template_end in ("<|end|>", "<|end|>\n"):
+        templated.chat_template = CHAT_TEMPLATE.replace("<|end|>", template_end)
+        seqs = sft_sequences(path, templated, 64, "error", CausalReport())
+        assert turn_end_token(seqs.labels, templated) == tokenizer.convert_tokens_to_ids("<|end|>"), template_end
 
 
 # --- the task on the engine ---------------------------------------------------------------------------------------

@@ -1675,3 +1675,32 @@ def test_token_loss_and_metrics_keep_float64():
     assert hf.token_loss(False)({"logits": logits.bfloat16()}, labels).dtype == torch.float32
     preprocess, _ = hf.token_metrics(False)
     assert preprocess(logits, labels).dtype == torch.float64
+
+
+def test_packed_sequence_classifier_trains_a_lora_model_and_refuses_what_it_cannot_pack():
+    """packed_sequence_classifier on a PEFT LoRA model runs its base model, where LoRA's layers are: each
+    document's logits equal the PEFT model's on it alone (float64, 1e-12), the loss's gradients reach every LoRA
+    matrix, and `.model` is the PeftModel given (its save_pretrained saves the adapter). Prompt and prefix tuning
+    (virtual tokens added to every row, not to each document) and a compiled model (compile the classifier
+    instead) are refused in one line, in the collator too."""
+    import peft
+
+    lora = peft.get_peft_model(classifier("bert").double().eval(), peft.LoraConfig(
+        task_type="SEQ_CLS", target_modules=["query", "value"], r=2, init_lora_weights=False))
+    packed, alone = _two_documents_classified(lora)
+    torch.testing.assert_close(packed, alone, rtol=0, atol=1e-12)
+    wrapped = hf.packed_sequence_classifier(lora)
+    assert wrapped.model is lora
+    batch = hf.PackedDataCollator(wrapped)([{"input_ids": [5, 6, 7, 8, 9, 10, 11, 0], "sequence_lengths": [4, 3],
+                                             "sequence_labels": [1, 0]}])
+    wrapped(**batch)["loss"].backward()
+    trained = {n: p.grad is not None and bool(p.grad.abs().sum() > 0) for n, p in lora.named_parameters()
+               if p.requires_grad and "lora_" in n}
+    assert trained and all(trained.values()), trained
+    prompt = peft.get_peft_model(classifier("bert"), peft.PromptTuningConfig(task_type="SEQ_CLS",
+                                                                             num_virtual_tokens=4))
+    for make in (hf.packed_sequence_classifier, hf.PackedDataCollator):
+        with pytest.raises(ValueError, match="uses prompt or prefix tuning, whose virtual tokens .* use LoRA"):
+            make(prompt)
+    with pytest.raises(ValueError, match=r"takes the model uncompiled.*torch.compile\(packed_sequence_classifier"):
+        hf.packed_sequence_classifier(torch.compile(classifier("bert")))

@@ -291,15 +291,28 @@ def source_texts(fmt: str, source: str) -> Iterator[str]:
                     yield value[key]
 
 
-def turn_end_token(labels: np.ndarray) -> int | None:
-    """The token that ends the learnt spans of `labels` (an SFT set's: the assistant's turns) where one token ends
-    at least half of them (a chat template's end-of-turn token, or the EOS that ends each response), else None."""
+def turn_end_token(labels: np.ndarray, tokenizer) -> int | None:
+    """The token that ends the learnt spans of `labels` (an SFT set's: the assistant's turns), past any
+    whitespace after it (ChatML's `<|im_end|>\n`, Phi-3's, Gemma's), where one token ends at least half of them: a
+    chat template's end-of-turn token, or the EOS that ends each response; else None."""
     learnt = labels != IGNORE_INDEX
-    ends = labels[learnt & ~np.append(learnt[1:], False)]   # (a sequence's last label is IGNORE_INDEX)
-    if not len(ends):
+    ends = np.nonzero(learnt & ~np.append(learnt[1:], False))[0]   # (a sequence's last label is IGNORE_INDEX)
+    blank = {}
+
+    def is_blank(token: int) -> bool:
+        if token not in blank:
+            blank[token] = not tokenizer.decode([token]).strip()
+        return blank[token]
+
+    found = []
+    for t in ends:
+        while t > 0 and learnt[t - 1] and is_blank(int(labels[t])):
+            t -= 1
+        found.append(int(labels[t]))
+    if not found:
         return None
-    values, counts = np.unique(ends, return_counts=True)
-    return int(values[np.argmax(counts)]) if counts.max() * 2 >= len(ends) else None
+    values, counts = np.unique(found, return_counts=True)
+    return int(values[np.argmax(counts)]) if counts.max() * 2 >= len(found) else None
 
 
 def load_tokenizer(path: str | Path):

@@ -291,7 +291,8 @@ class CausalLMTask(TaskBase):
         """SFT teaches the model to end the assistant's turn with the chat template's end token (`<|end|>` here),
         which generation must stop at: added to the export's generation_config.eos_token_id (it stopped at the
         EOS only, which SFT's labels never hold, so a pipeline ran on into invented turns)."""
-        stop = turn_end_token(self.sequences["train"].labels) if self.cfg.data.format == "sft" else None
+        stop = turn_end_token(self.sequences["train"].labels, self.tokenizer) if self.cfg.data.format == "sft" \
+            else None
         if stop is None:
             return
         eos = model.config.eos_token_id
