@@ -15,7 +15,7 @@ import torch
 from bert_ipu.tasks import load_config
 from bert_ipu.tasks import run as main
 
-from training_helpers import entry
+from training_helpers import ROOT, entry
 
 FIXTURES = Path(__file__).parent / "fixtures" / "glue"
 
@@ -102,6 +102,22 @@ def test_bad_input_is_one_line(tmp_path, capsys):
     code = entry("glue", ["--config", "glue_tiny", "data.train_split=test", f"output_dir={tmp_path / 'b'}"])
     stderr = capsys.readouterr().err
     assert code == 2 and "no labels" in stderr and len(stderr.strip().splitlines()) == 1
+
+
+def test_one_saved_dataset_is_one_split_not_every_one(tmp_path, capsys):
+    """A single saved `datasets.Dataset` (no DatasetDict) read as every split: a run trained on it and was scored
+    on the same rows as its dev set. Now refused in one line, naming the fix, before the run folder is made."""
+    from datasets import Dataset
+
+    rows = [line.split("\t") for line in (ROOT / "tests/fixtures/glue/sst2/dev.tsv").read_text().splitlines()[1:]]
+    Dataset.from_dict({"sentence": [r[0] for r in rows], "label": [int(r[1]) for r in rows]}).save_to_disk(
+        tmp_path / "one")
+    capsys.readouterr()   # (the save's progress bar)
+    out = tmp_path / "run"
+    code = entry("glue", ["--config", "glue_tiny", f"data.data_dir={tmp_path / 'one'}", f"output_dir={out}"])
+    stderr = capsys.readouterr().err
+    assert code == 2 and len(stderr.strip().splitlines()) == 1 and not out.exists()
+    assert "is one saved dataset, not a DatasetDict of splits, so the splits train, dev, test" in stderr
 
 
 def test_an_update_holds_the_configured_examples_when_packed(tmp_path, capsys):

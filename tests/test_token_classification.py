@@ -111,6 +111,17 @@ def test_entities_and_scores_as_conll_counts_them():
     assert s["word_accuracy"] == 3 / 4
 
 
+def test_bioes_tags_end_and_make_entities_as_conlleval_does():
+    """BIOES (IOBES): E-X ends an entity, S-X is one of a single word, an E-X or I-X after an ending starts one;
+    they were read as no boundary (an E- entity ended a word early, an S- one was lost: F1 1.0 for a prediction
+    that found one of two entities, and a wrong one)."""
+    assert entities(["B-LOC", "E-LOC", "O", "S-PER"]) == {(0, 1, "LOC"), (3, 3, "PER")}
+    assert entities(["S-PER", "S-PER", "E-ORG", "I-ORG", "E-ORG", "B-LOC", "I-LOC", "E-LOC"]) == \
+        {(0, 0, "PER"), (1, 1, "PER"), (2, 2, "ORG"), (3, 4, "ORG"), (5, 7, "LOC")}
+    s = score([["B-LOC", "E-LOC", "O", "S-PER"]], [["B-LOC", "O", "O", "O"]])
+    assert (s["entity_precision"], s["entity_recall"], s["entity_f1"]) == (0.0, 0.0, 0.0)
+
+
 def test_the_walkthrough_runs(tmp_path):
     """docs/adding-a-task.md's command (`python -m bert_ipu --config ner_tiny_packed`) trains and scores (one
     epoch here): every evaluation sentence gets one tag a word, the scores are in results.json, and the export

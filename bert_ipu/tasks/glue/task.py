@@ -39,7 +39,7 @@ from ...models.losses import classification_loss_sums
 from ...packing import PackingInputError
 from ..base import TaskBase
 from ..common import card, check_model_fits, pack_depth, packing_line, require_checkpoint_folder, resolve_vocab
-from .data import TASKS, GlueInputError, featurize, read_split
+from .data import TASKS, GlueInputError, featurize, one_dataset, read_split
 from .metrics import compute
 
 INPUTS = ("input_ids", "position_ids", "token_type_ids", "sequence_ids", "cls_positions")
@@ -81,6 +81,13 @@ class GlueTask(TaskBase):
         try:
             self.wp = WordPiece(resolve_vocab(self.cfg))
             self.features, self.reports = {}, {}
+            if len(set(splits)) > 1 and one_dataset(d.task, d.data_dir):
+                # (each split read the same rows: a run trained and was scored on its training data)
+                raise GlueInputError(f"{d.data_dir} is one saved dataset, not a DatasetDict of splits, so the splits "
+                                     f"{', '.join(dict.fromkeys(splits))} would all be its rows: save the splits "
+                                     f"together (load_dataset('nyu-mll/glue', '{d.task}').save_to_disk(...)), or "
+                                     "use it for one split (data.train_split=null, data.eval_splits=[dev], "
+                                     "data.predict_split=null)")
             for split in dict.fromkeys(splits):
                 examples, report = read_split(d.task, d.data_dir, split)
                 if not examples:

@@ -21,7 +21,7 @@ class TokenDataConfig:
     vocab: str | None = None
     """WordPiece vocab.txt; None = the init checkpoint's vocab.txt if it has one, else bert-base-uncased's"""
     max_seq_length: int = 128
-    """the pack length; a longer sentence is cut (its last words are not scored, and counted)"""
+    """the pack length; a longer sentence is cut (its last words, unseen, are predicted O and scored so; counted)"""
     algorithm: str = "cghp"
     """packing algorithm over the sentences' lengths; none = unpacked (one sentence per row)"""
     max_sequences_per_pack: int | str = "auto"

@@ -5,7 +5,8 @@
 
 A feature is [CLS] the sentence's sub-tokens [SEP]; a word's tag is the label of its first sub-token and every
 other position is -100 (no loss), as Hugging Face's token classification examples do. A sentence longer than
-the pack length is cut at a word boundary: its last words are not scored (counted in the report).
+the pack length is cut at a word boundary: its last words are not seen by the model, are predicted O and scored
+so (counted in the report).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ class Report:
 
     def summary(self) -> str:
         return (f"{self.sentences:,} sentences, {self.words:,} words; {self.cut_sentences:,} cut at the pack length "
-                f"({self.cut_words:,} words not scored)")
+                f"({self.cut_words:,} words unseen, predicted O)")
 
 
 @dataclass

@@ -5,16 +5,21 @@ from __future__ import annotations
 
 
 def entities(tags: list[str]) -> set[tuple[int, int, str]]:
-    """(first word, last word, type) of every entity in one sentence's BIO tags."""
-    found, start, kind = set(), None, None
+    """(first word, last word, type) of every entity in one sentence's tags, found as CoNLL's conlleval finds
+    them: BIO (IOB1, IOB2) and BIOES (IOBES), where E- ends an entity and S- is one of a single word (they were
+    read as no boundary: an E- entity ended a word early, an S- one was lost). An I- or E- that does not continue
+    an entity of its type starts one; a tag of no known prefix is outside every entity."""
+    found, start, before, before_kind = set(), None, "O", ""
     for i, tag in enumerate([*tags, "O"]):
-        prefix, _, label = tag.partition("-")
-        continues = prefix == "I" and label == kind
-        if start is not None and not continues:
-            found.add((start, i - 1, kind))
-            start, kind = None, None
-        if prefix == "B" or (prefix == "I" and not continues):
-            start, kind = i, label
+        prefix, _, kind = tag.partition("-")
+        if prefix not in ("B", "I", "E", "S"):
+            prefix, kind = "O", ""
+        if start is not None and (before in ("E", "S") or prefix in ("B", "S", "O") or kind != before_kind):
+            found.add((start, i - 1, before_kind))
+            start = None
+        if prefix in ("B", "S") or (prefix in ("I", "E") and (start is None or kind != before_kind)):
+            start = i
+        before, before_kind = prefix, kind
     return found
 
 
