@@ -19,7 +19,7 @@ help:
 	@echo "make wikipedia DUMP=FILE  ... a Wikipedia dump -> packed shards -> BERT-large phase 1 and phase 2 [ENGINE=dask [ADDRESS=HOST:PORT]]"
 	@echo "make test   ... then the tests"
 	@echo "make coverage  ... the tests under coverage.py: line coverage of bert_ipu/, subprocesses included"
-	@echo "make bench  packing and model benchmarks (print figures)"
+	@echo "make bench  packing, model and data benchmarks (print figures)"
 	@echo "make docs   ... the documentation site (docs/, mkdocs.yml) into site/, strictly: a broken link fails"
 	@echo "make setup  only create/update $(VENV) from requirements.txt"
 	@echo "make extras ... and the optional requirements-benchmarks.txt (trackers of train.report_to, benchmark peers)"

@@ -159,15 +159,13 @@ def downstream_by_variant(scores: dict[str, dict]) -> dict[str, dict]:
 
 def raw_seconds(rows: list[dict]) -> list[tuple[int, float]]:
     """Cumulative raw wall seconds of training per update from metrics.jsonl rows logged every update
-    (seconds of a row = sequences / sequences_per_second). The update after a validation also timed the
-    validation (the engine restarts its clock before evaluating): it is replaced by the median update."""
+    (seconds of a row = sequences / sequences_per_second; the engine leaves validation and checkpoints out of
+    them)."""
     steps = [r for r in rows if "sequences_per_second" in r]
     secs = {r["step"]: r["sequences"] / r["sequences_per_second"] for r in steps if r["sequences_per_second"] > 0}
-    validated = {r["step"] for r in rows if "val_mlm_accuracy" in r}
-    med = statistics.median(secs.values()) if secs else 0.0
     total, out = 0.0, []
     for s in sorted(secs):
-        total += med if (s - 1) in validated else secs[s]
+        total += secs[s]
         out.append((s, total))
     return out
 

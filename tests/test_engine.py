@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -27,6 +28,10 @@ TOPOLOGY = ["model.max_position_embeddings=64", "data.max_seq_length=64", "train
 SQUAD = ["train.max_steps=4", "train.log_every=1", "train.checkpoint_every=2", "train.global_batch_size=8"]
 SQUAD_DDP = ["--config", "squad_tiny_packed", *SQUAD, "train.micro_batch_size=2", "model.hidden_dropout_prob=0",
              "model.attention_probs_dropout_prob=0"]
+
+# GLUE packed (p about 7.5): an update of batch_unit sequences is 1 pack on 1 process, 1 a replica on 2
+GLUE_DDP = ["--config", "glue_tiny_packed", "train.max_steps=4", "train.num_train_epochs=null",
+            "train.checkpoint_every=2", "train.keep_checkpoints=3", "data.predict_split=null"]
 
 
 def missing_init(dataset, tmp_path) -> list[str]:
@@ -48,6 +53,7 @@ def runs(dataset, tmp_path_factory):
         copy_run(root / "saved_on_1", root / "resumed_on_2", "checkpoints/step-0000004"),
         job("resumed_on_2", *common, f"output_dir={root / 'resumed_on_2'}", "parallel.pipeline_stages=2", "--resume"),
         job("squad", *SQUAD_DDP, f"output_dir={root / 'squad'}", script="run_squad.py"),
+        job("glue", *GLUE_DDP, f"output_dir={root / 'glue'}", script="run_glue.py"),
         job("missing_init", *missing_init(dataset, root), f"output_dir={root / 'run2'}"),
         # a step-4 checkpoint saved on 1 stage (a copy of saved_on_1), resumed on 2 stages into another model
         copy_run(root / "saved_on_1", root / "another_model"),
@@ -330,6 +336,25 @@ def test_squad_two_ddp_ranks_equal_one_process(runs, tmp_path):
     assert abs(one["f1"] - two["f1"]) < 1e-6
 
 
+def test_a_run_of_sequences_per_update_resumes_on_its_replicas_and_says_so_elsewhere(runs, tmp_path, capsys):
+    """With train.batch_unit=sequences an update is whole micro-batches of every replica, so its packs change with
+    the replicas (GLUE packed: 2 packs an update on 2 replicas, 1 on 1 process): a resume on another number of
+    replicas is refused in one line naming the replicas and the fix (it blamed the batch size and seed, which the
+    user had not changed)."""
+    root, ran = runs
+    assert ran.ok("glue")["codes"] == [0, 0]
+    folder = tmp_path / "glue"
+    shutil.copytree(root / "glue", folder)
+    shutil.rmtree(folder / "checkpoints" / "step-0000004")
+    argv = [*GLUE_DDP, f"output_dir={folder}", "--resume"]
+    capsys.readouterr()
+    assert entry("glue", argv) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1
+    assert "the checkpoint's run had 2, this one has 1; resume on 2 replica(s)" in error
+    assert not (folder / "checkpoints" / "step-0000004").exists()   # (nothing trained)
+
+
 # --- run safety (from the bad-input issue, where the engine owns it) ------------------------------------------------
 
 def test_an_update_that_makes_the_weights_non_finite_writes_no_checkpoint(dataset, tmp_path, monkeypatch):
@@ -425,3 +450,68 @@ def test_no_weight_decay_on_biases_and_norms_of_any_name():
     decay, no_decay = param_groups(model, 0.01)
     assert {id(p) for p in decay["params"]} == {id(model.proj.weight)}
     assert {id(p) for p in no_decay["params"]} == {id(model.proj.bias), id(model.ln_1.weight), id(model.ln_1.bias)}
+
+
+def test_no_weight_decay_on_llamas_rms_norms():
+    """transformers' LlamaRMSNorm subclasses nn.Module, not torch's RMSNorm: every Llama run decayed its norms'
+    gains. The packed Llama's norms are in the no-decay group, its projections and embeddings decayed."""
+    from transformers import LlamaConfig
+
+    from bert_ipu.engine.optim import param_groups
+    from bert_ipu.models.llama import PackedLlamaForCausalLM
+
+    model = PackedLlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=32,
+                                               num_hidden_layers=2, num_attention_heads=2))
+    decay, no_decay = param_groups(model, 0.1)
+    undecayed = {id(p) for p in no_decay["params"]}
+    names = {n for n, p in model.named_parameters() if id(p) in undecayed}
+    assert names == {n for n, _ in model.named_parameters() if "norm" in n} and len(names) == 5
+    assert any("embed_tokens" in n for n, p in model.named_parameters() if id(p) not in undecayed)
+
+
+def test_loss_balancing_expects_the_counts_of_the_updates_the_loader_makes(dataset, tmp_path):
+    """train.loss_balancing divides the sums by the counts an update is expected to hold. With batch_unit
+    sequences the loader shrinks a micro-batch larger than the update's share, and with it the packs of an update:
+    counts from the configured micro-batch (16) doubled them, halving every loss and gradient. Now the expected
+    sequences are the loader's packs per update times the packing factor, within 20% of a real update's."""
+    from bert_ipu.engine.runtime import Runtime
+    from bert_ipu.engine.trainer import make_loader
+    from bert_ipu.tasks.pretraining.task import PretrainingTask
+
+    cfg = tiny(dataset, tmp_path / "x", "train.loss_balancing=true", "train.batch_unit=sequences",
+               "train.micro_batch_size=16", "train.global_batch_size=8")
+    task = PretrainingTask(cfg)
+    rt = Runtime.start("cpu")
+    task.prepare(rt)
+    loader, packs, levels = make_loader(task, cfg.train, rt, task.train_levels())
+    assert levels[0].micro_batch_size < 16
+    assert task.expected["nsp"] == pytest.approx(packs * task.packing_factor)
+    real = np.mean([float(task.counts(loader.next_update())["sequences"]) for _ in range(8)])
+    assert task.expected["nsp"] == pytest.approx(real, rel=0.2)
+
+
+def test_a_rows_figures_are_its_own_updates(dataset, tmp_path, monkeypatch):
+    """metrics.jsonl: a validation step that logs no training row gets a row of its validation alone (it repeated
+    the last training row's loss, lr and rates at its step); `lr` is the rate the row's last update ran at (it was
+    the next update's: the peak at step 1 of a warm-up, 0 at the end); the rates leave validation and checkpoints
+    out (here a validation made 3 s longer: the next row's update took under a second, not over 3)."""
+    import time as clock
+
+    from bert_ipu.tasks.pretraining.task import PretrainingTask
+
+    evaluate = PretrainingTask.evaluate
+    monkeypatch.setattr(PretrainingTask, "evaluate", lambda *a: (clock.sleep(3), evaluate(*a))[1])
+    out = tmp_path / "run"
+    main(tiny(dataset, out, "train.max_steps=6", "train.warmup_steps=2", "train.log_every=2",
+              "train.validate_every=3", "train.checkpoint_every=null", "train.learning_rate=0.02"), progress=False)
+    rows = {}
+    for line in (out / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        rows.setdefault(row["step"], {}).update(row)
+    assert sorted(rows) == [2, 3, 4, 6]
+    assert set(rows[3]) == {"step", "sequences_seen"} | {k for k in rows[3] if k.startswith("val_")}
+    assert "loss" not in rows[3] and "lr" not in rows[3] and "val_mlm_accuracy" in rows[3]
+    # update s + 1 runs at warm-up (s + 1) / 2 for s < 2, then linear decay (6 - s) / 4: update 2 at 0.02, 4 at
+    # 0.015, 6 at 0.005 (logged before: 0.015, 0.01 and 0)
+    assert [rows[s]["lr"] for s in (2, 4, 6)] == pytest.approx([0.02, 0.015, 0.005])
+    assert rows[4]["sequences"] / rows[4]["sequences_per_second"] < 3

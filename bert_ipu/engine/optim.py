@@ -19,8 +19,10 @@ NORMS = tuple(c for c in (torch.nn.LayerNorm, torch.nn.GroupNorm, getattr(torch.
 
 def param_groups(module: torch.nn.Module, weight_decay: float) -> list[dict]:
     """No weight decay on biases and normalisation weights (BERT's recipe), chosen by module type, so any
-    model's norms (LayerNorm, RMSNorm, ...) qualify whatever their names."""
-    norm_params = {id(p) for m in module.modules() if isinstance(m, NORMS) for p in m.parameters(recurse=False)}
+    model's norms (LayerNorm, RMSNorm, ...) qualify whatever their names: torch's norms and any module whose class
+    name ends in Norm (transformers' own: LlamaRMSNorm subclasses nn.Module, and Llama runs decayed its norms)."""
+    norm_params = {id(p) for m in module.modules() if isinstance(m, NORMS) or type(m).__name__.endswith("Norm")
+                   for p in m.parameters(recurse=False)}
     decay, no_decay = [], []
     for name, p in module.named_parameters():
         (no_decay if name.endswith("bias") or id(p) in norm_params else decay).append(p)
@@ -127,6 +129,18 @@ def build_optimizer(module: torch.nn.Module, t, total_steps: int, warmup_steps: 
         return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps)) ** power
 
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+
+
+def fitted_micro_batch_size(t, packing_factor: float, replicas: int, micro_batch_size: int | None = None) -> int:
+    """With train.batch_unit=sequences an update holds about global_batch_size sequences, 1/p as many packs. When
+    that is less than one micro-batch on every replica (GLUE packed at p = 13: 2.5 packs against micro-batches
+    of 8 would train on about 100 examples an update instead of 32), the micro-batch shrinks to the packs a
+    replica's share needs (at least 1). `micro_batch_size`: default the train section's."""
+    micro_batch_size = t.micro_batch_size if micro_batch_size is None else micro_batch_size
+    share = t.global_batch_size / packing_factor / replicas
+    if t.batch_unit != "sequences" or share >= micro_batch_size:
+        return micro_batch_size
+    return max(1, round(share))
 
 
 def packs_per_update(t, packing_factor: float, replicas: int, micro_batch_size: int | None = None) -> int:

@@ -34,7 +34,7 @@ from ..models.hf_io import ExportError, quiet_off_terminal
 from . import checkpoint
 from .flops import StepFlops, output_tensors, peak_flops
 from .metrics import MetricsLogger
-from .optim import build_optimizer, packing_betas, packs_per_update, schedule_length
+from .optim import build_optimizer, fitted_micro_batch_size, packing_betas, packs_per_update, schedule_length
 from .parallel import (LocalParallel, PipelineParallel, check_compile, check_layers, check_sequence_parallel,
                        global_counts, layer_stack, split_layers, tensor_plan, to_device, update_balance)
 from .runtime import Interrupted, Runtime, RunError
@@ -467,14 +467,9 @@ class NonFinite:
 
 
 def fitted_micro_batch(t, level: Level, replicas: int) -> Level:
-    """With train.batch_unit=sequences an update holds about global_batch_size sequences, 1/p as many packs. When
-    that is less than one micro-batch on every replica (GLUE packed at p = 13: 2.5 packs against micro-batches
-    of 8 would train on about 100 examples an update instead of 32), the micro-batch shrinks to the packs a
-    replica's share needs (at least 1)."""
-    share = t.global_batch_size / level.packing_factor / replicas
-    if t.batch_unit != "sequences" or share >= level.micro_batch_size:
-        return level
-    return dataclasses.replace(level, micro_batch_size=max(1, round(share)))
+    """`level` with its micro-batch fitted to an update of train.batch_unit=sequences (`fitted_micro_batch_size`)."""
+    micro = fitted_micro_batch_size(t, level.packing_factor, replicas, level.micro_batch_size)
+    return level if micro == level.micro_batch_size else dataclasses.replace(level, micro_batch_size=micro)
 
 
 def make_loader(task, t, rt: Runtime, levels: list[Level]):
@@ -528,7 +523,12 @@ def restore(newest: Path, engine, opt, sched, loader, rt: Runtime, t) -> dict:
     try:
         loader.load_state_dict(state["loader"])
     except ValueError as e:  # the config's update size or seed differs from the run's, or the state is damaged
-        raise RunError(f"checkpoint {newest}: {e}") from None
+        saved = state.get("replicas")
+        why = "" if t.batch_unit != "sequences" or saved == rt.dp_world else (
+            f" (with train.batch_unit=sequences an update is whole micro-batches of every replica, so its packs "
+            f"change with the replicas: the checkpoint's run had {saved}, this one has {rt.dp_world}; resume on "
+            f"{saved} replica(s); train.batch_unit=packs keeps an update's packs on any number)")
+        raise RunError(f"checkpoint {newest}: {e}{why}") from None
     return state
 
 
@@ -654,6 +654,7 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, load
             sums = engine.train_step(micro, task.normalizers(counts))
             norm = engine.clip(t.clip_grad_norm) if t.clip_grad_norm else None
             health.note(step + 1, sums, norm, counts)
+            lr = opt.param_groups[0]["lr"]   # this update's (logged: read after sched.step it was the next one's)
             opt.step()
             sched.step()
             opt.zero_grad(set_to_none=True)
@@ -675,7 +676,7 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, load
                 timed = {"sequences": 0.0, "tokens": 0.0, "flops": 0.0, "since": time.perf_counter()}
                 if clock:
                     clock.take()
-            row_due = False
+            row = {}   # this step's row: its window's training figures, its validation, or both
             if due(t.log_every, step):
                 sync()  # the device's work of the window is done: its seconds are wall time
                 seconds = time.perf_counter() - timed["since"]
@@ -684,27 +685,30 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, load
                 speed = {"sequences_per_second": timed["sequences"] / seconds,
                          "tokens_per_second": timed["tokens"] / seconds} if timed["sequences"] else {}
                 per_level = clock.take() if clock else {}
-                last = task.summarize(window) | {"sequences_seen": seen, "lr": sched.get_last_lr()[0]} | speed \
+                row = last = task.summarize(window) | {"sequences_seen": seen, "lr": lr} | speed \
                     | {k: v / updates for k, v in balance.items()} \
                     | {f"tokens_per_second_{n}": tok / sec for n, (tok, sec) in sorted(per_level.items())} \
                     | (rates(timed["flops"], seconds, peak) if speed else {})
-                window, balance, window_step, row_due = {}, {}, step, True
+                window, balance, window_step = {}, {}, step
                 timed = {"sequences": 0.0, "tokens": 0.0, "flops": 0.0, "since": time.perf_counter()}
+            paused = time.perf_counter()   # validation and checkpoints are left out of the throughput
             if task.has_evaluation and due(t.validate_every, step):
                 sync()
                 model.eval()
                 engine.use_level(evaluation)  # the validation rows: one length, the run's own layout
-                last = last | task.evaluate(engine, rt, step) | {"sequences_seen": seen}
+                validated = task.evaluate(engine, rt, step) | {"sequences_seen": seen}
                 model.train()
-                row_due = True
-                evaluated = {k: v for k, v in last.items() if k in task.headline}
+                # (a row of validation alone: it repeated the last training row's loss, lr and rates at its step)
+                row, last = row | validated, last | validated
+                evaluated = {k: v for k, v in validated.items() if k in task.headline}
                 if evaluated:
                     rt.say(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in evaluated.items()))
-            if row_due:
+            if row:
                 shown = (*task.progress_keys, "abr") if rt.dp_world > 1 else task.progress_keys
-                logger.log(step, last, {k: last[k] for k in shown if k in last})
+                logger.log(step, row, {k: row[k] for k in shown if k in row})
             if due(t.checkpoint_every, step):
                 save(step)
+            timed["since"] += time.perf_counter() - paused
             logger.advance()
             signum = stop.requested(rt)
             if signum == signal.SIGTERM:  # a scheduler's: checkpoint this update, then stop

@@ -93,10 +93,13 @@ class PretrainingTask(TaskBase):
         self.packing_factor = manifest["packing"]["train"]["packing_factor"] if "packing" in manifest else 1.0
         self.packed = self.layout.max_sequences_per_pack > 1
         if t.loss_balancing:  # expected counts per pack, from the whole training split
-            from ...engine.optim import packs_per_update
+            from ...engine.optim import fitted_micro_batch_size, packs_per_update
 
             masked = sum(int((s["masked_lm_labels"] != IGNORE_INDEX).sum()) for s in data.shards("train"))
-            P = packs_per_update(t, self.packing_factor, world)
+            # (the loader's: with batch_unit sequences the micro-batch may shrink to fit the update, and with it
+            # the packs of an update; counts from the configured one scaled the loss by their ratio)
+            P = packs_per_update(t, self.packing_factor, world,
+                                 fitted_micro_batch_size(t, self.packing_factor, world))
             self.expected = {"mlm": P * masked / data.packs("train"), "nsp": P * self.packing_factor}
 
     def train_source(self):
