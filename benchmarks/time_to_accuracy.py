@@ -157,6 +157,11 @@ def downstream_by_variant(scores: dict[str, dict]) -> dict[str, dict]:
     return {variant: {k: spread(v) for k, v in s.items()} for variant, s in grouped.items()}
 
 
+# metrics.jsonl rows whose rates leave validation out (2026-11-29): runs reused only with this format, as the rows of
+# earlier runs timed a validation in the update after it
+ROWS_FORMAT = 2
+
+
 def raw_seconds(rows: list[dict]) -> list[tuple[int, float]]:
     """Cumulative raw wall seconds of training per update from metrics.jsonl rows logged every update
     (seconds of a row = sequences / sequences_per_second; the engine leaves validation and checkpoints out of
@@ -260,8 +265,10 @@ def run_pretraining(name: str, overrides: list[str], out: Path) -> dict:
         return engine_train(full_validation_task(cfg), cfg, rt, overwrite=overwrite, progress=progress)
 
     folder = out / "runs" / name
-    done = folder / "wall.json"  # written after the run, with the overrides it ran with
-    if (folder / "results.json").is_file() and done.is_file() and json.loads(done.read_text()).get("overrides") == overrides:
+    done = folder / "wall.json"  # written after the run, with the overrides it ran with and the rows' format
+    if (folder / "results.json").is_file() and done.is_file() \
+            and json.loads(done.read_text()).get("overrides") == overrides \
+            and json.loads(done.read_text()).get("rows") == ROWS_FORMAT:
         say(f"{name}: reusing the finished run in {folder} (same settings)")
         result = json.loads((folder / "results.json").read_text())
         result["wall_seconds"] = json.loads(done.read_text())["seconds"]
@@ -270,7 +277,7 @@ def run_pretraining(name: str, overrides: list[str], out: Path) -> dict:
         start = time.perf_counter()
         result = train(cfg, overwrite=True, progress=False)
         result["wall_seconds"] = time.perf_counter() - start
-        done.write_text(json.dumps({"seconds": result["wall_seconds"], "overrides": overrides}))
+        done.write_text(json.dumps({"seconds": result["wall_seconds"], "overrides": overrides, "rows": ROWS_FORMAT}))
     result["rows"] = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines()]
     return result
 

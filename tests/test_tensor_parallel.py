@@ -119,6 +119,31 @@ def test_sharded_lamb_equals_pytorch_optimizer():
                                        ours.state[q]["trust_ratio"], rtol=1e-12, atol=0)
 
 
+def test_sharded_lamb_counts_updates_for_every_group_as_pytorch_optimizer_does():
+    """A group whose parameters have no gradient for a few updates (Llama's no-decay group before its RMSNorms
+    joined it, in a checkpoint resumed after) counts those updates as pytorch_optimizer's LAMB does: its first
+    update after them is bias-corrected as the 3rd, not the 1st (its step was 4.7x too far)."""
+    from pytorch_optimizer import Lamb
+
+    torch.manual_seed(0)
+    params = [torch.randn(5, 3, dtype=torch.float64), torch.randn(4, dtype=torch.float64)]
+    a = [p.clone().requires_grad_() for p in params]
+    b = [p.clone().requires_grad_() for p in params]
+    lib = Lamb([{"params": a[:1], "weight_decay": 0.01}, {"params": a[1:], "weight_decay": 0.0}], lr=0.02,
+               betas=(0.8, 0.99), eps=1e-6)
+    ours = ShardedLamb([{"params": b[:1], "weight_decay": 0.01}, {"params": b[1:], "weight_decay": 0.0}], lr=0.02,
+                       betas=(0.8, 0.99), eps=1e-6, weight_decay=0.01)
+    for step in range(3):
+        grads = [torch.randn_like(p) for p in params]
+        for group, opt in ((a, lib), (b, ours)):
+            for i, (p, g) in enumerate(zip(group, grads)):
+                p.grad = g.clone() if i == 0 or step == 2 else None
+            opt.step()
+    assert [g["step"] for g in ours.param_groups] == [3, 3]
+    for p, q in zip(a, b):
+        torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-14)
+
+
 def test_split_models_equal_whole_models(runs):
     """BERT for pretraining (vocabulary of 99 rows: split 50 + 49, nothing padded; the padding id and both
     sides of the split among the tokens) and a Llama causal LM with grouped-query attention, split over 2

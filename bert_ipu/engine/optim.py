@@ -68,11 +68,15 @@ class ShardedLamb(torch.optim.Optimizer):
     def step(self, closure=None):
         from .tensor import local
 
+        # one count of updates for every group, as pytorch_optimizer's LAMB keeps (a group's own count started at 1
+        # when its parameters first had gradients: a checkpoint's norms moved into a group that had none, Llama's
+        # no-decay group before its RMSNorms joined it, got a first step's bias correction after N updates)
+        step = max(group.get("step", 0) for group in self.param_groups) + 1
         for index, group in enumerate(self.param_groups):
+            group["step"] = step
             params = [p for p in group["params"] if p.grad is not None]
             if not params:
                 continue
-            group["step"] = group.get("step", 0) + 1
             (beta1, beta2), lr, eps, decay = group["betas"], group["lr"], group["eps"], group["weight_decay"]
             step_size = lr / (1.0 - beta1 ** group["step"])
             for p in params:

@@ -524,7 +524,8 @@ def restore(newest: Path, engine, opt, sched, loader, rt: Runtime, t) -> dict:
         loader.load_state_dict(state["loader"])
     except ValueError as e:  # the config's update size or seed differs from the run's, or the state is damaged
         saved = state.get("replicas")
-        why = "" if t.batch_unit != "sequences" or saved == rt.dp_world else (
+        moved = state["loader"].get("packs_per_update") != getattr(loader, "packs_per_update", None)
+        why = "" if t.batch_unit != "sequences" or saved == rt.dp_world or not moved else (
             f" (with train.batch_unit=sequences an update is whole micro-batches of every replica, so its packs "
             f"change with the replicas: the checkpoint's run had {saved}, this one has {rt.dp_world}; resume on "
             f"{saved} replica(s); train.batch_unit=packs keeps an update's packs on any number)")
@@ -700,7 +701,7 @@ def _train(task, cfg, rt: Runtime, out: Path, resume: bool, progress: bool, load
                 model.train()
                 # (a row of validation alone: it repeated the last training row's loss, lr and rates at its step)
                 row, last = row | validated, last | validated
-                evaluated = {k: v for k, v in validated.items() if k in task.headline}
+                evaluated = {k: v for k, v in row.items() if k in task.headline}   # (the training loss too, if logged)
                 if evaluated:
                     rt.say(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in evaluated.items()))
             if row:
