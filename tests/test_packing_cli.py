@@ -293,6 +293,16 @@ def test_a_pack_length_too_long_to_allocate_is_refused_in_one_line(tmp_path, cap
     assert len(err) == 1 and err[0].startswith("error:") and f"{MAX_PACK_LENGTH:,}" in err[0] and "GiB" in err[0]
 
 
+def test_uint64_lengths_past_int64_are_named_as_they_are(tmp_path, capsys):
+    """A .npy of uint64 lengths of 2**64 - 1 read as length -1 (cast to int64 before the check); now the real
+    value is named, in one line."""
+    path = tmp_path / "u.npy"
+    np.save(path, np.array([3, 2**64 - 1], dtype=np.uint64))
+    assert main(["--lengths", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"sequence 1 has length {2**64 - 1:,}, far above any pack length" in err[0]
+
+
 def test_plot_never_replaces_a_file_this_project_did_not_write(tmp_path, capsys):
     """--plot on a dataset's manifest.json replaced it with a PNG: a file that is not a PNG is refused before
     anything runs and left as it was; a missing folder is named; a PNG (a plot of an earlier run) is replaced,

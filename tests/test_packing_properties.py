@@ -163,6 +163,18 @@ def test_assignment_depends_on_seed():
     assert not np.array_equal(assign(lengths, mix, 8, seed=0), assign(lengths, mix, 8, seed=1))
 
 
+def test_assignment_refuses_a_mixture_of_a_longer_pack_length():
+    """A mixture packed at 64 assigned at max_len 32 (every sequence fits 32): it returned a pack of 62 tokens;
+    now a one-line PackingInputError naming the pack and max_len."""
+    from bert_ipu.packing import PackingInputError, histogram_of
+
+    lengths = np.array([20, 20, 30, 10, 12])
+    mix = pack(histogram_of(lengths, 64), "cghp", 3).mixture
+    assert mix.pack_lengths().max() > 32
+    with pytest.raises(PackingInputError, match=r"a pack of \d+ tokens, more than max_len 32"):
+        assign(lengths, mix, 32)
+
+
 @st.composite
 def long_sparse_histograms(draw):
     """Long-context histograms: a pack length up to 200,000 (rarely a multiple of CGHP's coarse unit), a few

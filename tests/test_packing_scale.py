@@ -439,7 +439,7 @@ def test_cli_max_len_auto_picks_the_most_efficient_candidate(tmp_path, capsys):
     lengths = np.concatenate([np.random.default_rng(0).integers(30, 61, 997), [100, 100, 100]])
     path = tmp_path / "l.npy"
     np.save(path, lengths)
-    candidates = {max(100, -(-int(100 * f) // 8) * 8) for f in AUTO_FACTORS}
+    candidates = {100} | {max(100, -(-int(100 * f) // 8) * 8) for f in AUTO_FACTORS if f > 1}
     effs = {c: pack(histogram_of(lengths, c), "lpfhp", None).efficiency for c in candidates}
     best = min(c for c in candidates if effs[c] >= max(effs.values()) - 1e-12)
     assert main(["--lengths", str(path), "--max-len", "auto", "--algorithm", "lpfhp",
@@ -451,6 +451,10 @@ def test_cli_max_len_auto_picks_the_most_efficient_candidate(tmp_path, capsys):
     captured = capsys.readouterr()
     assert f"--max-len auto: {best:,}" in captured.err and f"pack length {best}" in captured.out
     assert best > 100
+    # the longest itself is a candidate (it was rounded up to 8: lengths 5 and 7 got 8, at 75%, not 7, at 85.7%)
+    np.save(path, np.array([5, 7]))
+    assert main(["--lengths", str(path), "--max-len", "auto", "--algorithm", "lpfhp"]) == 0
+    assert "--max-len auto: 7" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["--lengths", str(path), "--max-len", "huge"])
     assert "not a whole number or 'auto'" in capsys.readouterr().err

@@ -95,14 +95,26 @@ def _tiny_profile(tmp_path):
     return cfg
 
 
-def test_backends_hf_baseline_and_bf16(tmp_path, capsys):
+def test_backends_hf_baseline_and_bf16(tmp_path, capsys, monkeypatch):
     """--backends measures every algorithm per attention backend and names the fastest (a backend that cannot
     train here is skipped with its reason, not a crash); --hf-baseline adds transformers' BertForPreTraining on NONE's rows, which
     counts more FLOPs (its MLM head runs on every position); profile.precision=bf16 runs under autocast."""
+    from bert_ipu.tasks.profile import run as profile_run
+
+    studied = []   # (the Section E study runs in the profile's precision too: it ran in float32)
+    real = profile_run.scaling_study
+    monkeypatch.setattr(profile_run, "scaling_study", lambda model, *a, **k: (studied.append(model), real(model, *a,
+                                                                                                           **k))[1])
     cfg = _tiny_profile(tmp_path)
-    out = tmp_path / "rows.jsonl"
+    out, traces = tmp_path / "rows.jsonl", tmp_path / "traces"
     assert entry("profile", ["--config", str(cfg), "--algorithms", "cghp", "--backends", "mask", "reference", "flex",
-                               "varlen", "--hf-baseline", "profile.precision=bf16", "--json", str(out)]) == 0
+                               "varlen", "--hf-baseline", "profile.precision=bf16", "--json", str(out),
+                             "--trace-dir", str(traces), "--scaling", str(tmp_path / "e.png"),
+                             "--scaling-batches", "2"]) == 0
+    assert [getattr(m, "precision", None) for m in studied] == ["bf16"]
+    # a trace per backend (each backend's replaced the one's before): the custom op in mask's, not reference's
+    assert "bert_ipu::packed_attention_mask" in (traces / "mask_cghp.trace.json").read_text()
+    assert "bert_ipu::packed_attention_mask" not in (traces / "reference_cghp.trace.json").read_text()
     text = capsys.readouterr().out
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     ref = {r["algorithm"]: r for r in rows if r["backend"] == "reference"}
@@ -274,6 +286,14 @@ def test_bad_profile_input_is_a_clear_error(tmp_path, capsys):
     assert entry("profile", ["--config", str(path), f"profile.histogram={long}"]) == 2
     lines = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
     assert len(lines) == 1 and "pack length of 100,000" in lines[0] and "GiB are free" in lines[0], lines
+    # SORT's micro-batch is consecutive sequences: more than the histogram holds was numpy's "high <= 0"
+    few = tmp_path / "few.json"
+    few.write_text(json.dumps([0] * 7 + [3]))
+    assert entry("profile", ["--config", str(path), f"profile.histogram={few}", "profile.micro_batch_size=4",
+                             "--algorithms", "sort"]) == 2
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+    assert len(lines) == 1 and "SORT takes 4 consecutive sequences a micro-batch and the histogram holds 3" \
+        in lines[0], lines
 
 
 @pytest.mark.parametrize("flag, name, content, named", [

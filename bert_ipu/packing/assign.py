@@ -48,6 +48,10 @@ def assign_ragged(lengths, mixture: Mixture, max_len: int, seed: int = 0,
         raise PackingInputError(
             f"the mixture packs {want[bad - 1]} sequences of length {bad} but the data has {have[bad - 1]}; "
             "compute the mixture from this data's histogram")
+    fat = np.nonzero(mixture.pack_lengths() > max_len)[0]
+    if len(fat):   # (a mixture of a longer pack length: its packs were returned longer than max_len)
+        raise PackingInputError(f"the mixture has a pack of {int(mixture.pack_lengths()[fat[0]])} tokens, more than "
+                                f"max_len {max_len}; pack the histogram at max_len {max_len}")
     # small keys let numpy's stable sort use radix sort: several times faster on millions of sequences
     # (docs/results/packing.md, "Assignment")
     key = np.int16 if max_len < 2**15 else np.int32

@@ -165,6 +165,10 @@ def validate_lengths(lengths, max_len: int | None = None, source: str = "lengths
                                     "lengths must be whole numbers in 1..max_len")
     elif not np.issubdtype(arr.dtype, np.integer):
         raise PackingInputError(f"{source}: lengths must be numbers, got dtype {arr.dtype}")
+    elif arr.dtype == np.uint64 and (arr >= MAX_COUNT).any():   # (cast to int64 it read as a negative length)
+        i = int(np.argmax(arr))
+        raise PackingInputError(f"{source}: sequence {i} has length {int(arr[i]):,}, far above any pack length; "
+                                "lengths must be whole numbers in 1..max_len")
     arr = arr.astype(np.int64)
     if arr.min() < 1:
         i = int(np.argmin(arr))

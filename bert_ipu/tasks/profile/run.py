@@ -231,6 +231,10 @@ def make_batches(histogram: np.ndarray, algorithm: str, depth: int, micro_batch:
     if algorithm == "sort":
         result = packing.pack(histogram, "sort", batch_size=sort_batch)
         lengths = packing.expand_histogram(histogram)
+        if len(lengths) < micro_batch:   # (numpy's "high <= 0" before)
+            raise ProfilingError(f"SORT takes {micro_batch} consecutive sequences a micro-batch and the histogram "
+                                 f"holds {len(lengths)}: give profile.micro_batch_size at most {len(lengths)}, or "
+                                 "leave sort out of the algorithms")
         batches = []
         for _ in range(steps):  # consecutive sequences of the sorted data: SORT's batches
             start = int(rng.integers(0, len(lengths) - micro_batch + 1))
@@ -317,7 +321,8 @@ def compile_cost(model, batches: list[dict]) -> float:
 
 
 def profile(model, batches: dict, results: dict, rounds: int, device, trace_dir=None, say=print,
-            compile_step: bool = False, models: dict | None = None, step_mode: str = "eager") -> dict:
+            compile_step: bool = False, models: dict | None = None, step_mode: str = "eager",
+            trace_prefix: str = "") -> dict:
     """Interleaved measurement of every algorithm's batches on `model` (or on `models[name]` where given: the
     Hugging Face baseline), its steps run as `step_mode` says (eager, or a `CompiledStep`: FLOPs are counted on
     the eager model). Returns {algorithm: Measurement}."""
@@ -356,12 +361,13 @@ def profile(model, batches: dict, results: dict, rounds: int, device, trace_dir=
             say(f"compiling the step for {name} ({out[name].shapes} shape(s)) ...")
             out[name].compile_seconds = compile_cost(models[name], bs)
     if trace_dir is not None:
-        write_traces(model, opt, {k: v for k, v in batches.items() if models[k] is model}, trace_dir)
+        write_traces(model, opt, {k: v for k, v in batches.items() if models[k] is model}, trace_dir, trace_prefix)
     return out
 
 
-def write_traces(model, opt, batches: dict, trace_dir) -> None:
-    """One torch.profiler trace per algorithm (Chrome/Perfetto JSON and TensorBoard), and an op table."""
+def write_traces(model, opt, batches: dict, trace_dir, prefix: str = "") -> None:
+    """One torch.profiler trace per algorithm (Chrome/Perfetto JSON and TensorBoard), and an op table; `prefix`
+    names the backend where several are profiled (each backend's traces replaced the one's before)."""
     from pathlib import Path
 
     import shutil
@@ -375,6 +381,7 @@ def write_traces(model, opt, batches: dict, trace_dir) -> None:
     for name, bs in batches.items():
         with torch_profile(activities=activities) as prof:
             train_step(model, opt, bs[0])
+        name = prefix + name
         (trace_dir / f"{name}_ops.txt").write_text(prof.key_averages().table(sort_by="self_cpu_time_total",
                                                                              row_limit=25))
         chrome = trace_dir / f"{name}.trace.json"  # chrome://tracing, ui.perfetto.dev
@@ -508,7 +515,8 @@ def run(cfg, say=print) -> dict:
             say(f"[profile] backend {label} ...")
             measurements = profile(WithPrecision(model, device, prof.precision), runs, results, prof.rounds, device,
                                    prof.trace_dir if eager else None, say=lambda m: say(f"[profile] {m}"),
-                                   compile_step=prof.compile and eager, models=extra, step_mode=mode)
+                                   compile_step=prof.compile and eager, models=extra, step_mode=mode,
+                                   trace_prefix=f"{backend}_" if len(prof.backends or ()) > 1 else "")
             rows += [r | {"backend": label} for r in summarize(measurements, peak)]
             if prof.engine:  # the application's step on the same batches (its optimizer, its compile mode)
                 label = f"{backend}+engine" + ("" if eager else f"+{mode}")
@@ -556,8 +564,9 @@ def run(cfg, say=print) -> dict:
         study = None
         if prof.scaling:
             say(f"[profile] Section E: timing {prof.scaling_batches} un-padded and packed (cghp) batches ...")
-            study = scaling_study(base, histogram, "cghp", depth, prof.micro_batch_size, prof.scaling_batches,
-                                  config.vocab_size, device, prof.seed)
+            # (in the profile's precision, as the table's rows: it ran in float32 under profile.precision=bf16)
+            study = scaling_study(WithPrecision(base, device, prof.precision), histogram, "cghp", depth,
+                                  prof.micro_batch_size, prof.scaling_batches, config.vocab_size, device, prof.seed)
             say(format_scaling(study))
             plot_scaling(prof.scaling, study)
     except OSError as e:
@@ -699,7 +708,9 @@ def plot(path, histogram, rows) -> None:
     x = np.arange(len(rows))
     b.bar(x - 0.2, [r["theoretical_speedup"] for r in rows], 0.4, label="theoretical (tokens)")
     b.bar(x + 0.2, [r["realized_speedup"] for r in rows], 0.4, label="realized (sequences/s)")
-    b.set_xticks(x, [r["algorithm"] for r in rows])
+    several = len({r.get("backend") for r in rows}) > 1   # (one label an algorithm read "none, cghp, none, cghp")
+    b.set_xticks(x, [f"{r['algorithm']}\n{r['backend']}" if several else r["algorithm"] for r in rows],
+                 fontsize=8 if several else None)
     b.set(title="speed-up over NONE", ylabel="x")
     b.legend()
     fig.tight_layout()
