@@ -90,6 +90,38 @@ def test_module_entry_point_prints_help_and_config():
                                                               "run it with run_pretraining.py")
 
 
+def test_a_checkpoint_resumed_on_another_world_leaves_the_tensor_ranks_generators_as_seeded(tmp_path, monkeypatch):
+    """The attention cores' generator (tensor parallelism) comes back from the checkpoint only on as many
+    processes as saved it: on a larger grid every rank past the saved ones got rank 0's, so two tensor-parallel
+    ranks drew the same attention-dropout masks for the rest of the run. There it is left as the rank seeded it."""
+    from bert_ipu.engine import checkpoint
+    from bert_ipu.engine.optim import build_optimizer, packing_betas
+    from bert_ipu.engine.runtime import Runtime
+    from bert_ipu.tasks.pretraining.task import PretrainingTask
+
+    class Region:   # a tensor-parallel rank's generator, as tensor.region_generator returns it
+        def __init__(self, seed):
+            self.state = (torch.Generator().manual_seed(seed).get_state(), None)
+
+    dataset = tmp_path / "dataset"
+    shutil.copytree(LEGACY / "dataset", dataset)
+    cfg = load_config("test_tiny", [f"data.dataset={dataset}", "model.max_position_embeddings=64",
+                                    "data.max_seq_length=64"])
+    task = PretrainingTask(cfg)
+    task.prepare(Runtime.start("cpu"))
+    model = task.build_model()
+    opt, _ = build_optimizer(model, cfg.train, 4, 1, packing_betas(cfg.train, task.packed, task.packing_factor))
+    state = checkpoint.load(LEGACY / "run" / "checkpoints" / "step-0000002", model, opt)
+    saved_region = Region(1)
+    monkeypatch.setattr(checkpoint, "region_generator", lambda module: saved_region)
+    checkpoint.save(tmp_path / "ckpt" / "step-0000002", model, opt, state, keep=2, main=True)
+    for world, restored in ((1, True), (None, True), (2, False)):
+        region = Region(2)
+        monkeypatch.setattr(checkpoint, "region_generator", lambda module: region)
+        checkpoint.load(tmp_path / "ckpt" / "step-0000002", model, opt, world=world)
+        assert torch.equal(region.state[0], saved_region.state[0]) == restored, world
+
+
 def test_a_dataset_and_a_checkpoint_of_the_previous_layout_read_and_resume(tmp_path):
     """The legacy dataset verifies; the legacy run (stopped after its step-2 checkpoint of 4 updates by the old
     code) resumes with this code and ends with exactly the weights of the same run resumed from that checkpoint

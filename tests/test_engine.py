@@ -515,3 +515,28 @@ def test_a_rows_figures_are_its_own_updates(dataset, tmp_path, monkeypatch):
     # 0.015, 6 at 0.005 (logged before: 0.015, 0.01 and 0)
     assert [rows[s]["lr"] for s in (2, 4, 6)] == pytest.approx([0.02, 0.015, 0.005])
     assert rows[4]["sequences"] / rows[4]["sequences_per_second"] < 3
+
+
+def test_each_pipeline_stage_and_sequence_rank_draws_its_own_dropout_masks():
+    """Seeded alike after the model is built, two pipeline stages drew the same dropout masks in the layers they
+    start with, and the sequence-parallel ranks of a row the same pattern on each share. Each (stage, sequence
+    rank) now has its own seed; the tensor-parallel ranks of a group and the replicas keep one (replicated regions
+    must agree; DDP replicas share theirs), and the first one keeps the run's seed."""
+    from bert_ipu.engine.runtime import Runtime
+    from bert_ipu.engine.trainer import dropout_seed
+
+    def seeds(world, stages=1, sequence=1, tensor=1):
+        grid = {}
+        for rank in range(world):
+            rt = Runtime.__new__(Runtime)
+            rt.rank, rt.world, rt.stages, rt.sequence, rt.tensor = rank, world, stages, sequence, tensor
+            grid[rank] = (rt.stage, rt.sp_rank, rt.tp_rank, dropout_seed(5, rt))
+        return grid
+
+    pipeline = seeds(8, stages=2, tensor=2)   # 2 replicas x 2 stages x 2 tensor ranks
+    assert len({s for *_, s in pipeline.values()}) == 2
+    assert {stage: {s for st, _, _, s in pipeline.values() if st == stage} for stage in (0, 1)} == \
+        {0: {5}, 1: {5 + 7919}}
+    rows = seeds(4, sequence=2, tensor=2)
+    assert {sp: {s for _, r, _, s in rows.values() if r == sp} for sp in (0, 1)} == {0: {5}, 1: {5 + 7919}}
+    assert set(seeds(2).values()) == {(0, 0, 0, 5)}   # data parallel: one seed

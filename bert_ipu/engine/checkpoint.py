@@ -256,12 +256,15 @@ def read_state(path: Path) -> dict:
     return state
 
 
-def load(path: Path, module: torch.nn.Module, opt, rank: int = 0, shared_rank: int | None = None) -> dict:
+def load(path: Path, module: torch.nn.Module, opt, rank: int = 0, shared_rank: int | None = None,
+         world: int | None = None) -> dict:
     """Load this rank's model part and optimizer state (by name) from a checkpoint saved on any topology;
     returns the JSON state (step, counters, scheduler, loader). Sets the RNG state: the shared generator's from
     `shared_rank` (default `rank`; under tensor parallelism the group's first rank, so that all ranks of a
     group draw the same replicated-region masks whatever rank saved it), the attention cores' own generator
-    from `rank`, when the checkpoint was saved on as many processes (else from rank 0, or left as seeded)."""
+    from `rank`, when the checkpoint was saved on as many processes as this run's `world` (else the shared one
+    from rank 0, and the cores' left as this rank seeded it: given rank 0's, two tensor-parallel ranks of a
+    larger grid drew the same masks for the rest of the run)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import HuggingFaceStorageReader
 
@@ -326,7 +329,7 @@ def load(path: Path, module: torch.nn.Module, opt, rank: int = 0, shared_rank: i
                       if k not in ("betas", "eps", "weight_decay")})
     rngs = [r if isinstance(r, dict) else {"cpu": r, "cuda": None} for r in state.get("rng") or []]
     if rngs:
-        same = len(rngs) == state.get("world", 1)
+        same = len(rngs) == state.get("world", 1) and (world is None or world == len(rngs))
 
         def saved(r):
             return rngs[r] if same and r < len(rngs) else rngs[0]
@@ -335,7 +338,7 @@ def load(path: Path, module: torch.nn.Module, opt, rank: int = 0, shared_rank: i
         torch.set_rng_state(_rng_from_text(shared["cpu"]))
         if shared.get("cuda") and torch.cuda.is_available():
             torch.cuda.set_rng_state(_rng_from_text(shared["cuda"]))
-        region, own = region_generator(module), saved(rank).get("tensor_region")
+        region, own = region_generator(module), saved(rank).get("tensor_region") if same else None
         if region is not None and own is not None:
             region.state = (_rng_from_text(own["cpu"]), None if own["cuda"] is None else _rng_from_text(own["cuda"]))
     return state

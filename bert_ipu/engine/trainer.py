@@ -330,6 +330,8 @@ def train(task, cfg, rt: Runtime, resume: bool = False, overwrite: bool = False,
         if init:  # the sizes in the error are the checkpoint's, not the config's
             raise RunError(f"{e} (the model is model.init_checkpoint's: {init})") from None
         raise
+    if dropout_seed(t.seed, rt) != t.seed:   # (the model is built: every stage built it from t.seed alike)
+        torch.manual_seed(dropout_seed(t.seed, rt))
     config = run_config(cfg, task, levels)
     lock = prepare_run_dir(out, resume, overwrite, rt, config)
     try:
@@ -466,6 +468,15 @@ class NonFinite:
         return step, bool(self.norm_bad), self.sums.cpu()
 
 
+def dropout_seed(seed: int, rt: Runtime) -> int:
+    """The seed of this process's dropout masks (the shared generator, once the model is built): its own for each
+    pipeline stage and each sequence-parallel rank of a row, the same for the tensor-parallel ranks of a group
+    (their replicated regions must agree) and for the replicas (as DDP's are). Seeded alike, two stages drew the
+    same masks in the layers they start with, and a row's shares the same pattern. The first stage's first rank
+    keeps `seed`, and its generator is not re-seeded (a single process's masks are as they were)."""
+    return seed + 7919 * (rt.stage * rt.sequence + rt.sp_rank)
+
+
 def fitted_micro_batch(t, level: Level, replicas: int) -> Level:
     """`level` with its micro-batch fitted to an update of train.batch_unit=sequences (`fitted_micro_batch_size`)."""
     micro = fitted_micro_batch_size(t, level.packing_factor, replicas, level.micro_batch_size)
@@ -512,7 +523,7 @@ def make_loader(task, t, rt: Runtime, levels: list[Level]):
 def restore(newest: Path, engine, opt, sched, loader, rt: Runtime, t) -> dict:
     """Load the checkpoint `newest` into the model, optimizer, scheduler and loader; returns its JSON state
     (checked against what a checkpoint holds: checkpoint.check_state)."""
-    state = checkpoint.load(newest, engine.module, opt, rt.rank, shared_rank=rt.rank - rt.tp_rank)
+    state = checkpoint.load(newest, engine.module, opt, rt.rank, shared_rank=rt.rank - rt.tp_rank, world=rt.world)
     sched.load_state_dict(state["scheduler"])
     saved_lr = state.get("learning_rate", t.learning_rate)
     if saved_lr != t.learning_rate:  # the user asks for a new peak learning rate: the schedule keeps its place
