@@ -120,6 +120,15 @@ def test_a_checkpoint_resumed_on_another_world_leaves_the_tensor_ranks_generator
         monkeypatch.setattr(checkpoint, "region_generator", lambda module: region)
         checkpoint.load(tmp_path / "ckpt" / "step-0000002", model, opt, world=world)
         assert torch.equal(region.state[0], saved_region.state[0]) == restored, world
+    # a LAMB group that never had gradients saved no update count (an older tensor-parallel Llama's no-decay
+    # group, which its norms joined since): it resumes at the other groups' count, not at its first update
+    path = tmp_path / "ckpt" / "step-0000002" / "state.json"
+    saved = json.loads(path.read_text())
+    del saved["optimizer_groups"][1]["step"]
+    path.write_text(json.dumps(saved))
+    opt, _ = build_optimizer(model, cfg.train, 4, 1, packing_betas(cfg.train, task.packed, task.packing_factor))
+    checkpoint.load(tmp_path / "ckpt" / "step-0000002", model, opt)
+    assert [g["step"] for g in opt.param_groups] == [2, 2]
 
 
 def test_a_dataset_and_a_checkpoint_of_the_previous_layout_read_and_resume(tmp_path):

@@ -75,6 +75,11 @@ def test_sequence_parallel_with_data_and_tensor_parallelism_equals_one_process_a
     run_cli(*SFT, f"output_dir={sp_tp}", "parallel.sequence_parallel=2", "parallel.tensor_parallel=2", "--resume",
             script="run_causal_lm.py")  # started without torchrun: launches its 2 x 2 processes
     assert close(final_weights(sp_tp), reference, 1e-5)
+    # dropout's generators: the shared one a sequence rank (the tensor ranks of a group agree), the attention
+    # cores' one a rank (seeded alike, a row's shares drew the same masks: rank 0's and 2's were equal)
+    rngs = json.loads((sp_tp / "checkpoints" / "step-0000004" / "state.json").read_text())["rng"]
+    assert len({r["cpu"] for r in rngs}) == 2 and rngs[0]["cpu"] == rngs[1]["cpu"]
+    assert len({r["tensor_region"]["cpu"] for r in rngs}) == 4
 
 
 @pytest.mark.parametrize("overrides, named", [

@@ -327,6 +327,10 @@ def load(path: Path, module: torch.nn.Module, opt, rank: int = 0, shared_rank: i
         # the optimizer's own progress comes back; its settings (betas, eps, weight decay) stay the config's
         group.update({k: tuple(v) if isinstance(v, list) else v for k, v in saved_group.items()
                       if k not in ("betas", "eps", "weight_decay")})
+    counted = [g["step"] for g in groups if isinstance(g.get("step"), (int, float))]
+    for group, saved_group in zip(opt.param_groups, groups):   # (LAMB counts updates a group: one that never had
+        if counted and "step" not in saved_group:               # gradients saved none; Llama's norms joined it,
+            group["step"] = max(counted)                         # and resume at the run's update, not its first)
     rngs = [r if isinstance(r, dict) else {"cpu": r, "cuda": None} for r in state.get("rng") or []]
     if rngs:
         same = len(rngs) == state.get("world", 1) and (world is None or world == len(rngs))

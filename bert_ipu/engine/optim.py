@@ -68,9 +68,10 @@ class ShardedLamb(torch.optim.Optimizer):
     def step(self, closure=None):
         from .tensor import local
 
-        # one count of updates for every group, as pytorch_optimizer's LAMB keeps (a group's own count started at 1
-        # when its parameters first had gradients: a checkpoint's norms moved into a group that had none, Llama's
-        # no-decay group before its RMSNorms joined it, got a first step's bias correction after N updates)
+        # one count of updates for every group, as pytorch_optimizer's LAMB keeps on a fresh run (a group's own
+        # count started at 1 when its parameters first had gradients: a checkpoint's norms moved into a group that
+        # had none, Llama's no-decay group before its RMSNorms joined it, got a first step's bias correction after
+        # N updates; checkpoint.load gives such a group the others' count, for either optimizer)
         step = max(group.get("step", 0) for group in self.param_groups) + 1
         for index, group in enumerate(self.param_groups):
             group["step"] = step

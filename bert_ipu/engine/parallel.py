@@ -215,8 +215,10 @@ def compile_layers(model: nn.Module) -> None:
 
 def split_tensors(model: nn.Module, task, rt: Runtime, seed: int) -> None:
     """Split `model` (a whole model or a pipeline stage) over this process's tensor-parallel ranks, following the
-    task's plan for it (in place). The attention cores' dropout seed differs per stage too (Megatron's +100)."""
-    tensor.parallelize(model, rt.mesh()["tp"], tensor_plan(task, model, rt.tensor), seed + 100 * rt.stage)
+    task's plan for it (in place). The attention cores' dropout seed differs per stage too (Megatron's +100), and
+    per sequence-parallel rank (its heads are a row's other share: the same seed drew the same masks on each)."""
+    tensor.parallelize(model, rt.mesh()["tp"], tensor_plan(task, model, rt.tensor),
+                       seed + 100 * rt.stage + 7919 * rt.sp_rank)
 
 
 def sum_gradients(params, group) -> None:

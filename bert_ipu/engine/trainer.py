@@ -468,6 +468,11 @@ class NonFinite:
         return step, bool(self.norm_bad), self.sums.cpu()
 
 
+def _packs_per_update(loader_state: dict) -> list:
+    """The packs per update of a loader's state: one (UpdateLoader), or one a level (LevelLoader)."""
+    return [x.get("packs_per_update") for x in loader_state.get("levels", [loader_state])]
+
+
 def dropout_seed(seed: int, rt: Runtime) -> int:
     """The seed of this process's dropout masks (the shared generator, once the model is built): its own for each
     pipeline stage and each sequence-parallel rank of a row, the same for the tensor-parallel ranks of a group
@@ -524,6 +529,10 @@ def restore(newest: Path, engine, opt, sched, loader, rt: Runtime, t) -> dict:
     """Load the checkpoint `newest` into the model, optimizer, scheduler and loader; returns its JSON state
     (checked against what a checkpoint holds: checkpoint.check_state)."""
     state = checkpoint.load(newest, engine.module, opt, rt.rank, shared_rank=rt.rank - rt.tp_rank, world=rt.world)
+    if state.get("world") != rt.world and dropout_seed(t.seed, rt) != t.seed:
+        # (on another grid every rank got rank 0's generator: the stages and a row's shares drew the same masks
+        # again; the update's number keeps them off the masks of the run's start)
+        torch.manual_seed(dropout_seed(t.seed, rt) + int(state["step"]))
     sched.load_state_dict(state["scheduler"])
     saved_lr = state.get("learning_rate", t.learning_rate)
     if saved_lr != t.learning_rate:  # the user asks for a new peak learning rate: the schedule keeps its place
@@ -535,7 +544,7 @@ def restore(newest: Path, engine, opt, sched, loader, rt: Runtime, t) -> dict:
         loader.load_state_dict(state["loader"])
     except ValueError as e:  # the config's update size or seed differs from the run's, or the state is damaged
         saved = state.get("replicas")
-        moved = state["loader"].get("packs_per_update") != getattr(loader, "packs_per_update", None)
+        moved = _packs_per_update(state["loader"]) != _packs_per_update(loader.state_dict())
         why = "" if t.batch_unit != "sequences" or saved == rt.dp_world or not moved else (
             f" (with train.batch_unit=sequences an update is whole micro-batches of every replica, so its packs "
             f"change with the replicas: the checkpoint's run had {saved}, this one has {rt.dp_world}; resume on "
