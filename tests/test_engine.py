@@ -540,3 +540,16 @@ def test_each_pipeline_stage_and_sequence_rank_draws_its_own_dropout_masks():
     rows = seeds(4, sequence=2, tensor=2)
     assert {sp: {s for _, r, _, s in rows.values() if r == sp} for sp in (0, 1)} == {0: {5}, 1: {5 + 7919}}
     assert set(seeds(2).values()) == {(0, 0, 0, 5)}   # data parallel: one seed
+    # packs of several lengths, one level's rows split over the 2 processes: each process its own (one pattern
+    # on both shares before)
+    from bert_ipu.data.loader import Level
+
+    split = [Level(source=None, pack_length=128, micro_batch_size=2, packing_factor=2.0),
+             Level(source=None, pack_length=256, micro_batch_size=1, packing_factor=3.0, sequence_parallel=2)]
+    rts = []
+    for rank in range(2):
+        rt = Runtime.__new__(Runtime)
+        rt.rank, rt.world, rt.stages, rt.sequence, rt.tensor = rank, 2, 1, 1, 1
+        rts.append(rt)
+    assert [dropout_seed(5, rt, split) for rt in rts] == [5, 5 + 7919]
+    assert [dropout_seed(5, rt, split[:1]) for rt in rts] == [5, 5]

@@ -330,8 +330,8 @@ def train(task, cfg, rt: Runtime, resume: bool = False, overwrite: bool = False,
         if init:  # the sizes in the error are the checkpoint's, not the config's
             raise RunError(f"{e} (the model is model.init_checkpoint's: {init})") from None
         raise
-    if dropout_seed(t.seed, rt) != t.seed:   # (the model is built: every stage built it from t.seed alike)
-        torch.manual_seed(dropout_seed(t.seed, rt))
+    if dropout_seed(t.seed, rt, levels) != t.seed:   # (the model is built: every stage built it from t.seed alike)
+        torch.manual_seed(dropout_seed(t.seed, rt, levels))
     config = run_config(cfg, task, levels)
     lock = prepare_run_dir(out, resume, overwrite, rt, config)
     try:
@@ -473,12 +473,16 @@ def _packs_per_update(loader_state: dict) -> list:
     return [x.get("packs_per_update") for x in loader_state.get("levels", [loader_state])]
 
 
-def dropout_seed(seed: int, rt: Runtime) -> int:
+def dropout_seed(seed: int, rt: Runtime, levels=()) -> int:
     """The seed of this process's dropout masks (the shared generator, once the model is built): its own for each
     pipeline stage and each sequence-parallel rank of a row, the same for the tensor-parallel ranks of a group
     (their replicated regions must agree) and for the replicas (as DDP's are). Seeded alike, two stages drew the
-    same masks in the layers they start with, and a row's shares the same pattern. The first stage's first rank
-    keeps `seed`, and its generator is not re-seeded (a single process's masks are as they were)."""
+    same masks in the layers they start with, and a row's shares the same pattern. With `levels` of which one
+    splits its rows (its own sequence parallelism over the data-parallel processes), every process has its own.
+    The first stage's first rank keeps `seed`, and its generator is not re-seeded (a single process's masks are as
+    they were)."""
+    if any(level.sequence_parallel > 1 for level in levels):
+        return seed + 7919 * (rt.rank // rt.tensor)
     return seed + 7919 * (rt.stage * rt.sequence + rt.sp_rank)
 
 
@@ -529,10 +533,11 @@ def restore(newest: Path, engine, opt, sched, loader, rt: Runtime, t) -> dict:
     """Load the checkpoint `newest` into the model, optimizer, scheduler and loader; returns its JSON state
     (checked against what a checkpoint holds: checkpoint.check_state)."""
     state = checkpoint.load(newest, engine.module, opt, rt.rank, shared_rank=rt.rank - rt.tp_rank, world=rt.world)
-    if state.get("world") != rt.world and dropout_seed(t.seed, rt) != t.seed:
+    levels = getattr(loader, "levels", ())
+    if state.get("world") != rt.world and dropout_seed(t.seed, rt, levels) != t.seed:
         # (on another grid every rank got rank 0's generator: the stages and a row's shares drew the same masks
         # again; the update's number keeps them off the masks of the run's start)
-        torch.manual_seed(dropout_seed(t.seed, rt) + int(state["step"]))
+        torch.manual_seed(dropout_seed(t.seed, rt, levels) + int(state["step"]))
     sched.load_state_dict(state["scheduler"])
     saved_lr = state.get("learning_rate", t.learning_rate)
     if saved_lr != t.learning_rate:  # the user asks for a new peak learning rate: the schedule keeps its place
