@@ -166,9 +166,8 @@ def pack_dataset(dataset, pack_length: int, algorithm: str = "cghp", max_sequenc
     if not isinstance(dataset, datasets.Dataset):
         raise ValueError(f"pack_dataset takes a datasets.Dataset, got {type(dataset).__name__}; "
                          "wrap the data with datasets.Dataset.from_dict")
-    pack_length, columns = _checked(pack_length, algorithm, columns, too_long, label_column, sequence_label_column,
-                                    pad_token_id)
-    pad_token_id = int(pad_token_id)   # (a numpy integer would not make a cache key)
+    pack_length, columns, pad_token_id = _checked(pack_length, algorithm, columns, too_long, label_column,
+                                                  sequence_label_column, pad_token_id)
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
         raise ValueError(f"batch_size must be a whole number >= 1 (rows read at a time), got {batch_size!r}")
     batch_size = int(batch_size)
@@ -199,7 +198,7 @@ def pack_dataset(dataset, pack_length: int, algorithm: str = "cghp", max_sequenc
 
 
 def _checked(pack_length, algorithm, columns, too_long, label_column=None,
-             sequence_label_column=None, pad_token_id=0) -> tuple[int, tuple]:
+             sequence_label_column=None, pad_token_id=0) -> tuple[int, tuple, int]:
     """pack_dataset's and pack_iterable's arguments checked (a one-line ValueError each): pack_length, columns
     (no column twice, nor a label column among them: it packs apart, under its own name; label_column is unused
     where sequence_label_column is given)."""
@@ -225,7 +224,7 @@ def _checked(pack_length, algorithm, columns, too_long, label_column=None,
             or not -2**31 <= pad_token_id < 2**31:
         raise ValueError(f"pad_token_id must be a whole number within int32 (the packs' type), got {pad_token_id!r}: "
                          "give the tokenizer's pad_token_id, or its eos_token_id where it has none (GPT-2, Llama)")
-    return int(pack_length), columns
+    return int(pack_length), columns, int(pad_token_id)   # (a numpy integer would not make a cache key)
 
 
 def _sequence_label_width(dataset, column: str, batch_size: int) -> int | None:
@@ -315,11 +314,11 @@ def pack_iterable(dataset, pack_length: int, algorithm: str = "cghp", max_sequen
     if isinstance(dataset, collections.abc.Iterator):
         raise ValueError(f"pack_iterable reads its stream again every epoch, and a {type(dataset).__name__} can be "
                          "read once: give a datasets.IterableDataset (IterableDataset.from_generator) or a list")
-    pack_length, columns = _checked(pack_length, algorithm, columns, too_long, label_column, sequence_label_column,
-                                    pad_token_id)
+    pack_length, columns, pad_token_id = _checked(pack_length, algorithm, columns, too_long, label_column,
+                                                  sequence_label_column, pad_token_id)
     settings = dict(pack_length=pack_length, algorithm=algorithm, max_sequences_per_pack=max_sequences_per_pack,
                     columns=columns, label_column=None if sequence_label_column else label_column, causal=causal,
-                    too_long=too_long, pad_token_id=int(pad_token_id), seed=seed, time_limit=time_limit,
+                    too_long=too_long, pad_token_id=pad_token_id, seed=seed, time_limit=time_limit,
                     sequence_label_column=sequence_label_column)
     # (datasets splits a list in gen_kwargs into one shard per element: a list of rows became one stream per row,
     # each row packed alone as source row 0; a tuple it passes whole)
@@ -891,12 +890,12 @@ def _layer_limits(model, causal: bool) -> tuple[tuple | None, dict, bool]:
     window = getattr(text, "sliding_window", None) if any(name in code for name in WINDOW_MASKS) else None
     if window and getattr(text, "use_sliding_window", True) is not False and (kinds is None
                                                                               or "sliding_attention" in kinds):
-        overlay = _Overlay(masking_utils.__name__, "sliding_window_overlay", int(window))
+        where = (masking_utils.__name__, "sliding_window_overlay")
         if not causal:  # both ways: |q - k| <= window (the privacy filter's), or the model's own (Gemma 3's is <)
             own = hasattr(sys.modules[type(model).__module__], "_bidirectional_window_overlay")
-            overlay = _Overlay(type(model).__module__, "_bidirectional_window_overlay", int(window)) if own else \
-                _Overlay(masking_utils.__name__, "sliding_window_bidirectional_overlay", int(window))
-        limits["sliding_attention" if kinds else None] = (int(window), overlay)
+            where = (type(model).__module__, "_bidirectional_window_overlay") if own else \
+                (masking_utils.__name__, "sliding_window_bidirectional_overlay")
+        limits["sliding_attention" if kinds else None] = (int(window), _Overlay(*where, int(window)))
     chunk = getattr(text, "attention_chunk_size", None)
     if chunk and kinds and "chunked_attention" in kinds and "create_chunked_causal_mask" in code:
         # (masking_utils.chunked_overlay with no left padding: chunks count from each document's start)
@@ -1232,7 +1231,7 @@ def _classifier_class():
             model's own forward takes for its problem type (inferred as it does where the config names none)."""
             functional = torch.nn.functional
             counted = labels.ne(IGNORE_INDEX)   # (the Trainer's count of num_items_in_batch)
-            logits = logits.to(torch.promote_types(logits.dtype, torch.float32))   # (bfloat16 up, float64 kept)
+            logits = _at_least_float32(logits)
             problem = self.config.problem_type or ("regression" if self.config.num_labels == 1 else
                                                    "single_label_classification" if not labels.is_floating_point()
                                                    else "multi_label_classification")
@@ -1268,7 +1267,7 @@ def _at_least_float32(logits):
     run's loss was 3e-7 off Hugging Face's float64 one when cast down)."""
     import torch
 
-    return logits if logits.dtype == torch.float64 else logits.float()
+    return logits.to(torch.promote_types(logits.dtype, torch.float32))
 
 
 def token_loss(causal: bool):

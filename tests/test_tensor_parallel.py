@@ -94,19 +94,26 @@ def assert_close_runs(one, other, weights=1e-4, losses=1e-5, keys=("loss", "val_
                 assert abs(x[key] - y[key]) <= losses * abs(x[key]) + 1e-7, (key, x[key], y[key])
 
 
+def _lamb_pair(params, decayed: int):
+    """Two copies of `params` and pytorch_optimizer's LAMB on one, ShardedLamb on the other, alike: weight decay on
+    the first `decayed` parameters, none on the rest."""
+    from pytorch_optimizer import Lamb
+
+    a = [p.clone().requires_grad_() for p in params]
+    b = [p.clone().requires_grad_() for p in params]
+    lib = Lamb([{"params": a[:decayed], "weight_decay": 0.01}, {"params": a[decayed:], "weight_decay": 0.0}],
+               lr=0.02, betas=(0.8, 0.99), eps=1e-6)
+    ours = ShardedLamb([{"params": b[:decayed], "weight_decay": 0.01}, {"params": b[decayed:], "weight_decay": 0.0}],
+                       lr=0.02, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.01)
+    return a, b, lib, ours
+
+
 def test_sharded_lamb_equals_pytorch_optimizer():
     """On whole (plain) tensors ShardedLamb is pytorch_optimizer's LAMB: weights and trust ratios after 3 steps
     with weight decay on one group and not the other, float64, to rounding."""
-    from pytorch_optimizer import Lamb
-
     torch.manual_seed(0)
     params = [torch.randn(5, 3, dtype=torch.float64), torch.randn(7, dtype=torch.float64), torch.zeros(4, dtype=torch.float64)]
-    a = [p.clone().requires_grad_() for p in params]
-    b = [p.clone().requires_grad_() for p in params]
-    lib = Lamb([{"params": a[:2], "weight_decay": 0.01}, {"params": a[2:], "weight_decay": 0.0}], lr=0.02,
-               betas=(0.8, 0.99), eps=1e-6)
-    ours = ShardedLamb([{"params": b[:2], "weight_decay": 0.01}, {"params": b[2:], "weight_decay": 0.0}], lr=0.02,
-                       betas=(0.8, 0.99), eps=1e-6, weight_decay=0.01)
+    a, b, lib, ours = _lamb_pair(params, decayed=2)
     for step in range(3):
         grads = [torch.randn_like(p) for p in params]
         for group, opt in ((a, lib), (b, ours)):
@@ -123,16 +130,9 @@ def test_sharded_lamb_counts_updates_for_every_group_as_pytorch_optimizer_does()
     """A group whose parameters have no gradient for a few updates (Llama's no-decay group before its RMSNorms
     joined it, in a checkpoint resumed after) counts those updates as pytorch_optimizer's LAMB does: its first
     update after them is bias-corrected as the 3rd, not the 1st (its step was 4.7x too far)."""
-    from pytorch_optimizer import Lamb
-
     torch.manual_seed(0)
     params = [torch.randn(5, 3, dtype=torch.float64), torch.randn(4, dtype=torch.float64)]
-    a = [p.clone().requires_grad_() for p in params]
-    b = [p.clone().requires_grad_() for p in params]
-    lib = Lamb([{"params": a[:1], "weight_decay": 0.01}, {"params": a[1:], "weight_decay": 0.0}], lr=0.02,
-               betas=(0.8, 0.99), eps=1e-6)
-    ours = ShardedLamb([{"params": b[:1], "weight_decay": 0.01}, {"params": b[1:], "weight_decay": 0.0}], lr=0.02,
-                       betas=(0.8, 0.99), eps=1e-6, weight_decay=0.01)
+    a, b, lib, ours = _lamb_pair(params, decayed=1)
     for step in range(3):
         grads = [torch.randn_like(p) for p in params]
         for group, opt in ((a, lib), (b, ours)):

@@ -330,8 +330,9 @@ def train(task, cfg, rt: Runtime, resume: bool = False, overwrite: bool = False,
         if init:  # the sizes in the error are the checkpoint's, not the config's
             raise RunError(f"{e} (the model is model.init_checkpoint's: {init})") from None
         raise
-    if dropout_seed(t.seed, rt, levels) != t.seed:   # (the model is built: every stage built it from t.seed alike)
-        torch.manual_seed(dropout_seed(t.seed, rt, levels))
+    masks_seed = dropout_seed(t.seed, rt, levels)
+    if masks_seed != t.seed:   # (the model is built: every stage built it from t.seed alike)
+        torch.manual_seed(masks_seed)
     config = run_config(cfg, task, levels)
     lock = prepare_run_dir(out, resume, overwrite, rt, config)
     try:
@@ -533,11 +534,11 @@ def restore(newest: Path, engine, opt, sched, loader, rt: Runtime, t) -> dict:
     """Load the checkpoint `newest` into the model, optimizer, scheduler and loader; returns its JSON state
     (checked against what a checkpoint holds: checkpoint.check_state)."""
     state = checkpoint.load(newest, engine.module, opt, rt.rank, shared_rank=rt.rank - rt.tp_rank, world=rt.world)
-    levels = getattr(loader, "levels", ())
-    if state.get("world") != rt.world and dropout_seed(t.seed, rt, levels) != t.seed:
+    masks_seed = dropout_seed(t.seed, rt, getattr(loader, "levels", ()))
+    if state.get("world") != rt.world and masks_seed != t.seed:
         # (on another grid every rank got rank 0's generator: the stages and a row's shares drew the same masks
         # again; the update's number keeps them off the masks of the run's start)
-        torch.manual_seed(dropout_seed(t.seed, rt, levels) + int(state["step"]))
+        torch.manual_seed(masks_seed + int(state["step"]))
     sched.load_state_dict(state["scheduler"])
     saved_lr = state.get("learning_rate", t.learning_rate)
     if saved_lr != t.learning_rate:  # the user asks for a new peak learning rate: the schedule keeps its place

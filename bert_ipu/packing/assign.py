@@ -37,6 +37,13 @@ def assign(lengths, mixture: Mixture, max_len: int, seed: int = 0, shuffle_packs
     return packs
 
 
+def _longer_pack(mixture: Mixture, max_len: int) -> int:
+    """The tokens of the mixture's first pack longer than `max_len`, or 0 where none is."""
+    tokens = mixture.pack_lengths()
+    fat = np.nonzero(tokens > max_len)[0]
+    return int(tokens[fat[0]]) if len(fat) else 0
+
+
 def assign_ragged(lengths, mixture: Mixture, max_len: int, seed: int = 0,
                   shuffle_packs: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Returns (offsets, indices): pack p holds the sequences indices[offsets[p]:offsets[p + 1]] of `lengths`,
@@ -48,10 +55,10 @@ def assign_ragged(lengths, mixture: Mixture, max_len: int, seed: int = 0,
         raise PackingInputError(
             f"the mixture packs {want[bad - 1]} sequences of length {bad} but the data has {have[bad - 1]}; "
             "compute the mixture from this data's histogram")
-    fat = np.nonzero(mixture.pack_lengths() > max_len)[0]
-    if len(fat):   # (a mixture of a longer pack length: its packs were returned longer than max_len)
-        raise PackingInputError(f"the mixture has a pack of {int(mixture.pack_lengths()[fat[0]])} tokens, more than "
-                                f"max_len {max_len}; pack the histogram at max_len {max_len}")
+    fat = _longer_pack(mixture, max_len)
+    if fat:   # (a mixture of a longer pack length: its packs were returned longer than max_len)
+        raise PackingInputError(f"the mixture has a pack of {fat} tokens, more than max_len {max_len}; pack the "
+                                f"histogram at max_len {max_len}")
     # small keys let numpy's stable sort use radix sort: several times faster on millions of sequences
     # (docs/results/packing.md, "Assignment")
     key = np.int16 if max_len < 2**15 else np.int32
@@ -105,10 +112,9 @@ def assign_multi_size(lengths, mixtures, seed: int = 0,
             f"the mixtures pack {want[bad - 1]} sequences of length {bad} but the data has {have[bad - 1]}; "
             "compute the multi-size packing from this data's histogram")
     for s in sizes:
-        fat = np.nonzero(mixtures[s].pack_lengths() > s)[0]
-        if len(fat):
-            raise PackingInputError(f"the mixture of pack length {s} has a pack of "
-                                    f"{int(mixtures[s].pack_lengths()[fat[0]])} tokens")
+        fat = _longer_pack(mixtures[s], s)
+        if fat:
+            raise PackingInputError(f"the mixture of pack length {s} has a pack of {fat} tokens")
     rng = np.random.default_rng(seed)
     shuffled = rng.permutation(len(lengths))
     by_length = shuffled[np.argsort(lengths[shuffled], kind="stable")]
