@@ -95,6 +95,32 @@ def test_overwrite_never_deletes_files_a_dataset_writer_did_not_write_beside_a_d
     assert not (tmp_path / "instances.partial").exists()
 
 
+def test_overwrite_never_deletes_a_users_files_inside_split_or_shard_folders(corpus, tmp_path):
+    """Folders named train or validation, and shard folders, were taken as the writer's whole: --overwrite deleted
+    a user's files inside them (a held-out text in validation/, notes in train/, a file in a shard). Refused,
+    named, nothing deleted; the same inside an interrupted run's DATASET.partial, which is removed otherwise."""
+    data = tmp_path / "instances"
+    create_pretraining_data([str(corpus)], data, InstanceConfig(max_seq_length=64), validation_fraction=0,
+                            progress=False)
+    (data / "validation").mkdir()
+    (data / "validation" / "heldout.txt").write_text("mine")
+    (data / "train" / "NOTES.md").write_text("mine")
+    (data / "train" / "shard-00000" / "mine.txt").write_text("mine")
+    before = sorted(p.relative_to(data) for p in data.rglob("*"))
+    with pytest.raises(DatasetError, match=r"did not write .train/NOTES\.md, train/shard-00000/mine\.txt, "
+                                           r"validation/heldout\.txt.*nothing was deleted"):
+        create_pretraining_data([str(corpus)], data, InstanceConfig(max_seq_length=64), overwrite=True,
+                                validation_fraction=0, progress=False)
+    assert sorted(p.relative_to(data) for p in data.rglob("*")) == before
+    shutil.rmtree(data)
+    partial = tmp_path / "instances.partial"
+    (partial / "train" / "shard-00000").mkdir(parents=True)
+    (partial / "train" / "shard-00000" / "mine.txt").write_text("mine")
+    with pytest.raises(DatasetError, match="instances.partial is in the way"):
+        create_pretraining_data([str(corpus)], data, InstanceConfig(max_seq_length=64), progress=False)
+    assert (partial / "train" / "shard-00000" / "mine.txt").read_text() == "mine"
+
+
 def test_instances_left_from_other_text_are_remade_from_data_prepare_input(corpus, tmp_path):
     """A run making a missing dataset from data.prepare_input packed DATASET_instances as it found them, made from
     other text by an earlier run, without a word (a helper trained on text A while asking for text B). They are

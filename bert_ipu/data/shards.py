@@ -108,8 +108,8 @@ class DatasetWriter:
         if self.out_dir.exists() and not (self.out_dir / MANIFEST).is_file():
             raise DatasetError(f"{self.out_dir} exists and is not a dataset of this project (no {MANIFEST}); "
                                "--overwrite only replaces a dataset, nothing was deleted: choose another output")
-        if self.out_dir.is_dir() and not _leftover(self.out_dir):  # a run's output_dir, a user's notes
-            foreign = sorted(p.name for p in self.out_dir.iterdir() if p.name not in _written_names(self.out_dir))
+        foreign = _foreign(self.out_dir) if self.out_dir.is_dir() else []  # a run's output_dir, a user's notes
+        if foreign:
             raise DatasetError(f"{self.out_dir} holds files this project's dataset writer did not write "
                                f"({', '.join(foreign[:4])}{', ...' if len(foreign) > 4 else ''}); --overwrite "
                                "replaces a dataset whole, so nothing was deleted: move them away, or choose "
@@ -196,10 +196,10 @@ def write_shard_files(folder: Path, arrays: dict[str, np.ndarray], layout: PackL
     return entry
 
 
-def _written_names(folder: Path) -> set[str]:
-    """The names a DatasetWriter writes into a dataset folder: the manifest, vocab.txt and a folder a split
-    (those the manifest names, and train and validation)."""
-    names = {"train", "validation", "vocab.txt", MANIFEST, MANIFEST + ".tmp"}
+def _split_names(folder: Path) -> set[str]:
+    """The split folders a DatasetWriter writes into a dataset folder: train, validation and those its manifest
+    names."""
+    names = {"train", "validation"}
     try:
         splits = json.loads((folder / MANIFEST).read_text(encoding="utf-8")).get("splits", {})
         names |= {str(name) for name in splits} if isinstance(splits, dict) else set()
@@ -208,13 +208,36 @@ def _written_names(folder: Path) -> set[str]:
     return names
 
 
+_SHARD_FILES = {f"{field}.npy" for field in (*FIELDS, *DERIVED)}
+
+
+def _foreign(folder: Path) -> list[str]:
+    """What in a dataset folder a DatasetWriter does not write (relative paths; empty: removing the folder
+    deletes no user file): at the top, the manifest and vocab.txt as files, and split folders (`_split_names`,
+    or any folder holding shard folders: a split the manifest, not written yet in DATASET.partial, would name)
+    holding only shard-NNNNN folders of the fields' .npy files. A user's file anywhere, in a split folder or a
+    shard too, is foreign."""
+    found, splits = [], _split_names(folder)
+    for p in sorted(folder.iterdir()):
+        if p.is_file() and not p.is_symlink() and p.name in {"vocab.txt", MANIFEST, MANIFEST + ".tmp"}:
+            continue
+        if not p.is_dir() or p.is_symlink() or not (p.name in splits or any(_SHARD.fullmatch(q.name)
+                                                                             for q in p.iterdir())):
+            found.append(p.name)
+            continue
+        for shard in sorted(p.iterdir()):
+            if not (_SHARD.fullmatch(shard.name) and shard.is_dir() and not shard.is_symlink()):
+                found.append(f"{p.name}/{shard.name}")
+                continue
+            found += [f"{p.name}/{shard.name}/{q.name}" for q in sorted(shard.iterdir())
+                      if q.name not in _SHARD_FILES or not q.is_file() or q.is_symlink()]
+    return found
+
+
 def _leftover(folder: Path) -> bool:
-    """Whether a folder holds nothing but what a DatasetWriter writes (so removing it deletes no user file): the
-    names of `_written_names`, and split folders of shards (shard-NNNNN folders only: a split the manifest,
-    not written yet in DATASET.partial, would name)."""
-    names = _written_names(folder)
-    return all(p.name in names or (p.is_dir() and all(_SHARD.fullmatch(q.name) and q.is_dir() for q in p.iterdir()))
-               for p in folder.iterdir())
+    """Whether a folder holds nothing but what a DatasetWriter writes (`_foreign`), so that removing it deletes
+    no user file."""
+    return not _foreign(folder)
 
 
 _SHARD = re.compile(r"shard-\d{5,}")
