@@ -560,3 +560,27 @@ def test_a_folder_input_skips_a_datasets_vocab(tmp_path):
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "vocab.txt").write_text("a word list the user wrote as text")
     assert [p.relative_to(tmp_path).as_posix() for p in input_files([str(tmp_path)])] == ["a.txt", "notes/vocab.txt"]
+
+
+def test_special_tokens_written_in_the_text_are_read_as_text(tmp_path):
+    """A literal "[CLS]", "[SEP]" or "[MASK]" in the corpus (an article about BERT) was matched as the special
+    token: instances held extra separators and unlabelled masks inside their segments. Google's recipe reads
+    them as text ("[", "sep", "]"); every instance now has one [CLS], its two [SEP]s, and a [MASK] only at a
+    masked position."""
+    from bert_ipu.data.instances import SPECIAL, WordPiece
+
+    text = "BERT starts with [CLS] and ends segments with [SEP].\nMasked words become [MASK] or [PAD] or [UNK].\n" \
+           "The model predicts them.\nThat is all.\n\n"
+    (tmp_path / "bert.txt").write_text(text * 8)
+    create_pretraining_data([str(tmp_path / "bert.txt")], tmp_path / "d", InstanceConfig(max_seq_length=64),
+                            validation_fraction=0, progress=False)
+    wp = WordPiece(tmp_path / "d" / "vocab.txt")
+    ids = wp.encode(["[CLS] [SEP] [MASK] [PAD] [UNK]"])[0]
+    assert not set(ids) & {wp.ids[t] for t in SPECIAL} and wp.encode(["["])[0] * 5 == [i for i in ids if i == ids[0]]
+    rows = PackedDataset(tmp_path / "d").read("train")
+    cls, sep, mask = wp.ids["[CLS]"], wp.ids["[SEP]"], wp.ids["[MASK]"]
+    assert ((rows["input_ids"] == cls).sum(1) == 1).all() and ((rows["input_ids"] == sep).sum(1) == 2).all()
+    labelled = np.zeros(rows["input_ids"].shape, dtype=bool)  # masked tokens come first in a pack (layout.py)
+    M = rows["masked_lm_labels"].shape[1]
+    labelled[:, :M] = rows["masked_lm_labels"] != -100
+    assert (rows["input_ids"] == mask).any() and not ((rows["input_ids"] == mask) & ~labelled).any()

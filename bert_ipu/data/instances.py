@@ -111,7 +111,10 @@ class WordPiece:
     upper-case word (as bert-base-uncased)."""
 
     def __init__(self, vocab_file: str | Path):
-        from tokenizers import BertWordPieceTokenizer
+        from tokenizers import Tokenizer
+        from tokenizers.models import WordPiece as WordPieceModel
+        from tokenizers.normalizers import BertNormalizer
+        from tokenizers.pre_tokenizers import BertPreTokenizer
 
         path = Path(vocab_file)
         try:
@@ -127,7 +130,13 @@ class WordPiece:
         self.path = path
         self.words = words
         self.lowercase = not any(w.lower() != w for w in words if not (w.startswith("[") and w.endswith("]")))
-        self.tokenizer = BertWordPieceTokenizer(str(path), lowercase=self.lowercase)
+        # BertWordPieceTokenizer's pipeline without its special tokens: those are matched in the text before
+        # anything else, so a literal "[SEP]" or "[MASK]" (an article about BERT) became a separator or an
+        # unlabelled mask inside a segment; Google's recipe (its FullTokenizer) reads them as text: [ sep ]
+        self.tokenizer = Tokenizer(WordPieceModel.from_file(str(path), unk_token="[UNK]"))
+        self.tokenizer.normalizer = BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=None,
+                                                   lowercase=self.lowercase)
+        self.tokenizer.pre_tokenizer = BertPreTokenizer()
         self.ids = {t: words.index(t) for t in SPECIAL}
         self.continuation = np.array([w.startswith("##") for w in words])
 
