@@ -560,6 +560,8 @@ TRAINING_CLI_CASES = {
     "init checkpoint mapping to custom code": ["model.init_checkpoint={tmp}/custom"],
     "init checkpoint config not JSON": ["model.init_checkpoint={tmp}/garbled"],
     "init checkpoint without weights": ["model.init_checkpoint={tmp}/empty"],
+    "init checkpoint with an untied decoder": ["model.init_checkpoint={tmp}/untied"],
+    "init checkpoint of a causal BERT": ["model.init_checkpoint={tmp}/decoder"],
 }
 
 
@@ -581,6 +583,14 @@ def test_training_cli_bad_config_is_one_line(dataset, tmp_path, capsys, case):
         (tmp_path / "models" / name / "config.json").write_text(config)
         if weights:
             (tmp_path / "models" / name / weights).write_bytes(b"not read")
+    for name, setting in {"untied": "tie_word_embeddings", "decoder": "is_decoder"}.items():
+        if name in TRAINING_CLI_CASES[case][0]:  # real weights: refused on loading, by the packed model
+            from transformers import BertConfig, BertForPreTraining
+
+            BertForPreTraining(BertConfig(vocab_size=100, hidden_size=8, num_hidden_layers=1, num_attention_heads=1,
+                                          intermediate_size=8, **{setting: name == "decoder"})).save_pretrained(
+                tmp_path / "models" / name)
+            capsys.readouterr()  # (its progress bar)
     extra = [a.replace("{tmp}", str(tmp_path / "models") if "init_checkpoint" in a else str(tmp_path))
              for a in TRAINING_CLI_CASES[case]]
     config = extra[1] if extra[0] == "--config" else "test_tiny"

@@ -439,6 +439,41 @@ def test_state_dict_round_trip_with_transformers(tmp_path):
         torch.testing.assert_close(again.state_dict()[name], tensor, rtol=0, atol=0, msg=name)
 
 
+def test_bert_settings_packed_bert_does_not_implement_are_refused(tmp_path):
+    """An untied MLM decoder (its weights replaced the word embeddings on loading: MLM logits 27 off transformers',
+    and the export lost the embeddings), a causal decoder (transformers masks the future; packed BERT ran
+    bidirectional) and cross-attention are one-line refusals, not different numbers."""
+    from transformers import BertForPreTraining
+
+    hf = BertForPreTraining(tiny_config(tie_word_embeddings=False))
+    hf.save_pretrained(tmp_path / "untied")
+    with pytest.raises(ValueError, match="tie_word_embeddings=False"):
+        PackedBertForPreTraining.from_pretrained(tmp_path / "untied", max_sequences_per_pack=K)
+    for setting in ("is_decoder", "add_cross_attention"):
+        with pytest.raises(ValueError, match=f"{setting}=True"):
+            PackedBertForPreTraining(tiny_config(**{setting: True}), K)
+    PackedBertModel(tiny_config(tie_word_embeddings=False))  # an encoder alone has no decoder to tie
+
+
+def test_a_fine_tuned_classifier_loads_with_its_own_labels(tmp_path):
+    """A folder of a 3-label BertForSequenceClassification loaded with no num_labels: it became a fresh 2-label
+    head, silently (labels LABEL_0/1). Now the folder's head and names, as AutoModelForSequenceClassification."""
+    from transformers import BertForSequenceClassification
+
+    from bert_ipu.models.bert import PackedBertForSequenceClassification
+
+    names = {0: "entailment", 1: "neutral", 2: "contradiction"}
+    torch.manual_seed(0)
+    hf = BertForSequenceClassification(tiny_config(num_labels=3, id2label=names,
+                                                   label2id={v: k for k, v in names.items()}))
+    hf.save_pretrained(tmp_path)
+    ours = PackedBertForSequenceClassification.from_pretrained(tmp_path, max_sequences_per_pack=K)
+    assert ours.num_labels == 3 and ours.newly_initialised == [] and ours.config.id2label == names
+    torch.testing.assert_close(ours.classifier.weight, hf.classifier.weight, rtol=0, atol=0)
+    fresh = PackedBertForSequenceClassification.from_pretrained(tmp_path, num_labels=2, max_sequences_per_pack=K)
+    assert fresh.num_labels == 2 and "classifier.weight" in fresh.newly_initialised
+
+
 def test_compiled_model_matches_eager():
     """Static shapes and no data-dependent Python control flow: torch.compile(fullgraph=True) traces the
     whole forward, custom op included."""

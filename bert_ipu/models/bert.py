@@ -172,6 +172,11 @@ class PackedBertModel(nn.Module):
                  slots: int | None = None):
         super().__init__()
         attn.backend(attention_backend)  # a ValueError naming the choices for an unknown name
+        for setting, what in (("is_decoder", "a causal decoder"), ("add_cross_attention", "cross-attention")):
+            if getattr(config, setting, False):  # transformers honours both; packed BERT would silently not
+                raise ValueError(f"the BERT config sets {setting}=True ({what}), which packed BERT does not "
+                                 f"implement: its outputs would differ from transformers'; use a config with "
+                                 f"{setting}=False (a packed causal LM is GPT-2's or Llama's)")
         self.config = config
         self.attention_backend = attention_backend
         self.slots = slots  # K, the most sequences a pack holds (varlen's segments; None: the pack length)
@@ -254,6 +259,11 @@ class PackedBertForPreTraining(nn.Module):
     def __init__(self, config: BertConfig, max_sequences_per_pack: int = 3, attention_backend: str = "mask",
                  mlm_slots: int | None = None):
         super().__init__()
+        if not getattr(config, "tie_word_embeddings", True):
+            # (the decoder is the word embeddings here, and pipeline parallelism sums their gradients as one)
+            raise ValueError("the BERT config sets tie_word_embeddings=False (an MLM decoder of its own), which "
+                             "packed BERT pretraining does not implement: loaded, the decoder's weights would "
+                             "replace the word embeddings; use a checkpoint with tied embeddings")
         self.config = config
         self.max_sequences_per_pack = max_sequences_per_pack
         self.mlm_slots = mlm_slots  # M, when no labels say it (a pipeline's last stage)
@@ -454,16 +464,18 @@ class PackedBertForSequenceClassification(nn.Module):
         return out
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, num_labels: int = 2, id2label: dict | None = None,
+    def from_pretrained(cls, path: str | Path, num_labels: int | None = None, id2label: dict | None = None,
                         **kwargs) -> "PackedBertForSequenceClassification":
-        """Any Hugging Face BERT folder: a fine-tuned `BertForSequenceClassification` (its head too, when it has
-        `num_labels` outputs), or a pretrained BERT (ours or transformers'; the classifier starts fresh, drawn
-        from torch's generator, so seed it)."""
+        """Any Hugging Face BERT folder: a fine-tuned `BertForSequenceClassification` (its head and label names
+        too, unless `num_labels` asks for another number of outputs; None: the folder's, as
+        `AutoModelForSequenceClassification`), or a pretrained BERT (ours or transformers'; the classifier
+        starts fresh, drawn from torch's generator, so seed it)."""
         from transformers import BertForSequenceClassification
 
         labels = {} if id2label is None else {"id2label": id2label, "label2id": {v: k for k, v in id2label.items()}}
-        return from_hf(cls, BertForSequenceClassification, path,
-                        {"num_labels": num_labels, "ignore_mismatched_sizes": True, **labels}, kwargs)
+        if num_labels is not None:
+            labels["num_labels"] = num_labels
+        return from_hf(cls, BertForSequenceClassification, path, {"ignore_mismatched_sizes": True, **labels}, kwargs)
 
     def save_pretrained(self, path: str | Path) -> None:
         """Write a folder that `transformers.BertForSequenceClassification.from_pretrained` loads."""

@@ -115,6 +115,16 @@ def require_checkpoint_folder(init_checkpoint: str, model_types: tuple[str, ...]
                            "re-export it") from None
 
 
+def load_checkpoint(init_checkpoint: str, model_types: tuple[str, ...], load):
+    """`load(init_checkpoint)` after `require_checkpoint_folder`; a config the packed model refuses (a ValueError:
+    an untied BERT decoder, a causal BERT, a rope type packing cannot keep exact) is one line naming the folder."""
+    require_checkpoint_folder(init_checkpoint, model_types)
+    try:
+        return load(init_checkpoint)
+    except ValueError as e:
+        raise RunError(f"model.init_checkpoint {init_checkpoint}: {e}") from None
+
+
 def check_model_fits(model, vocab_size: int, max_seq_length: int):
     """The model covers the tokenizer's vocab and the data's lengths; returns the model."""
     if model.config.vocab_size < vocab_size:

@@ -38,7 +38,7 @@ from ...models.hf_io import export_model
 from ...models.losses import classification_loss_sums
 from ...packing import PackingInputError
 from ..base import TaskBase
-from ..common import card, check_model_fits, pack_depth, packing_line, require_checkpoint_folder, resolve_vocab
+from ..common import card, check_model_fits, load_checkpoint, pack_depth, packing_line, resolve_vocab
 from .data import TASKS, GlueInputError, featurize, one_dataset, read_split
 from .metrics import compute
 
@@ -143,10 +143,10 @@ class GlueTask(TaskBase):
         m, d = self.cfg.model, self.cfg.data
         id2label = None if self.regression else dict(enumerate(self.spec.labels))
         if m.init_checkpoint:
-            require_checkpoint_folder(m.init_checkpoint, ("bert",))
-            model = PackedBertForSequenceClassification.from_pretrained(
-                m.init_checkpoint, num_labels=self.num_labels, id2label=id2label,
-                max_sequences_per_pack=self.depth, attention_backend=m.attention_backend)
+            model = load_checkpoint(m.init_checkpoint, ("bert",), lambda path: PackedBertForSequenceClassification
+                                    .from_pretrained(path, num_labels=self.num_labels, id2label=id2label,
+                                                     max_sequences_per_pack=self.depth,
+                                                     attention_backend=m.attention_backend))
         else:
             labels = {} if id2label is None else {"id2label": id2label,
                                                   "label2id": {v: k for k, v in id2label.items()}}

@@ -30,7 +30,7 @@ from ...models.hf_io import export_model
 from ...models.losses import pretraining_loss_sums, whole
 from ...packing import PackingInputError
 from ..base import TaskBase
-from ..common import command, require_checkpoint_folder
+from ..common import command, load_checkpoint
 
 
 class PretrainingTask(TaskBase):
@@ -122,8 +122,8 @@ class PretrainingTask(TaskBase):
         kwargs = dict(max_sequences_per_pack=lay.max_sequences_per_pack, attention_backend=m.attention_backend,
                       mlm_slots=lay.mlm_slots)
         if m.init_checkpoint:
-            require_checkpoint_folder(m.init_checkpoint, ("bert",))
-            model = PackedBertForPreTraining.from_pretrained(m.init_checkpoint, **kwargs)
+            model = load_checkpoint(m.init_checkpoint, ("bert",),
+                                    lambda path: PackedBertForPreTraining.from_pretrained(path, **kwargs))
             if model.config.max_position_embeddings < lay.pack_len:
                 raise RunError(f"model.init_checkpoint has {model.config.max_position_embeddings} positions, fewer "
                                f"than the dataset's pack length {lay.pack_len}")

@@ -41,7 +41,7 @@ from ...models.hf_io import export_model
 from ...models.losses import span_loss_sums
 from ...packing import PackingInputError
 from ..base import TaskBase
-from ..common import card, check_model_fits, pack_depth, packing_line, require_checkpoint_folder, resolve_vocab
+from ..common import card, check_model_fits, load_checkpoint, pack_depth, packing_line, resolve_vocab
 from . import metrics, postprocess
 from .features import (SLOT_FIELDS, Features, PackedFeatures, SquadExample, SquadInputError, make_features,
                        micro_batches, pack_features, read_squad)
@@ -50,9 +50,9 @@ from .features import (SLOT_FIELDS, Features, PackedFeatures, SquadExample, Squa
 def build_model(cfg, vocab_size: int, depth: int) -> PackedBertForQuestionAnswering:
     m = cfg.model
     if m.init_checkpoint:
-        require_checkpoint_folder(m.init_checkpoint, ("bert",))
-        model = PackedBertForQuestionAnswering.from_pretrained(m.init_checkpoint, max_sequences_per_pack=depth,
-                                                               attention_backend=m.attention_backend)
+        model = load_checkpoint(m.init_checkpoint, ("bert",), lambda path: PackedBertForQuestionAnswering
+                                .from_pretrained(path, max_sequences_per_pack=depth,
+                                                 attention_backend=m.attention_backend))
     else:
         model = PackedBertForQuestionAnswering(m.bert_config(vocab_size), depth, m.attention_backend)
     return check_model_fits(model, vocab_size, cfg.data.max_seq_length)

@@ -28,7 +28,7 @@ from ...models.hf_io import export_model
 from ...models.losses import classification_loss_sums
 from ...packing import PackingInputError
 from ..base import TaskBase
-from ..common import card, check_model_fits, pack_depth, packing_line, require_checkpoint_folder, resolve_vocab
+from ..common import card, check_model_fits, load_checkpoint, pack_depth, packing_line, resolve_vocab
 from .data import featurize, read_conll
 from .metrics import score
 from .model import PackedBertForTokenClassification
@@ -101,9 +101,9 @@ class TokenClassificationTask(TaskBase):
         m, d = self.cfg.model, self.cfg.data
         id2label = dict(enumerate(self.labels))
         if m.init_checkpoint:
-            require_checkpoint_folder(m.init_checkpoint, ("bert",))
-            model = PackedBertForTokenClassification.from_pretrained(
-                m.init_checkpoint, id2label, max_sequences_per_pack=self.depth, attention_backend=m.attention_backend)
+            model = load_checkpoint(m.init_checkpoint, ("bert",), lambda path: PackedBertForTokenClassification
+                                    .from_pretrained(path, id2label, max_sequences_per_pack=self.depth,
+                                                     attention_backend=m.attention_backend))
         else:
             config = m.bert_config(len(self.wp), d.max_seq_length, num_labels=len(self.labels), id2label=id2label,
                                    label2id={v: k for k, v in id2label.items()})
