@@ -86,6 +86,38 @@ def test_billions_of_sequences_a_length_pack_where_the_primal_simplex_called_the
     assert np.array_equal(result.mixture.coverage(512), hist) and result.mixture.depth <= 3
 
 
+def test_the_bound_at_tens_of_billions_of_sequences_is_never_above_the_packing():
+    """Float rounding proved a pack more than the optimum: 3e10 of each of 7, 10, 13, 19 tokens at 49 (every pack
+    can be full) gave 3e10 packs and a bound of 3e10 + 1 (an LP value a few 1e-6 above an integer, rounded up);
+    past 2^53 sequences the cheap bound's float division did the same for every algorithm."""
+    hist = np.zeros(49, dtype=np.int64)
+    hist[[6, 9, 12, 18]] = 3 * 10**10
+    result = pack(hist, "cghp", 4)
+    assert result.packs == result.lower_bound_packs == 3 * 10**10
+    assert pack([2**53 + 3], "lpfhp", 1).lower_bound_packs == 2**53 + 3
+    assert pack([3 * (2**53 + 3), 0, 0], "lpfhp", 3).lower_bound_packs == 2**53 + 3
+
+
+def test_an_lp_value_a_hair_below_zero_is_no_pack_used_minus_once():
+    """212,025,423 of each of 7, 10, 13, 19 tokens at 49, unlimited depth: HiGHS returned x = -1.3e-8 for a
+    pattern, the dive floored it to -1 packs, and CGHP raised "strategy counts must be non-negative"."""
+    hist = np.zeros(49, dtype=np.int64)
+    hist[[6, 9, 12, 18]] = 212025423
+    result = pack(hist, "cghp", None)
+    assert result.packs == result.lower_bound_packs == 212025423
+    assert np.array_equal(result.mixture.coverage(49), hist)
+
+
+def test_an_lp_highs_cannot_solve_falls_back_to_best_fit():
+    """Trillions of sequences a length, depth 4: both simplex methods called the packing LP "Unbounded" (or
+    "Unknown") and CGHP raised a RuntimeError. Best fit with the cheap bound now, both valid."""
+    hist = np.array([87556403741, 0, 8107968470644, 0, 0, 8107968470644, 16040824133806, 0, 305174841338, 0, 0, 0,
+                     87556403741, 305174841338, 0, 0, 0, 0, 0, 0, 0, 0, 0], dtype=np.int64)
+    result = pack(hist, "cghp", 4)
+    assert result.strategy == "heuristic" and result.lower_bound_packs == lower_bound(hist, 4) <= result.packs
+    assert np.array_equal(result.mixture.coverage(len(hist)), hist) and result.mixture.depth <= 4
+
+
 def _l2_items(lengths, C):
     """L2 from its definition, item by item (Martello and Toth 1990)."""
     best = 0

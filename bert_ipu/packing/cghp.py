@@ -74,14 +74,15 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from .bounds import lower_bound as cheap_lower_bound, past, tokens_bound
+from .bounds import lower_bound as cheap_lower_bound, past, proven, tokens_bound
 from .complete import NODE_LIMIT, complete
 from .fill import FILL_WORDS, fill
 from .heuristics import lpfhp, run_lpfhp
 from .histogram import expand_histogram
 from .mixture import Mixture, pattern_matrix, trim_excess
 from .effort import GOAL_GAP, counting, effort
-from .lp import COARSE_START_LENGTHS, coarse_bound, farley, interpolated, pricing_seconds, solve_relaxation
+from .lp import (COARSE_START_LENGTHS, LPFailure, coarse_bound, farley, interpolated, pricing_seconds,
+                 solve_relaxation)
 from .neighbourhood import neighbourhood
 from .planned import PLAN_ENOUGH, PLAN_MAX_PACKS, PLAN_MIN_DEPTH, planned
 from .repack import INFEASIBLE, MAX_VARIABLES, pack_from, pack_into
@@ -233,11 +234,16 @@ def cghp(histogram: np.ndarray, depth: int, steps: int | None = None, deadline: 
     """Pack `histogram` with at most `depth` sequences a pack; see the module docstring: `_cghp`, then, on a
     small histogram still above its bound, `_settle`, and on any still above the goal (the bound, or within 0.1%
     of it from 1,000 packs), `_improve`. Its effort is counted (`effort.py`): past its patience
-    the LPs and the dive stop within 0.1% of the bound."""
+    the LPs and the dive stop within 0.1% of the bound. Where HiGHS fails on an LP (`lp.LPFailure`: only seen at
+    about 10^12 sequences a length), best fit with the cheap bound, both valid."""
     with counting(int(histogram.sum())):
-        result = _settle(_cghp(histogram, depth, steps, deadline), histogram, depth, deadline)
-        result = _prove(_improve(result, histogram, depth, deadline), histogram, depth, deadline)
-        return _branch(result, histogram, deadline)
+        try:
+            result = _settle(_cghp(histogram, depth, steps, deadline), histogram, depth, deadline)
+            result = _prove(_improve(result, histogram, depth, deadline), histogram, depth, deadline)
+            return _branch(result, histogram, deadline)
+        except LPFailure:
+            cheap = cheap_lower_bound(histogram, depth)
+            return CGHPResult(lpfhp(histogram, depth), float(cheap), cheap, False, "heuristic")
 
 
 def _above_goal(packs: int, bound: int) -> bool:
@@ -257,7 +263,7 @@ def _prove(result: CGHPResult, histogram: np.ndarray, depth: int, deadline) -> C
         return replace(result, time_limit_reached=True)
     columns, _, _, farley_bound, late, _, _ = solve_relaxation(histogram, depth, [], False, deadline, swaps=True,
                                                                gap=0, known=result.lower_bound, budget=PROVE_SECONDS)
-    lower = max(result.lower_bound, math.ceil(farley_bound - 1e-6))
+    lower = max(result.lower_bound, proven(farley_bound))
     # a deadline that stops it leaves the bound weaker (the packing is the same): said where it still misses
     late = result.time_limit_reached or (late and _above_goal(result.mixture.n_packs, lower))
     return replace(result, lp_bound=max(result.lp_bound, farley_bound), lower_bound=lower, time_limit_reached=late,
@@ -411,7 +417,7 @@ def _cghp(histogram: np.ndarray, depth: int, steps: int | None, deadline: float 
     # a large LP proves its bound last, and a small one most of it first (`coarse_bound`): reported even when
     # the deadline stops the large one, and column generation ends once the LP's value rounded up meets it
     coarse = coarse_bound(histogram, depth, deadline) if len(lengths) > COARSE_START_LENGTHS else 0.0
-    known = max(cheap, math.ceil(coarse - 1e-6))
+    known = max(cheap, proven(coarse))
     counted.packs = known
     if fine and not past(deadline):
         if counted.near(start.n_packs):  # (the plan often is)
@@ -424,7 +430,7 @@ def _cghp(histogram: np.ndarray, depth: int, steps: int | None, deadline: float 
             return CGHPResult(start, coarse, known, tried.time_limit_reached, made)
     mixture, lp_bound, _, late, columns = _exact(histogram, depth, start, known, steps or DIVE_STEPS, deadline)
     lp_bound = max(lp_bound, coarse)
-    return CGHPResult(mixture, lp_bound, max(known, math.ceil(lp_bound - 1e-6)), late,
+    return CGHPResult(mixture, lp_bound, max(known, proven(lp_bound)), late,
                       "exact" if mixture.n_packs < start.n_packs else made, priced=True, columns=columns)
 
 
@@ -462,7 +468,7 @@ def _exact(histogram, depth, start, cheap, steps, deadline):
     columns = patterns  # (the first LP's, grown in place by the warm re-solves: for `_branch`)
     built_for = int(histogram.sum())
     # (the slack by the size of the problem: the LP may stop early at the cheap bound, with a far weaker bound)
-    target = max(cheap, math.ceil(lp_bound - 1e-6)) + _slack(max(cheap, lp_bound))
+    target = max(cheap, proven(lp_bound)) + _slack(max(cheap, lp_bound))
     best, best_packs = [start], start.n_packs
     fixed, fixed_packs, residual = [], 0, histogram.copy()
     # rounding up pays where best fit packs a residual badly, which it does under a depth limit; at unlimited
@@ -502,7 +508,7 @@ def _exact(histogram, depth, start, cheap, steps, deadline):
             built_for = int(residual.sum())
         else:
             x, value, bound, late = solver.resolve(residual, deadline, floor)
-        bound = math.ceil(max(bound, floor) - 1e-6)
+        bound = proven(max(bound, floor))
         if fixed_packs + bound >= best_packs:  # this dive can no longer gain a pack
             break
         if residual.sum() <= ENDGAME and not searched and not late:  # a few dozen left: decide them exactly
@@ -541,6 +547,7 @@ def _round(patterns: list[np.ndarray], x: np.ndarray, residual: np.ndarray, up: 
     time take much of the time and still end tens of packs above the bound; rounding up first leaves far
     fewer, and on the Wikipedia-style histograms measured the packing ends within one pack of the bound
     (docs/results/packing-scale.md, "Rounding up, and a smaller LP")."""
+    x = np.maximum(x, 0.0)  # (HiGHS may return -1e-8: floored, a pattern used -1 times)
     floor = np.floor(x + 1e-9).astype(np.int64)
     whole, fixed = floor.copy(), int(floor.sum())
     if up is None and fixed >= at_least:
@@ -623,7 +630,7 @@ def _bucketed(histogram, depth, start, cheap, steps, deadline, grid=GRID, step=B
             # or the same duals spread linearly over the real lengths (as in `coarse_bound`), often stronger
             spread = farley(histogram, depth, interpolated(histogram, coarse_lengths * g, point))
             lp_bound = max(lp_bound, rounded_down, spread)
-            lower = max(cheap, math.ceil(lp_bound - 1e-6))
+            lower = max(cheap, proven(lp_bound))
     return CGHPResult(start, lp_bound, lower, late, made)
 
 

@@ -18,14 +18,12 @@ import time
 import numpy as np
 from scipy import sparse
 
-from .bounds import past
+from .bounds import past, proven
 from .effort import SIMPLEX_WORK_PER_SECOND, effort, spend
 from .heuristics import lpfhp
 
 # A pattern prices out when its dual value exceeds 1 by more than this; HiGHS' default tolerances are 1e-7.
 PRICING_TOL = 1e-9
-# An LP value within this of an integer counts as that integer when bounds are rounded up to whole packs.
-INTEGER_TOL = 1e-6
 
 
 # The unlimited-depth LP whose duals start a depth-limited one (`solve_relaxation`) gets at most this many rounds
@@ -64,6 +62,11 @@ PRUNE_COLUMNS = 3
 # The LPs of the coarse start (`_coarse_columns`) are only a start: each stops after this share of the call's
 # patience (`effort.Effort.budget`: from 1,000 packs).
 COARSE_SHARE = 0.35
+
+
+class LPFailure(RuntimeError):
+    """HiGHS could not solve a packing LP (demands of about 10^12 a length made both simplex methods report the
+    bounded LP "Unbounded" or "Unknown"), or column generation did not converge: CGHP falls back to best fit."""
 
 
 def pricing_seconds(n_lengths: int, max_len: int, depth: int, shortest: int) -> float:
@@ -287,7 +290,7 @@ class MasterLP:
         if self.h.modelStatusToString(status) == "Time limit reached":
             return None
         if self.h.modelStatusToString(status) != "Optimal":
-            raise RuntimeError(f"HiGHS failed on the packing LP: {self.h.modelStatusToString(status)}")
+            raise LPFailure(f"HiGHS failed on the packing LP: {self.h.modelStatusToString(status)}")
         sol = self.h.getSolution()
         x, y = np.array(sol.col_value)[self.swaps:], np.maximum(np.array(sol.row_dual), 0.0)
         return x, y, float(self.h.getInfo().objective_function_value)
@@ -360,7 +363,7 @@ class ColumnGeneration:
                     break
                 a = 0.0  # mis-price: fall back to the LP's own duals
             if not new or value - bound <= max(gap, rel_gap * value) or (
-                    gap == 0 and max(math.ceil(bound - INTEGER_TOL), known) >= math.ceil(value - INTEGER_TOL)) or (
+                    gap == 0 and max(proven(bound), known) >= proven(value)) or (
                     value - max(bound, known, floor) <= counted.slack()) or counted.spent - began > budget:
                 return x, y, value, bound, False, centre
             if past(deadline):
@@ -373,7 +376,7 @@ class ColumnGeneration:
             lp.add(new)
         if give_up:  # as if stopped: the bound and dual point so far are valid
             return x, y, value, bound, True, centre
-        raise RuntimeError(f"column generation did not converge in {max_rounds} rounds")
+        raise LPFailure(f"column generation did not converge in {max_rounds} rounds")
 
     def resolve(self, residual: np.ndarray, deadline=None, floor=0):
         """The LP of `residual` (a histogram over the same pack length, no length that was not wanted at the
