@@ -154,9 +154,11 @@ class OutputLock:
     """An exclusive, non-blocking lock (flock) held while a job writes the output NAME: on NAME.lock beside it
     by default, or on `lock_file` (a run folder locks OUTPUT/.lock inside itself: it is never replaced whole).
 
-    The lock file of an output that is replaced by a rename sits beside it, not in it; it is left in place
-    (removing it would let a third writer lock a new file while a second still holds the old one). The
-    kernel releases the lock when the process ends, even by SIGKILL, so a killed job never blocks its rerun."""
+    The lock file is removed on release, while still locked, so that a finished job leaves nothing beside its
+    output. A writer that locked a file just removed (it opened the name before the removal) sees that the name
+    no longer leads to its file and tries again, so two writers never hold two files of one name. The kernel
+    releases the lock when the process ends, even by SIGKILL, so a killed job never blocks its rerun (its lock
+    file is then left, and reused)."""
 
     def __init__(self, output: Path, lock_file: Path | None = None):
         import fcntl
@@ -164,16 +166,27 @@ class OutputLock:
         output = Path(output)
         self.path = Path(lock_file) if lock_file is not None else output.with_name(output.name + ".lock")
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.file = open(self.path, "a+")
-        try:
-            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            self.file.close()
-            raise OutputBusy(f"another process is writing {output} (it holds {self.path}); wait for it to finish "
-                             "or choose another output") from None
+        while True:
+            self.file = open(self.path, "a+")
+            try:
+                fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                self.file.close()
+                raise OutputBusy(f"another process is writing {output} (it holds {self.path}); wait for it to "
+                                 "finish or choose another output") from None
+            try:
+                if os.stat(self.path).st_ino == os.fstat(self.file.fileno()).st_ino:
+                    return
+            except FileNotFoundError:
+                pass
+            self.file.close()  # the holder before removed it as this opened it: lock the name's file now
 
     def release(self) -> None:
         if not self.file.closed:
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
             self.file.close()
 
     def __enter__(self):

@@ -40,8 +40,8 @@ def positive_mb(text: str) -> float:
         value = float(text)
     except ValueError:
         value = 0.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size in MB above 0")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size in MB above 0 (and finite)")
     return value
 
 

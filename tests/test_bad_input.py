@@ -1130,3 +1130,42 @@ def test_a_bert_task_from_a_checkpoint_of_another_architecture_names_it(tmp_path
     lines = [x for x in err.splitlines() if "error:" in x]
     assert rc == 2 and len(lines) == 1 and "is a llama checkpoint; this task fine-tunes bert" in lines[0], err
     assert not out.exists()
+
+
+def test_more_bad_data_inputs_are_one_line(corpus, tmp_path, capsys):
+    """A second audit of the data tools: a .json of JSON lines was read as sentences (instances of braces and
+    quotes); an HF dataset whose text column holds lists, `--batch-mb inf` and a manifest whose layout holds a
+    string were tracebacks (and prepare_wikipedia left its progress.json). Each is one line, exit 2, nothing
+    written; the tools' outputs and an unchanged input after."""
+    import datasets
+
+    import create_pretraining_data as create_cli
+    import prepare_wikipedia as wiki_cli
+
+    (tmp_path / "corpus.json").write_text('{"text": "One sentence. Another one."}\n' * 20)
+    datasets.Dataset.from_dict({"text": [["A. B."], ["C. D."]]}).save_to_disk(str(tmp_path / "lists"))
+    data = tmp_path / "data"
+    create_pretraining_data([str(corpus)], data, InstanceConfig(max_seq_length=64), progress=False)
+    manifest = json.loads((data / "manifest.json").read_text())
+    manifest["layout"]["max_sequences_per_pack"] = "1"
+    (data / "manifest.json").write_text(json.dumps(manifest))
+    capsys.readouterr()
+    runs = {
+        ".json input": (create_cli.main, ["--input", str(tmp_path / "corpus.json"), "--output", str(tmp_path / "o1")],
+                        "name it .jsonl"),
+        "list text column": (create_cli.main, ["--input", str(tmp_path / "lists"), "--output", str(tmp_path / "o2")],
+                             '"text" column holds List'),
+        "list text column, wikipedia": (wiki_cli.main, ["--hf-dataset", str(tmp_path / "lists"), "--output",
+                                                        str(tmp_path / "o3"), "--quiet"], '"text" column holds List'),
+        "batch-mb inf": (wiki_cli.main, ["--dump", str(Path(__file__).parent / "fixtures" / "wiki" / "tiny.xml"),
+                                         "--output", str(tmp_path / "o4"), "--batch-mb", "inf"], "'inf' is not a size"),
+        "layout a string": (_inspect_cli, [data, None], "max_sequences_per_pack='1'"),
+    }
+    for name, (main, args, says) in runs.items():
+        try:
+            rc = main(*args) if main is _inspect_cli else main(args)
+        except SystemExit as e:  # (argparse's refusals)
+            rc = e.code
+        lines, err = _errors(capsys)
+        assert rc == 2 and len(lines) == 1 and says in lines[0] and "Traceback" not in err, (name, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.json", "data", "lists", "text"]

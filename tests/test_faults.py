@@ -185,16 +185,15 @@ def test_a_really_full_disk_keeps_the_dataset(corpus, tmp_path, capsys):
         assert create_cli.main(["--input", str(corpus), "--output", str(out), "--docs-per-shard", "3", "--seed", "2",
                                 "--overwrite"]) == 2
         assert "No space left on device" in _one_error_line(capsys)
-        assert content(out) == before and sorted(p.name for p in disk.iterdir()) == ["instances", "instances.lock"]
+        assert content(out) == before and sorted(p.name for p in disk.iterdir()) == ["instances"]
         PackedDataset(out, verify=True)
         assert pack_cli.main(["--input", str(out), "--output", str(disk / "packed")]) == 2
         assert "No space left on device" in _one_error_line(capsys)
-        assert content(out) == before and sorted(p.name for p in disk.iterdir()) == [
-            "instances", "instances.lock", "packed.lock"]
+        assert content(out) == before and sorted(p.name for p in disk.iterdir()) == ["instances"]
     with small_disk(tmp_path / "tiny", 128) as disk:
         assert create_cli.main(["--input", str(corpus), "--output", str(disk / "instances")]) == 2
         assert "No space left on device" in _one_error_line(capsys)
-        assert sorted(p.name for p in disk.iterdir()) == ["instances.lock"]
+        assert not any(disk.iterdir())
 
 
 def _corrupt_dcp_stream(monkeypatch, step: str) -> None:
@@ -322,6 +321,38 @@ def test_a_full_disk_while_preparing_wikipedia_keeps_the_complete_shards(tmp_pat
 
 
 # --- a second writer -------------------------------------------------------------------------------------------
+
+def test_an_output_lock_is_exclusive_and_leaves_no_file(tmp_path):
+    """A finished (or failed) job left NAME.lock beside its output. The lock file is removed on release, while
+    still locked; a writer that locked the file just removed (it opened the name before the removal) locks the
+    name's new file instead, so two writers never hold two files of one name."""
+    from bert_ipu.files import OutputBusy, OutputLock
+
+    out = tmp_path / "out"
+    with OutputLock(out) as lock:
+        assert lock.path == tmp_path / "out.lock" and lock.path.is_file()
+        with pytest.raises(OutputBusy, match="another process is writing"):
+            OutputLock(out)
+    assert not any(tmp_path.iterdir())
+    opened = []
+    real_open = open
+
+    def racing_open(path, *args):  # the name's file removed between this writer's open and its check
+        handle = real_open(path, *args)
+        if not opened:
+            opened.append(path)
+            Path(path).unlink()
+        return handle
+
+    import builtins
+    builtins_open, builtins.open = builtins.open, racing_open
+    try:
+        with OutputLock(out) as lock:
+            assert os.stat(lock.path).st_ino == os.fstat(lock.file.fileno()).st_ino
+    finally:
+        builtins.open = builtins_open
+    assert opened and not any(tmp_path.iterdir())
+
 
 def test_a_second_writer_of_a_dataset_is_refused(corpus, instances, tmp_path, capsys):
     """While one job writes a dataset folder (it holds NAME.lock), a second create or pack of the same folder is

@@ -441,14 +441,15 @@ def test_a_dump_changed_in_place_is_not_taken_for_the_old_one(tmp_path):
 
 def test_an_output_that_is_a_link_is_written_where_it_points(tmp_path, capsys):
     """--output LINK, a symbolic link to a folder that does not exist yet: the text is written there, the link kept
-    and the lock taken beside the real folder (it was 'File exists', exit code 2, and a LINK.lock left)."""
+    and the lock taken beside the real folder, and removed after (it was 'File exists', exit code 2, and a
+    LINK.lock left)."""
     (tmp_path / "link").symlink_to("text")
     assert cli.main(["--dump", str(TINY), "--output", str(tmp_path / "link"), "--quiet"]) == 0
     assert "error" not in capsys.readouterr().err
     assert (tmp_path / "link").is_symlink() and (tmp_path / "text" / MANIFEST).is_file()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "text", "text.lock"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "text"]
     assert cli.main(["--dump", str(TINY), "--output", str(tmp_path / "link"), "--quiet", "--overwrite"]) == 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "text", "text.lock"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "text"]
 
 
 def test_a_piece_of_work_larger_than_memory_is_refused(tmp_path, capsys):

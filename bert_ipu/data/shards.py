@@ -272,6 +272,11 @@ class PackedDataset:
             lay = self.manifest["layout"]
             self.layout = PackLayout(lay["pack_len"], lay["mlm_slots"], lay["max_sequences_per_pack"])
             self.manifest["splits"]  # noqa: B018 - must exist
+            bad = [k for k, v in vars(self.layout).items()
+                   if isinstance(v, bool) or not isinstance(v, int) or v < (0 if k == "mlm_slots" else 1)]
+            if bad:
+                raise TypeError(f"layout {', '.join(f'{k}={getattr(self.layout, k)!r}' for k in bad)}: not a whole "
+                                "number of the right size")
         except UnicodeDecodeError:
             raise DatasetError(f"{manifest_path} is not a JSON text file (not UTF-8: damaged or not a manifest); "
                                "recreate the dataset") from None
@@ -377,7 +382,8 @@ class PackedDataset:
             raise DatasetError(f"{self.path} has no vocab.txt (every dataset carries the vocab it was tokenized "
                                "with); recreate it with data/create_pretraining_data.py")
         vocab = self.manifest.get("vocab")
-        if not isinstance(vocab, dict) or not isinstance(vocab.get("size"), int) or vocab["size"] < 1:
+        size = vocab.get("size") if isinstance(vocab, dict) else None
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
             raise DatasetError(f"{self.path / MANIFEST} has no vocab size (\"vocab\": {{\"size\": N}}); recreate "
                                "the dataset with data/create_pretraining_data.py")
         try:  # read as the tokenizer read it (WordPiece: one token a line), so the ids index it

@@ -200,6 +200,14 @@ def is_hf_dataset(path: Path) -> bool:
                                  ("dataset_info.json", "dataset_dict.json", "state.json"))
 
 
+def check_text_column(part, path: Path) -> None:
+    """A `datasets` split's "text" column holds strings (a list of sentences a row failed deep in the reader)."""
+    feature = part.features["text"]
+    if getattr(feature, "dtype", None) not in ("string", "large_string"):
+        raise DataInputError(f'{path}: the dataset\'s "text" column holds {feature}, not strings; give one string '
+                             'of text a row (join a list of sentences with newlines first)')
+
+
 def _hf_dataset(path: Path, stats: TextStats) -> Iterator[Document]:
     import datasets
 
@@ -211,9 +219,13 @@ def _hf_dataset(path: Path, stats: TextStats) -> Iterator[Document]:
     for part in parts:
         if "text" not in part.column_names:
             raise DataInputError(f'{path}: the dataset has no "text" column (columns: {", ".join(part.column_names)})')
+        check_text_column(part, path)
         for record in part.select_columns(["text"]).iter(batch_size=1000):
             for text in record["text"]:
                 yield split_sentences(text or "")
+
+
+TEXT_SUFFIXES = (".txt", ".text", ".md", ".jsonl")
 
 
 def input_files(inputs: list[str]) -> list[Path]:
@@ -225,12 +237,17 @@ def input_files(inputs: list[str]) -> list[Path]:
             out.append(path)
         elif path.is_dir():
             # not a dataset's vocab.txt (beside its manifest.json): a word list, not text to train on
-            found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in (".txt", ".md", ".jsonl", ".text")
+            found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES
                            and not (p.name == "vocab.txt" and (p.parent / "manifest.json").is_file()))
             if not found:
-                raise DataInputError(f"{path}: the folder holds no .txt, .md or .jsonl files")
+                raise DataInputError(f"{path}: the folder holds no .txt, .text, .md or .jsonl files")
             out.extend(found)
         elif path.is_file():
+            if path.suffix not in TEXT_SUFFIXES:  # (a .json of JSON lines read as sentences: garbage instances)
+                kind = "JSON lines? name it .jsonl" if path.suffix == ".json" else "rename it"
+                raise DataInputError(f"{path}: {path.suffix or 'no suffix'} is not a text format this reads ({kind}); "
+                                     "give .txt or .text (one sentence a line, a blank line between documents), .md "
+                                     "(prose) or .jsonl (a \"text\" field a line)")
             out.append(path)
         else:
             raise DataInputError(f"input {item!r} does not exist; give files, folders, or '{BUILTIN}'")

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from ..text import DataInputError, is_hf_dataset
+from ..text import DataInputError, check_text_column, is_hf_dataset
 
 class WikipediaError(DataInputError):
     """Bad input to `prepare`: the message (one line) names the file, the problem and the fix."""
@@ -237,6 +237,10 @@ def hf_pages(path: Path, on_progress) -> Iterator[Page]:
         if "text" not in part.column_names:
             raise WikipediaError(f'{path}: the dataset has no "text" column (columns: '
                                  f'{", ".join(part.column_names)}); give a wikipedia dataset (id, url, title, text)')
+        try:
+            check_text_column(part, path)
+        except DataInputError as e:
+            raise WikipediaError(str(e)) from None
         columns = [c for c in ("id", "title", "text") if c in part.column_names]
         for batch in part.select_columns(columns).iter(batch_size=1000):
             for i, text in enumerate(batch["text"]):
