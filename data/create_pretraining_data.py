@@ -55,6 +55,9 @@ def main(argv=None) -> int:
     except (DataInputError, DatasetError, EngineError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # the writer removed its partial folder: nothing is left, the old output is whole
+        print(f"interrupted: nothing was written to {args.output}; run the same command again", file=sys.stderr)
+        return 130
     c, t = manifest["counts"], manifest["text"]
     documents = c.get("documents", {})  # per split: not in a dataset made before they were counted
 

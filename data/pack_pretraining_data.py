@@ -54,6 +54,9 @@ def main(argv=None) -> int:
     except (DataInputError, DatasetError, PackingInputError, EngineError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # the writer removed its partial folder: nothing is left, the old output is whole
+        print(f"interrupted: nothing was written to {args.output}; run the same command again", file=sys.stderr)
+        return 130
     for split, info in manifest["packing"].items():
         print(f"{split}: {info['sequences']:,} sequences in {info['packs']:,} packs, efficiency "
               f"{info['efficiency']:.2%}, packing factor {info['packing_factor']:.3f}")

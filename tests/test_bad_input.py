@@ -1169,3 +1169,27 @@ def test_more_bad_data_inputs_are_one_line(corpus, tmp_path, capsys):
         lines, err = _errors(capsys)
         assert rc == 2 and len(lines) == 1 and says in lines[0] and "Traceback" not in err, (name, err)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.json", "data", "lists", "text"]
+
+
+def test_ctrl_c_in_the_data_tools_is_one_line(corpus, tmp_path, capsys, monkeypatch):
+    """Ctrl-C in create_pretraining_data.py or pack_pretraining_data.py printed a KeyboardInterrupt traceback;
+    one line now (nothing written: the writer removes its partial folder), exit code 130, as prepare_wikipedia."""
+    import create_pretraining_data as create_cli
+    import pack_pretraining_data as pack_cli
+
+    from bert_ipu.data.shards import DatasetWriter
+
+    instances = tmp_path / "instances"
+    create_pretraining_data([str(corpus)], instances, InstanceConfig(max_seq_length=64), progress=False)
+    capsys.readouterr()
+
+    def interrupted(self, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(DatasetWriter, "finish", interrupted)
+    for main, args in ((create_cli.main, ["--input", str(corpus), "--output", str(tmp_path / "again")]),
+                       (pack_cli.main, ["--input", str(instances), "--output", str(tmp_path / "packed")])):
+        assert main(args) == 130
+        lines, err = _errors(capsys)
+        assert len(lines) == 1 and lines[0].startswith("interrupted: nothing was written") and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["instances", "text"]
