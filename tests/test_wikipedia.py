@@ -459,3 +459,27 @@ def test_a_piece_of_work_larger_than_memory_is_refused(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--batch-mb" in err and "at most 1024" in err and "Traceback" not in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_instances_tool_reads_a_conversion_as_its_manifest_lists_it(tmp_path, capsys):
+    """create_pretraining_data.py read a prepare_wikipedia folder as any folder: an interrupted conversion (no
+    wikipedia.json), or one with shards deleted or cut, made a corpus of whatever was there, without a word. Now
+    the shards wikipedia.json lists, each of its recorded size, and nothing else; else one line, exit 2."""
+    import create_pretraining_data as create_cli
+
+    from bert_ipu.data.text import input_files
+
+    out = tmp_path / "wiki"
+    prepare(TINY, out, docs_per_shard=2, progress=False)
+    listed = [out / r["file"] for r in json.loads((out / MANIFEST).read_text())["shards"]]
+    (out / "notes.txt").write_text("my notes, not an article")
+    assert input_files([str(out)]) == listed and len(listed) > 2
+    damage = {"shard cut": lambda: listed[1].write_bytes(listed[1].read_bytes()[:-5]),
+              "shard deleted": lambda: listed[2].unlink(),
+              "no wikipedia.json": lambda: (out / MANIFEST).unlink()}
+    for name, damaged in damage.items():
+        damaged()
+        assert create_cli.main(["--input", str(out), "--output", str(tmp_path / "instances")]) == 2, name
+        err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert len(err) == 1 and "prepare_wikipedia.py again" in err[0], (name, err)
+        assert not (tmp_path / "instances").exists()

@@ -60,7 +60,7 @@ WRITTEN_BY = "bert_ipu prepare_wikipedia"
 holds it, never because of the files' names"""
 
 
-def _marked(path: Path) -> bool:
+def marked(path: Path) -> bool:
     """Whether `path` is a record this tool wrote: its marker, or (records written before the marker) the identity
     of a conversion (source, docs_per_shard, sha256)."""
     record = _read_json(path)
@@ -72,7 +72,7 @@ def _marked(path: Path) -> bool:
 
 
 def _ours(path: Path) -> bool:
-    """A file of this tool's output, in a folder whose records are marked (`_marked`)."""
+    """A file of this tool's output, in a folder whose records are marked (`marked`)."""
     return bool(_SHARD_RE.match(path.name)) or path.name in (
         MANIFEST, PROGRESS, MANIFEST + PARTIAL, PROGRESS + PARTIAL,
         MANIFEST + ".tmp", PROGRESS + ".tmp")  # .tmp: what this tool's records were written as before
@@ -158,8 +158,8 @@ def _check_output(output: Path, identity: dict, overwrite: bool) -> list[dict]:
         return []
     entries = list(output.iterdir())
     # this tool's output only where its own record says so: a user's progress.json or wiki-00000.txt is theirs
-    marked = any(_marked(output / name) for name in (PROGRESS, MANIFEST))
-    foreign = sorted(p.name for p in entries if not (marked and _ours(p)))
+    ours = any(marked(output / name) for name in (PROGRESS, MANIFEST))
+    foreign = sorted(p.name for p in entries if not (ours and _ours(p)))
     if foreign:
         raise WikipediaError(f"--output {output} holds files this tool did not write ({', '.join(foreign[:3])}"
                              f"{', ...' if len(foreign) > 3 else ''}; no {PROGRESS} of this tool's); nothing was "
