@@ -27,19 +27,30 @@ def main(argv=None) -> int:
     p.add_argument("--output", required=True, help="dataset folder to create")
     p.add_argument("--raw", action="store_true", help=".txt files are raw documents (one per file), split into "
                    "sentences here, instead of one sentence per line")
-    p.add_argument("--vocab", help="WordPiece vocab.txt (default: bert-base-uncased, shipped offline)")
-    p.add_argument("--train-vocab", type=at_least(6), metavar="SIZE", help="train a WordPiece vocab of SIZE on the input")
-    p.add_argument("--max-seq-length", type=int, default=128)
-    p.add_argument("--max-predictions-per-seq", type=at_least(1), help="default: 20 at 128, 56 at 384, 76 at 512")
-    p.add_argument("--masked-lm-prob", type=float, default=0.15)
-    p.add_argument("--short-seq-prob", type=float, default=0.1)
-    p.add_argument("--whole-word-masking", action="store_true")
-    p.add_argument("--dupe-factor", type=at_least(1), default=1, help="passes over the input with different masks")
-    p.add_argument("--seed", type=at_least(0), default=12345)
+    vocab = p.add_mutually_exclusive_group()
+    vocab.add_argument("--vocab", help="WordPiece vocab.txt (default: bert-base-uncased, shipped offline)")
+    vocab.add_argument("--train-vocab", type=at_least(6), metavar="SIZE",
+                       help="train a WordPiece vocab of at most SIZE tokens on the input instead (it keeps at least "
+                            "the 5 special tokens and every character of the input)")
+    p.add_argument("--max-seq-length", type=int, default=128,
+                   help="tokens an instance holds at most, [CLS] and [SEP]s included (default 128)")
+    p.add_argument("--max-predictions-per-seq", type=at_least(1),
+                   help="masked tokens an instance holds at most (default: 20 at 128, 56 at 384, 76 at 512, "
+                        "round(0.15 x length) otherwise)")
+    p.add_argument("--masked-lm-prob", type=float, default=0.15, help="share of tokens masked (default 0.15)")
+    p.add_argument("--short-seq-prob", type=float, default=0.1,
+                   help="share of instances made shorter than --max-seq-length, as BERT's recipe (default 0.1)")
+    p.add_argument("--whole-word-masking", action="store_true",
+                   help="mask every WordPiece of a word together (default: each piece on its own)")
+    p.add_argument("--dupe-factor", type=at_least(1), default=1,
+                   help="passes over the input with different masks (default 1)")
+    p.add_argument("--seed", type=at_least(0), default=12345,
+                   help="seed of the segments, masks and validation split (default 12345)")
     p.add_argument("--workers", type=workers_arg(), default=1, help="worker processes (output does not depend on it)")
     add_engine_arguments(p)
     p.add_argument("--docs-per-shard", type=at_least(1), default=2000, help="documents per chunk (= per shard)")
-    p.add_argument("--validation-fraction", type=float, default=0.02, help="documents held out for validation")
+    p.add_argument("--validation-fraction", type=float, default=0.02,
+                   help="share of documents held out for validation (default 0.02; 0: none)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
     p.add_argument("--if-changed", action="store_true",
                    help="keep an OUTPUT made from the same input and arguments (nothing redone); remake one made "

@@ -1193,3 +1193,17 @@ def test_ctrl_c_in_the_data_tools_is_one_line(corpus, tmp_path, capsys, monkeypa
         lines, err = _errors(capsys)
         assert len(lines) == 1 and lines[0].startswith("interrupted: nothing was written") and "Traceback" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["instances", "text"]
+
+
+def test_a_vocab_given_and_trained_or_trained_on_nothing_is_one_line(tmp_path):
+    """--vocab was silently ignored beside --train-vocab (a path that did not exist included); --train-vocab on
+    input without text failed as "not a BERT WordPiece vocab", naming a temporary folder and a vocab never given."""
+    (tmp_path / "empty.txt").write_text("\n\n")
+    config = InstanceConfig(max_seq_length=64)
+    with pytest.raises(DataInputError, match="not both"):
+        create_pretraining_data(["builtin"], tmp_path / "a", config, vocab=str(tmp_path / "nope"),
+                                train_vocab_size=100, progress=False)
+    with pytest.raises(DataInputError, match="no text to train a vocab on"):
+        create_pretraining_data([str(tmp_path / "empty.txt")], tmp_path / "b", config, train_vocab_size=100,
+                                progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.txt"]

@@ -154,6 +154,8 @@ def train_vocab(documents, vocab_size: int, out_dir: Path, lowercase: bool = Tru
     tok = BertWordPieceTokenizer(lowercase=lowercase)
     tok.train_from_iterator((s for doc in documents for s in doc), vocab_size=vocab_size,
                             special_tokens=list(SPECIAL), show_progress=False)
+    if tok.get_vocab_size() <= len(SPECIAL):  # (it failed later as "not a BERT WordPiece vocab", naming a temp folder)
+        raise DataInputError("the input holds no text to train a vocab on (--train-vocab); give text, or --vocab")
     out_dir.mkdir(parents=True, exist_ok=True)
     return Path(tok.save_model(str(out_dir))[0])
 

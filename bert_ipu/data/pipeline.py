@@ -167,6 +167,8 @@ def create_pretraining_data(inputs: list[str], output: str | Path, config: Insta
     if train_vocab_size is not None and not len(SPECIAL) < train_vocab_size <= MAX_TRAINED_VOCAB:
         raise DataInputError(f"--train-vocab {train_vocab_size} is not a vocab size this tool trains: give "
                              f"{len(SPECIAL) + 1} to {MAX_TRAINED_VOCAB:,} (BERT's are 30,522, multilingual 119,547)")
+    if train_vocab_size is not None and vocab is not None:  # (the vocab given was not read: not even its path)
+        raise DataInputError("give a vocab (--vocab) or train one (--train-vocab), not both")
     output = Path(output)
     for source in inputs:  # a dataset inside its own input would be read as input by the next run
         if source != BUILTIN and Path(source).exists():
