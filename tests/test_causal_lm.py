@@ -213,6 +213,13 @@ def test_a_varlen_run_sizes_the_segments_by_the_data_and_refuses_float32(flash_s
     assert 1 < K < 256 // 8
     train_calls = [c for c in flash_stand_in.calls if c["tokens"] == 4 * 256]
     assert train_calls and all(c["segments"] == 4 * (K + 1) and c["dtype"] == torch.bfloat16 for c in train_calls)
+    # the export's tokenizer puts BOS first, as every text sequence was trained (it added none: a pipeline's
+    # prompts were unlike anything the model learnt from); without special tokens, the text alone
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(out / "hf")
+    ids, plain = tok("The cat")["input_ids"], tok("The cat", add_special_tokens=False)["input_ids"]
+    assert ids == [tok.bos_token_id, *plain] and tok.bos_token_id not in plain
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])

@@ -91,7 +91,10 @@ def rope_type(config) -> str:
 class PackedLlamaForCausalLM(PackedCausalLM):
     """Llama (RoPE, RMSNorm, SwiGLU, grouped-query attention); HF `LlamaForCausalLM` names. Every rope type of
     `transformers` except those in LENGTH_DEPENDENT_ROPE, which are refused for packed rows (more than one
-    sequence a row): they would make a packed sequence differ from the same sequence alone."""
+    sequence a row): they would make a packed sequence differ from the same sequence alone. Dynamic NTK is exact
+    while a row's positions stay below max_position_embeddings (past it, transformers rescales the whole row by
+    its longest sequence: a short one beside it differs from itself alone, 3e-5 measured); the causal-LM task
+    refuses rows longer than that, and a caller of this model must keep its packs within it."""
 
     model_type, hf_class_name, base, embeddings = "llama", "LlamaForCausalLM", "model", "embed_tokens"
     decoder_class = LlamaModel

@@ -267,6 +267,25 @@ def train_tokenizer(texts: Iterator[str], vocab_size: int):
                                    additional_special_tokens=list(SPECIAL_TOKENS[2:]))
 
 
+def bos_first(tokenizer):
+    """`tokenizer`, or a copy that puts BOS first when called (`tokenizer(text)`), as every sequence of the text
+    format was trained (`text_sequences`): for its export. The tokenizer trained here, or GPT-2's, added none, so
+    `pipeline("text-generation")` gave the model inputs unlike any it learnt from. A slow tokenizer, or one
+    that already puts BOS first, is returned as it is."""
+    import copy
+
+    from tokenizers.processors import TemplateProcessing
+
+    bos = tokenizer.bos_token
+    ids = tokenizer("a")["input_ids"]
+    if bos is None or not tokenizer.is_fast or (ids and ids[0] == tokenizer.bos_token_id):
+        return tokenizer
+    tokenizer = copy.deepcopy(tokenizer)
+    tokenizer.backend_tokenizer.post_processor = TemplateProcessing(
+        single=f"{bos} $A", pair=f"{bos} $A $B", special_tokens=[(bos, tokenizer.bos_token_id)])
+    return tokenizer
+
+
 def source_texts(fmt: str, source: str) -> Iterator[str]:
     """The text a tokenizer is trained on: the documents, or the chats' contents."""
     if fmt == "text":

@@ -37,7 +37,7 @@ from ...models.losses import (HiddenStates, causal_lm_loss, causal_lm_loss_sums,
 from ...packing import PackingInputError
 from ..base import TaskBase
 from ..common import command, pack_depth, packing_line, require_checkpoint_folder
-from .data import (CausalReport, load_tokenizer, sft_sequences, source_texts, text_sequences, train_tokenizer,
+from .data import (CausalReport, bos_first, load_tokenizer, sft_sequences, source_texts, text_sequences, train_tokenizer,
                    turn_end_token)
 
 INPUTS = ("input_ids", "position_ids", "sequence_ids")
@@ -285,7 +285,8 @@ class CausalLMTask(TaskBase):
                 "metrics": {k: v for k, v in info["metrics"].items() if k in ("loss", "val_loss", "val_perplexity")},
                 "command": command(self.cfg)}
         self._stop_at_turn_end(model)
-        export_model(model, folder, card=card, tokenizer=self.tokenizer)
+        tokenizer = bos_first(self.tokenizer) if self.cfg.data.format == "text" else self.tokenizer
+        export_model(model, folder, card=card, tokenizer=tokenizer)
 
     def _stop_at_turn_end(self, model) -> None:
         """SFT teaches the model to end the assistant's turn with the chat template's end token (`<|end|>` here),
