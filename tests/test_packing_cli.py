@@ -399,3 +399,24 @@ def test_an_integer_histogram_array_is_validated_without_a_python_step_per_lengt
                        (np.array([0, 0, 0, 2**61]), "64-bit"), (np.array([2**62], dtype=np.uint64), "below")):
         with pytest.raises(PackingInputError, match=named):
             validate_histogram(bad)
+
+
+def test_a_refusal_found_after_some_rows_prints_no_row(tmp_path, capsys):
+    """`--algorithm lpfhp nnlshp --max-sequences-per-pack max --json` printed LPFHP's row, then refused NNLSHP's
+    depth; `--ranks 2` printed NONE's and SORT's rows, then found a packing shorter than one update: a partial
+    report on stdout (a file, redirected). NNLSHP's depth is refused before anything runs, and JSON rows are
+    printed once every row has run; a multi-size row lists every pack length, those of no pack too."""
+    import json
+
+    from bert_ipu.packing.__main__ import main
+
+    path = tmp_path / "h.json"
+    path.write_text(json.dumps([0, 0, 0, 4, 0, 0, 6, 2]))
+    cases = (["--algorithm", "lpfhp", "nnlshp", "--max-sequences-per-pack", "max"], ["--ranks", "2"])
+    for extra in cases:
+        assert main(["--histogram", str(path), "--json", *extra]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and captured.err.startswith("error: ") and captured.err.count("\n") == 1
+    assert main(["--histogram", str(path), "--algorithm", "lpfhp", "--multi-size", "8", "64", "--json"]) == 0
+    multi = [json.loads(x) for x in capsys.readouterr().out.splitlines()][-1]
+    assert multi["packs"] == {"8": 10, "64": 0}

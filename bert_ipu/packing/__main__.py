@@ -19,6 +19,7 @@ from ..arguments import Parser
 from ..files import describe_os_error, is_png, output_file_problem
 from .api import ALGORITHMS, DEPTH_FREE, applies, pack
 from .depth import depth_label, parse_depth
+from .nnlshp import MAX_DEPTH as NNLSHP_MAX_DEPTH
 from .histogram import (MAX_PACK_LENGTH, PackingInputError, check_memory, check_pack_length, histogram_of,
                         load_histogram, load_lengths)
 
@@ -157,6 +158,9 @@ def plan(algorithms, depths, max_len: int | None = None, sequences: int | None =
         for depth in ([depths[0]] if name in DEPTH_FREE else depths):
             if named or (applies(name, depth) and (name != "nnlshp" or max_len is None or fits(max_len, depth))
                          and (name != "greedy" or sequences is None or sequences < GREEDY_MAX_SEQUENCES)):
+                if not isinstance(depth, str) and not applies(name, depth):  # before any row runs ("auto": later)
+                    raise PackingInputError(f"{name} supports max_sequences_per_pack up to {NNLSHP_MAX_DEPTH}, "
+                                            f"not {depth_label(depth)}")
                 rows.append((name, depth))
     return rows
 
@@ -235,9 +239,9 @@ def write_plot(path: str, histogram, results, title: str) -> None:
             os.unlink(tmp)
 
 
-def multi_size_row(histogram, pack_lengths, depth, time_limit, as_json: bool, check_only: bool = False) -> dict:
-    """One multi-size packing (`bert_ipu.packing.multisize`) as a JSON-ready row (printed at once with --json);
-    `check_only`: only refuse bad pack lengths (a PackingInputError)."""
+def multi_size_row(histogram, pack_lengths, depth, time_limit, check_only: bool = False) -> dict:
+    """One multi-size packing (`bert_ipu.packing.multisize`) as a JSON-ready row; `check_only`: only refuse bad
+    pack lengths (a PackingInputError)."""
     import time
 
     import numpy as np
@@ -261,11 +265,10 @@ def multi_size_row(histogram, pack_lengths, depth, time_limit, as_json: bool, ch
     tokens = int((np.arange(1, len(histogram) + 1) * histogram).sum())
     row = {"algorithm": "multi-size", "pack_lengths": sorted(pack_lengths),
            "max_sequences_per_pack": "max" if depth is None else depth,   # (as the other rows: it was null)
-           "packs": {int(s): int(n) for s, n in sorted(r.packs.items())}, "computed_tokens": r.computed_tokens,
+           "packs": {int(s): int(r.packs.get(s, 0)) for s in sorted(pack_lengths)},   # (every length: 0 too)
+           "computed_tokens": r.computed_tokens,
            "efficiency": tokens / r.computed_tokens, "lower_bound_tokens": r.lower_bound, "gap": r.gap,
            "grid": r.grid, "seconds": time.perf_counter() - start, "time_limit_reached": r.time_limit_reached}
-    if as_json:
-        print(json.dumps(row), flush=True)
     return row
 
 
@@ -299,9 +302,9 @@ def main(argv=None) -> int:
             raise PackingInputError(f"--seed is {args.seed}; it must be >= 0")
         if args.multi_size:  # refused before anything runs
             check_pack_length(max(args.multi_size), "--multi-size")
-            multi_size_row(histogram, args.multi_size, None, None, False, check_only=True)
+            multi_size_row(histogram, args.multi_size, None, None, check_only=True)
         rows = plan(args.algorithm, args.max_sequences_per_pack, len(histogram), int(histogram.sum()))
-        results, balance = [], {}
+        results, balance, rows_json = [], {}, []
         for name, depth in rows:
             if not args.json:
                 print(f"running {name} (depth {depth_label(depth)}) ...", file=sys.stderr)
@@ -318,13 +321,15 @@ def main(argv=None) -> int:
             if args.ranks is not None and name not in DEPTH_FREE:
                 balance[len(results) - 1] = balance_of(result, args.ranks, per_update, args.seed)
                 row.update(balance[len(results) - 1])
-            if args.json:
-                print(json.dumps(row), flush=True)
-        multi = [multi_size_row(histogram, args.multi_size, depth, args.time_limit, args.json)
+            rows_json.append(row)
+        multi = [multi_size_row(histogram, args.multi_size, depth, args.time_limit)
                  for depth in dict.fromkeys(args.max_sequences_per_pack)] if args.multi_size else []
     except PackingInputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if args.json:  # every row once all ran: an error found later (a --ranks update longer than a packing) left
+        for row in rows_json + multi:  # the rows before it on stdout, a partial report
+            print(json.dumps(row), flush=True)
     if not args.json:
         tokens = results[0].tokens
         print(f"{title}: {int(histogram.sum()):,} sequences, {tokens:,} tokens, pack length {len(histogram)}")
