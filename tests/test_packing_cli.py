@@ -420,3 +420,32 @@ def test_a_refusal_found_after_some_rows_prints_no_row(tmp_path, capsys):
     assert main(["--histogram", str(path), "--algorithm", "lpfhp", "--multi-size", "8", "64", "--json"]) == 0
     multi = [json.loads(x) for x in capsys.readouterr().out.splitlines()][-1]
     assert multi["packs"] == {"8": 10, "64": 0}
+
+
+def test_the_apis_arguments_are_checked():
+    """From an audit of the library's API: a SORT batch of 2.5 sequences gave computed_tokens 13.0; seed -1,
+    max_len None or 8.0, a PackingResult for its mixture, string pack lengths for assign_multi_size, a list or a
+    depth of 0 for lower_bound, a level count, device count or token budget of 0, unsorted candidate lengths
+    were tracebacks or silent; a length past max_len made histogram_of return a longer histogram."""
+    import numpy as np
+
+    from bert_ipu.packing import PackingInputError, assign, assign_multi_size, histogram_of, lower_bound, pack
+    from bert_ipu.packing.levels import StepModel, choose_levels
+
+    h = np.array([0, 0, 3, 2, 1, 0, 0, 2])
+    result = pack(h, "lpfhp", 3)
+    lengths = np.repeat(np.arange(1, 9), h)
+    assert np.array_equal(assign(lengths, result, 8), assign(lengths, result.mixture, 8))  # the result will do
+    assert lower_bound([0, 0, 3, 2, 1, 0, 0, 2], "max") == lower_bound(h) == 5  # 38 tokens at 8
+    model = StepModel(2, 64, 4, 4, 128)
+    bad = {"batch_size": lambda: pack(h, "sort", batch_size=2.5), "seed": lambda: pack(h, "greedy", seed=-1),
+           "max_len": lambda: assign(lengths, result.mixture, 8.0), "mixture is a str": lambda: assign(lengths, "x", 8),
+           "keys": lambda: assign_multi_size(lengths, {"8": result.mixture}),
+           "longer than max_len": lambda: histogram_of(np.array([5, 2]), 3),
+           "max_sequences_per_pack": lambda: lower_bound(h, 0), "devices": lambda: StepModel(2, 64, 4, 4, 128, devices=0),
+           "tokens_per_update": lambda: choose_levels(h, model, 0),
+           "max_levels": lambda: choose_levels(h, model, 100, max_levels=0),
+           "ascending": lambda: choose_levels(h, model, 100, candidate_lengths=[8, 4])}
+    for says, call in bad.items():
+        with pytest.raises(PackingInputError, match=says):
+            call()

@@ -23,9 +23,8 @@ Algorithms (all work on the length histogram, not on the sequences):
 
 from __future__ import annotations
 
-from .api import ALGORITHMS, DEPTH_FREE, PackingResult, applies, auto_depth, pack, resolve_depth
+from .api import ALGORITHMS, DEPTH_FREE, PackingResult, applies, auto_depth, lower_bound, pack, resolve_depth
 from .assign import EMPTY, assign, assign_multi_size, assign_ragged
-from .bounds import lower_bound
 from .depth import depth_label, parse_depth
 from .histogram import (PackingInputError, expand_histogram, histogram_of, load_histogram, load_lengths,
                         validate_histogram, validate_lengths)

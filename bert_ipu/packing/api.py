@@ -17,10 +17,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import baselines, heuristics, nnlshp as _nnlshp
-from .bounds import deadline_of, lower_bound, past
+from .bounds import deadline_of, lower_bound as cheap_bound, past
 from .cghp import cghp as _cghp
 from .depth import depth_label, parse_depth
-from .histogram import PackingInputError, validate_histogram
+from .histogram import PackingInputError, validate_histogram, whole_number
 from .mixture import Mixture
 
 ALGORITHMS = ("none", "sort", "greedy", "spfhp", "lpfhp", "nnlshp", "cghp")
@@ -104,6 +104,14 @@ def applies(algorithm: str, max_sequences_per_pack: int | None) -> bool:
     return True
 
 
+def lower_bound(histogram, max_sequences_per_pack: int | None = None) -> int:
+    """A cheap lower bound on the packs any packing of `histogram` needs at this depth limit (None or "max":
+    unlimited): Martello and Toth's L2, the depth, and sequences that fit beside no other (`bounds.lower_bound`);
+    CGHP's results carry a stronger one. The histogram and the limit are checked as `pack` checks them."""
+    histogram = validate_histogram(histogram)
+    return cheap_bound(histogram, parse_depth(max_sequences_per_pack, allow_auto=False))
+
+
 def pack(histogram, algorithm: str, max_sequences_per_pack: int | None = None, *, seed: int = 0,
          batch_size: int = 32, time_limit: float | None = None) -> PackingResult:
     """Run one packing algorithm on a length histogram.
@@ -124,11 +132,10 @@ def pack(histogram, algorithm: str, max_sequences_per_pack: int | None = None, *
     if not applies(algorithm, max_sequences_per_pack):
         raise PackingInputError(f"nnlshp supports max_sequences_per_pack up to {_nnlshp.MAX_DEPTH}, "
                                 f"not {depth_label(max_sequences_per_pack)}")
-    if batch_size < 1:
-        raise PackingInputError(f"batch_size is {batch_size}; it must be >= 1")
+    batch_size, seed = whole_number(batch_size, "batch_size", 1), whole_number(seed, "seed")
     max_len = len(histogram)
     depth = max_len if max_sequences_per_pack is None else min(max_sequences_per_pack, max_len)
-    bound = lower_bound(histogram, max_sequences_per_pack)
+    bound = cheap_bound(histogram, max_sequences_per_pack)
     start = time.perf_counter()
     computed, late, strategy = None, False, ""
     if algorithm == "none":

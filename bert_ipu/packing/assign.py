@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .histogram import PackingInputError, histogram_of, validate_lengths
+from .histogram import PackingInputError, histogram_of, validate_lengths, whole_number
 from .mixture import Mixture
 
 EMPTY = -1
@@ -47,7 +47,12 @@ def _longer_pack(mixture: Mixture, max_len: int) -> int:
 def assign_ragged(lengths, mixture: Mixture, max_len: int, seed: int = 0,
                   shuffle_packs: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Returns (offsets, indices): pack p holds the sequences indices[offsets[p]:offsets[p + 1]] of `lengths`,
-    longest first; offsets is (n_packs + 1,), indices (n_sequences,), both int64."""
+    longest first; offsets is (n_packs + 1,), indices (n_sequences,), both int64. `mixture` may be the
+    PackingResult itself."""
+    mixture = getattr(mixture, "mixture", mixture)
+    if not isinstance(mixture, Mixture):
+        raise PackingInputError(f"mixture is a {type(mixture).__name__}; give a Mixture (result.mixture of pack())")
+    max_len, seed = whole_number(max_len, "max_len", 1), whole_number(seed, "seed")
     lengths = validate_lengths(lengths, max_len)
     have, want = histogram_of(lengths, max_len), mixture.coverage(max_len)
     if not np.array_equal(have, want):
@@ -101,7 +106,12 @@ def assign_multi_size(lengths, mixtures, seed: int = 0,
     mixtures = getattr(mixtures, "mixtures", mixtures)
     if not isinstance(mixtures, dict) or not mixtures:
         raise PackingInputError("mixtures: give {pack length: Mixture} (or a MultiSizeResult) with at least one")
-    sizes = sorted(int(s) for s in mixtures)
+    if not all(isinstance(s, (int, np.integer)) and not isinstance(s, bool) and s >= 1 for s in mixtures):
+        raise PackingInputError(f"mixtures' keys are {sorted(map(repr, mixtures))}; give pack lengths as whole "
+                                "numbers")
+    seed = whole_number(seed, "seed")
+    mixtures = {int(s): m for s, m in mixtures.items()}
+    sizes = sorted(mixtures)
     top = sizes[-1]
     lengths = validate_lengths(lengths, top)
     coverage = np.stack([mixtures[s].coverage(top) for s in sizes])  # (pack lengths, top)

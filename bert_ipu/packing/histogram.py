@@ -25,6 +25,14 @@ MAX_TEXT_BYTES = 256 * 2 ** 20     # a histogram or lengths text file is read up
 _SNIFF_BYTES = 65536               # read first: a NUL byte or bad UTF-8 there is a binary file, refused at once
 
 
+def whole_number(value, name: str, minimum: int = 0) -> int:
+    """`value` as an int of at least `minimum` (numpy integers too; not a bool, a float or a string), else a
+    PackingInputError naming `name`."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise PackingInputError(f"{name} is {value!r}; it must be a whole number >= {minimum}")
+    return int(value)
+
+
 def check_pack_length(max_len: int, what: str) -> None:
     """Refuse a pack length above MAX_PACK_LENGTH before a histogram of that many counts is allocated."""
     if max_len > MAX_PACK_LENGTH:
@@ -181,7 +189,11 @@ def validate_lengths(lengths, max_len: int | None = None, source: str = "lengths
 
 
 def histogram_of(lengths: np.ndarray, max_len: int) -> np.ndarray:
-    """The histogram of validated lengths: element i counts sequences of length i+1."""
+    """The histogram of validated lengths (`validate_lengths`): element i counts sequences of length i+1. A length
+    above `max_len` is refused (it made a longer histogram, silently)."""
+    lengths = np.asarray(lengths)
+    if len(lengths) and lengths.max() > max_len:
+        raise PackingInputError(f"a sequence of {int(lengths.max())} tokens is longer than max_len {max_len}")
     return np.bincount(lengths - 1, minlength=max_len).astype(np.int64)
 
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .histogram import validate_histogram
+from .histogram import PackingInputError, validate_histogram, whole_number
 from .multisize import pack_multi_size
 
 
@@ -58,6 +58,12 @@ class StepModel:
     """with document attention, a causal kernel computes about half of each square"""
     vocab: int = 0
     """the output head's rows (its 6 x vocab x hidden FLOPs a token count with the layers')"""
+
+    def __post_init__(self):
+        for name in ("layers", "hidden", "heads", "kv_heads", "intermediate", "devices"):
+            whole_number(getattr(self, name), f"StepModel.{name}", 1)
+        if not (self.flops_per_second > 0 and self.bytes_per_second > 0):
+            raise PackingInputError("StepModel's flops_per_second and bytes_per_second must be > 0")
 
     @property
     def layer_parameters(self) -> int:
@@ -189,7 +195,15 @@ def choose_levels(histogram, model: StepModel, tokens_per_update: int, max_level
     timed by `evaluate` with balanced dealing; fastest first; and beside them the naive packing: one level of
     the longest length dealt in loader order."""
     histogram = validate_histogram(histogram)
-    pool = candidate_lengths or candidates(histogram)
+    whole_number(tokens_per_update, "tokens_per_update", 1)
+    whole_number(max_levels, "max_levels", 1)
+    if candidate_lengths:
+        pool = [whole_number(n, "a candidate length", 1) for n in candidate_lengths]
+        if pool != sorted(set(pool)):
+            raise PackingInputError(f"candidate_lengths {list(candidate_lengths)}: give distinct pack lengths in "
+                                    "ascending order (the longest last: every set of levels ends there)")
+    else:
+        pool = candidates(histogram)
     top = pool[-1]
     rows = []
     for k in range(max_levels):
