@@ -1207,3 +1207,18 @@ def test_a_vocab_given_and_trained_or_trained_on_nothing_is_one_line(tmp_path):
         create_pretraining_data([str(tmp_path / "empty.txt")], tmp_path / "b", config, train_vocab_size=100,
                                 progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.txt"]
+
+
+def test_a_split_taken_out_of_the_manifest_is_found(corpus, tmp_path, capsys):
+    """A manifest edited to drop a split read as a dataset without it ("checksums OK"): its folder of shards is
+    still there, so the manifest is damaged. One line, exit 2."""
+    data = tmp_path / "data"
+    create_pretraining_data([str(corpus)], data, InstanceConfig(max_seq_length=64), validation_fraction=0.3,
+                            progress=False)
+    manifest = json.loads((data / "manifest.json").read_text())
+    del manifest["splits"]["validation"]
+    (data / "manifest.json").write_text(json.dumps(manifest))
+    capsys.readouterr()
+    assert _inspect_cli(data, None) == 2
+    lines, err = _errors(capsys)
+    assert len(lines) == 1 and "split folder validation" in lines[0] and "Traceback" not in err, err

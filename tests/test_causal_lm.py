@@ -628,3 +628,14 @@ def test_a_run_with_the_chunked_loss_trains_as_the_plain_one(tmp_path):
     assert per_token["plain"] and len(per_token["plain"]) == len(per_token["chunked"])
     for a, b in zip(per_token["plain"], per_token["chunked"]):  # the same updates: the head counted in both
         assert abs(a - b) <= 1e-9 * a
+
+
+def test_kv_heads_that_do_not_divide_the_heads_are_refused():
+    """3 key/value heads for 4 query heads: transformers takes the config and its forward fails deep in SDPA (so
+    did ours); one line naming both counts now."""
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=3, head_dim=8)
+    with pytest.raises(ValueError, match="num_attention_heads 4 is not a multiple of num_key_value_heads 3"):
+        PackedLlamaForCausalLM(config)

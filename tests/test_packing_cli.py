@@ -449,3 +449,25 @@ def test_the_apis_arguments_are_checked():
     for says, call in bad.items():
         with pytest.raises(PackingInputError, match=says):
             call()
+
+
+def test_a_byte_order_mark_is_not_text_and_a_plot_is_readable_by_others(tmp_path, capsys):
+    """A histogram or lengths file starting with a UTF-8 byte-order mark was refused ('\\ufeff3' is not a length);
+    the --plot PNG was written 0600 (a temporary file's mode), not as the umask says."""
+    import json
+    import os
+    import stat
+
+    from bert_ipu.packing.__main__ import main
+
+    (tmp_path / "h.json").write_text("\ufeff" + json.dumps([0, 3, 1, 2]), encoding="utf-8")
+    (tmp_path / "l.txt").write_text("\ufeff3\n2\n4\n", encoding="utf-8")
+    old = os.umask(0o022)
+    try:
+        assert main(["--histogram", str(tmp_path / "h.json"), "--algorithm", "lpfhp", "--plot",
+                     str(tmp_path / "p.png")]) == 0
+        assert main(["--lengths", str(tmp_path / "l.txt"), "--max-len", "8", "--algorithm", "lpfhp"]) == 0
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "p.png").stat().st_mode) == 0o644
+    assert "error" not in capsys.readouterr().err

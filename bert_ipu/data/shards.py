@@ -321,6 +321,11 @@ class PackedDataset:
                                                                  for i in splits.values()):
             raise DatasetError(f"{self.path}: the manifest lists no split or a split of no shard: an empty or "
                                "damaged dataset; recreate it")
+        unlisted = sorted(p.name for p in self.path.iterdir() if p.is_dir() and p.name not in splits
+                          and any(_SHARD.fullmatch(q.name) for q in p.iterdir()))
+        if unlisted:  # (a split removed from the manifest was silently gone, "checksums OK")
+            raise DatasetError(f"{self.path}: split folder {unlisted[0]} holds shards the manifest does not list: a "
+                               "damaged manifest; recreate the dataset")
         for split, info in splits.items():
             for shard in info["shards"]:  # every entry before any is read: a damaged manifest is one line
                 ok = (isinstance(shard, dict) and isinstance(shard.get("name"), str) and shard["name"]

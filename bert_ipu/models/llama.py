@@ -100,6 +100,10 @@ class PackedLlamaForCausalLM(PackedCausalLM):
     decoder_class = LlamaModel
 
     def __init__(self, config, attention_backend: str = "mask", max_sequences_per_pack: int | None = None):
+        heads, kv_heads = config.num_attention_heads, getattr(config, "num_key_value_heads", None)
+        if kv_heads and heads % kv_heads:  # (an SDPA shape error deep in the forward, in transformers' too)
+            raise ValueError(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}: "
+                             "each key/value head serves a whole group of query heads; give a divisor")
         if rope_type(config) in LENGTH_DEPENDENT_ROPE and max_sequences_per_pack != 1:
             raise ValueError(f"rope type {rope_type(config)} scales its frequencies by the longest sequence of a row, "
                              "so a packed row's short sequences would differ from the same sequences alone; train "

@@ -232,6 +232,9 @@ def write_plot(path: str, histogram, results, title: str) -> None:
     os.close(fd)
     try:
         fig.savefig(tmp, dpi=120)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # as a file the user creates (mkstemp's are private: 0600)
         os.replace(tmp, path)
     finally:
         plt.close(fig)

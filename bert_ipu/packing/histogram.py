@@ -59,7 +59,7 @@ def read_text(path: Path, binary: str) -> str:
         raise PackingInputError(f"{path}: more than {MAX_TEXT_BYTES // 2**20} MiB of text; for more sequences give "
                                 "a .npy array of lengths (or a histogram)")
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8-sig")  # (a byte-order mark, as some editors write, is not part of the text)
     except UnicodeDecodeError:
         raise PackingInputError(binary) from None
 
