@@ -584,3 +584,14 @@ def test_special_tokens_written_in_the_text_are_read_as_text(tmp_path):
     M = rows["masked_lm_labels"].shape[1]
     labelled[:, :M] = rows["masked_lm_labels"] != -100
     assert (rows["input_ids"] == mask).any() and not ((rows["input_ids"] == mask) & ~labelled).any()
+
+
+def test_a_byte_order_mark_is_not_text(tmp_path):
+    """A .jsonl starting with a UTF-8 byte-order mark was refused ("decode using utf-8-sig"); in a .txt the mark
+    began the first sentence. Both read as the same file without it."""
+    from bert_ipu.data.text import read_documents
+
+    (tmp_path / "a.jsonl").write_text('\ufeff{"text": "One. Two."}\n', encoding="utf-8")
+    (tmp_path / "a.txt").write_text("\ufeffOne.\nTwo.\n", encoding="utf-8")
+    assert list(read_documents([str(tmp_path / "a.jsonl")])) == list(read_documents([str(tmp_path / "a.txt")])) \
+        == [["One.", "Two."]]

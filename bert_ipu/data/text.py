@@ -130,7 +130,7 @@ def _read_text(path: Path) -> str:
     except OSError as e:
         raise DataInputError(f"cannot read {path}: {e.strerror or e}") from None
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8-sig")  # (a byte-order mark is no text: it began the first sentence, or broke JSON)
     except UnicodeDecodeError as e:
         raise DataInputError(f"{path}: byte {e.start} is not UTF-8 ({data[e.start:e.start + 1]!r}); convert the "
                              "file to UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
