@@ -549,3 +549,18 @@ def test_bf16_autocast_error_is_the_reference_bf16_error(grouping, device, backe
         err_ref = (theirs.double() - exact).abs().max().item()
         assert err_ref > 0  # bf16 really rounded
         assert err_ours <= 2 * err_ref, (err_ours, err_ref)
+
+
+def test_a_span_head_built_from_a_config_of_other_labels_exports(tmp_path):
+    """A QA model built from a config saying 3 labels had its two span outputs, and save_pretrained failed on the
+    size mismatch (transformers built 3); the model's config says 2, the caller's is left as it was."""
+    from transformers import BertForQuestionAnswering
+
+    from bert_ipu.models.bert import PackedBertForQuestionAnswering
+
+    config = tiny_config(num_labels=3)
+    model = PackedBertForQuestionAnswering(config, K)
+    model.save_pretrained(tmp_path)
+    back = BertForQuestionAnswering.from_pretrained(tmp_path)
+    assert config.num_labels == 3 and model.config.num_labels == 2 and back.qa_outputs.out_features == 2
+    torch.testing.assert_close(back.qa_outputs.weight, model.qa_outputs.weight, rtol=0, atol=0)

@@ -362,6 +362,10 @@ class PackedBertForQuestionAnswering(nn.Module):
 
     def __init__(self, config: BertConfig, max_sequences_per_pack: int = 3, attention_backend: str = "mask"):
         super().__init__()
+        if config.num_labels != 2:  # the span head has two outputs (start, end), as the config must say (with 3,
+            # the export failed); a copy: the caller's config is theirs
+            kept = {k: v for k, v in config.to_dict().items() if k not in ("id2label", "label2id")}
+            config = config.__class__.from_dict({**kept, "num_labels": 2})
         self.config = config
         self.max_sequences_per_pack = max_sequences_per_pack
         self.bert = PackedBertModel(config, attention_backend, add_pooling_layer=False, slots=max_sequences_per_pack)
