@@ -45,6 +45,8 @@ from transformers import BertConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bert_ipu.files import is_benchmark_json, output_file_problem, write_rows
+from bert_ipu.arguments import Parser, at_least, device_name
 from bert_ipu import packing  # noqa: E402
 from bert_ipu.engine.flops import peak_flops  # noqa: E402
 from bert_ipu.models import attention as attn  # noqa: E402
@@ -185,23 +187,26 @@ def run_variant(args, variant: str, ids: torch.Tensor, squares: int, device) -> 
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p = Parser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--device", type=device_name, default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
-    p.add_argument("--layers", type=int, default=2, help="layers compiled and timed together (default 2)")
-    p.add_argument("--hidden", type=int, default=1024)
-    p.add_argument("--heads", type=int, default=16)
-    p.add_argument("--intermediate", type=int, default=4096)
-    p.add_argument("--seq-len", type=int, default=512)
-    p.add_argument("--depth", type=int, default=3, help="most documents a pack (CGHP's depth; varlen's slots)")
-    p.add_argument("--micro-batch", type=int, default=32)
-    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--layers", type=at_least(1), default=2, help="layers compiled and timed together (default 2)")
+    p.add_argument("--hidden", type=at_least(1), default=1024)
+    p.add_argument("--heads", type=at_least(1), default=16)
+    p.add_argument("--intermediate", type=at_least(1), default=4096)
+    p.add_argument("--seq-len", type=at_least(1), default=512)
+    p.add_argument("--depth", type=at_least(1), default=3, help="most documents a pack (CGHP's depth; varlen's slots)")
+    p.add_argument("--micro-batch", type=at_least(1), default=32)
+    p.add_argument("--iters", type=at_least(1), default=20)
     p.add_argument("--no-compile", action="store_true", help="eager (the CPU smoke)")
     p.add_argument("--mode", default=None, help="torch.compile mode (default: its default; e.g. "
                    "max-autotune-no-cudagraphs: Triton GEMM templates with fused epilogues, tuned at compile time)")
     p.add_argument("--no-profile", action="store_true", help="skip the kernel split")
     p.add_argument("--json", type=Path, help="write one JSON row a variant here")
     args = p.parse_args(argv)
+    problem = args.json and output_file_problem(args.json, "--json", is_benchmark_json)
+    if problem:  # before anything is measured (a missing folder failed at the very end, a user's file was replaced)
+        p.error(problem)
     device = torch.device(args.device)
     ids, squares = pack_ids(args.micro_batch, args.seq_len, args.depth, seed=0)
     print(f"device {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}, torch {torch.__version__}, "
@@ -215,7 +220,7 @@ def main(argv=None) -> int:
             row = {"variant": variant, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"}
         rows.append(row)
         if args.json:  # after every variant: a part stopped by its time cap keeps the rows it has
-            args.json.write_text("".join(json.dumps(r) + "\n" for r in rows))
+            write_rows(args.json, rows, "bert_layer.py")
         if "error" in row:
             print(f"{variant:>14}  failed: {row['error']}", flush=True)
             continue

@@ -45,6 +45,8 @@ import numpy as np
 import torch
 from transformers import LlamaConfig
 
+from bert_ipu.files import is_benchmark_json, is_png, output_file_problem, save_png, write_rows
+from bert_ipu.arguments import Parser, at_least
 from bert_ipu.models.llama import PackedLlamaForCausalLM
 from bert_ipu.models.losses import causal_lm_loss, causal_lm_loss_sums, sequence_label_weights
 from bert_ipu.tasks.causal_lm.data import CausalReport, sft_sequences, source_texts, train_tokenizer
@@ -194,22 +196,26 @@ def plot(result: dict, path: str) -> None:
     ax.set_title("SFT of a tiny Llama: packed vs unpacked, same sequences per update")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_png(fig, path, dpi=120)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--micro-batch", type=int, default=8, help="B: rows of 256 per step, packed and padded alike")
-    ap.add_argument("--steps", type=int, default=4, help="steps per layout per round")
-    ap.add_argument("--rounds", type=int, default=6, help="interleaved rounds at most; the first is warm-up")
+    ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--micro-batch", type=at_least(1), default=8, help="B: rows of 256 per step, packed and padded alike")
+    ap.add_argument("--steps", type=at_least(1), default=4, help="steps per layout per round")
+    ap.add_argument("--rounds", type=at_least(1), default=6, help="interleaved rounds at most; the first is warm-up")
     ap.add_argument("--time-limit", type=float, default=300, metavar="SECONDS", help="start no round past this")
-    ap.add_argument("--curves", type=int, default=200, metavar="N", help="updates of each loss-curve run; 0: skip")
+    ap.add_argument("--curves", type=at_least(0), default=200, metavar="N", help="updates of each loss-curve run; 0: skip")
     ap.add_argument("--plot", default="causal_lm_curves.png", help="where the loss curves go (PNG)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=at_least(0), default=0)
     ap.add_argument("--json", metavar="OUT", help="write the figures as JSON")
     args = ap.parse_args()
-    if args.rounds < 2 or args.steps < 1 or args.micro_batch < 1 or args.curves < 0:
-        ap.error("need --rounds >= 2 (the first is warm-up), --steps and --micro-batch >= 1, --curves >= 0")
+    if args.rounds < 2:
+        ap.error("need --rounds >= 2 (the first is warm-up)")
+    problem = (args.json and output_file_problem(args.json, "--json", is_benchmark_json)) or \
+        (args.curves and output_file_problem(args.plot, "--plot", is_png))
+    if problem:  # before anything is measured (a missing folder failed at the very end, a user's file was replaced)
+        ap.error(problem)
     torch.set_num_threads(len(os.sched_getaffinity(0)))
     tok, lengths, depth, layouts = data(args.seed)
     c, n = layouts["cghp"], layouts["none"]
@@ -253,7 +259,7 @@ def main() -> None:
         plot(cv, args.plot)
         say(f"plot: {args.plot}")
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
+        write_rows(args.json, result, "causal_lm_speedup.py", lines=False)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bert_ipu.arguments import Parser, at_least
 from bert_ipu import packing
 from bert_ipu.data.instances import InstanceConfig, default_vocab
 from bert_ipu.data.layout import IGNORE_INDEX, PackLayout
@@ -139,9 +140,9 @@ def builtin_packing(work: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--copies", type=int, default=8)
-    parser.add_argument("--instances", type=int, default=1_000_000)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--copies", type=at_least(1), default=8)
+    parser.add_argument("--instances", type=at_least(1), default=1_000_000)
     parser.add_argument("--skip-large", action="store_true", help="skip part 2 (needs ~5 GB of disk)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:

@@ -38,6 +38,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from wikipedia_benchmark import synthetic_dump  # noqa: E402
 
+from bert_ipu.arguments import Parser, at_least, positive
 from bert_ipu.data.instances import InstanceConfig  # noqa: E402
 from bert_ipu.data.jobs import open_engine  # noqa: E402
 from bert_ipu.data.pipeline import create_pretraining_data, pack_pretraining_data  # noqa: E402
@@ -111,15 +112,15 @@ def driver_read(dump: Path) -> float:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--mb", type=float, default=8.0, help="MB of XML in the synthetic dump")
-    p.add_argument("--seq", type=int, nargs="+", default=[128, 512], help="sequence lengths: the steps run at the "
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mb", type=positive, default=8.0, help="MB of XML in the synthetic dump")
+    p.add_argument("--seq", type=at_least(1), nargs="+", default=[128, 512], help="sequence lengths: the steps run at the "
                    "first; text -> instances is also timed on 1 process at the others, for the model")
-    p.add_argument("--repeat", type=int, default=2, help="runs of each measurement: the fastest counts (a shared "
+    p.add_argument("--repeat", type=at_least(1), default=2, help="runs of each measurement: the fastest counts (a shared "
                    "machine's load comes and goes)")
-    p.add_argument("--nodes", type=int, default=8)
-    p.add_argument("--cores", type=int, default=32, help="worker processes a node")
-    p.add_argument("--dump-gb", type=float, default=22.0, help="GB of bz2 (all English Wikipedia: about 22)")
+    p.add_argument("--nodes", type=at_least(1), default=8)
+    p.add_argument("--cores", type=at_least(1), default=32, help="worker processes a node")
+    p.add_argument("--dump-gb", type=positive, default=22.0, help="GB of bz2 (all English Wikipedia: about 22)")
     args = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="distributed_data_"))
     try:

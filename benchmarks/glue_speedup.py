@@ -47,11 +47,9 @@ script says so where it happens.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
-from pathlib import Path
 
 # OpenMP threads that sleep instead of spinning while they wait: on this shared 2-core machine another job
 # makes spinning threads several times slower (a step of 0.8 s became 8 s) where sleeping ones lose about
@@ -62,6 +60,8 @@ import numpy as np
 import torch
 from transformers import BertConfig
 
+from bert_ipu.files import is_benchmark_json, output_file_problem, write_rows
+from bert_ipu.arguments import Parser, at_least
 from bert_ipu.data.contiguous import PackedSequences, pack_sequences
 from bert_ipu.data.instances import WordPiece, default_vocab
 from bert_ipu.data.layout import IGNORE_INDEX
@@ -244,23 +244,26 @@ def speedup_table(rows: list[dict]) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", choices=sorted(SIZES), default="minilm",
                     help="minilm: hidden 384, 6 layers, 12 heads, intermediate 1536 (default); base: BERT-base")
-    ap.add_argument("--micro-batch", type=int, default=8, help="B: rows of 128 per step, packed and unpacked alike")
-    ap.add_argument("--steps", type=int, default=4, help="steps per layout per distribution per round")
-    ap.add_argument("--rounds", type=int, default=8, help="interleaved rounds at most; the first is warm-up")
+    ap.add_argument("--micro-batch", type=at_least(1), default=8, help="B: rows of 128 per step, packed and unpacked alike")
+    ap.add_argument("--steps", type=at_least(1), default=4, help="steps per layout per distribution per round")
+    ap.add_argument("--rounds", type=at_least(1), default=8, help="interleaved rounds at most; the first is warm-up")
     ap.add_argument("--time-limit", type=float, default=330, metavar="SECONDS",
                     help="start no round that would likely end past this many seconds of timing (the machine "
                          "is shared: a busy one makes steps several times slower); 0 = warm-up + 1 round")
-    ap.add_argument("--examples", type=int, default=4000, help="examples drawn per distribution")
-    ap.add_argument("--seed", type=int, default=0, help="sampling, labels, packing and the model's weights")
+    ap.add_argument("--examples", type=at_least(1), default=4000, help="examples drawn per distribution")
+    ap.add_argument("--seed", type=at_least(0), default=0, help="sampling, labels, packing and the model's weights")
     ap.add_argument("--backend", default="mask", choices=["mask", "reference", "flex"], help="attention backend")
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"], help="bf16: autocast (a GPU run)")
-    ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
+    ap.add_argument("--threads", type=at_least(1), default=len(os.sched_getaffinity(0)),
                     help="torch threads (default: this machine's cores)")
     ap.add_argument("--json", metavar="OUT", help="write both tables as JSON")
     args = ap.parse_args()
+    problem = args.json and output_file_problem(args.json, "--json", is_benchmark_json)
+    if problem:  # before anything is measured (a missing folder failed at the very end, a user's file was replaced)
+        ap.error(problem)
     if args.rounds < 2 or args.steps < 1 or args.micro_batch < 1 or args.examples < 1:
         ap.error("need --rounds >= 2 (the first is warm-up), --steps, --micro-batch and --examples >= 1")
     torch.set_num_threads(args.threads)
@@ -309,7 +312,7 @@ def main() -> None:
     if args.json:
         out = {"table1": {d: {k: v for k, v in t1.items() if k != "layouts"} for d, t1 in table1.items()},
                "table2": rows, "args": vars(args)}
-        Path(args.json).write_text(json.dumps(out, indent=1))
+        write_rows(args.json, out, "glue_speedup.py", lines=False)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ and the ratios to padded.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import math
 import multiprocessing
@@ -33,6 +32,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from bert_ipu.arguments import Parser, at_least, positive
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -224,18 +225,18 @@ def _terminated(work: str, *_) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sequences", type=int, default=1_000_000)
-    parser.add_argument("--pack-length", type=int, default=2048)
-    parser.add_argument("--median", type=float, default=300.0, help="median of the log-normal lengths")
-    parser.add_argument("--sigma", type=float, default=0.9, help="sigma of the log-normal lengths")
-    parser.add_argument("--flatten-batches", type=int, nargs="+", default=[8])
-    parser.add_argument("--train-sequences", type=int, default=1000)
-    parser.add_argument("--train-pack-length", type=int, default=256)
-    parser.add_argument("--train-batch", type=int, default=16, help="sequences a step (padded, flattened)")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads in the training part")
-    parser.add_argument("--seed", type=int, default=0)
+    parser = Parser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sequences", type=at_least(1), default=1_000_000)
+    parser.add_argument("--pack-length", type=at_least(1), default=2048)
+    parser.add_argument("--median", type=positive, default=300.0, help="median of the log-normal lengths")
+    parser.add_argument("--sigma", type=positive, default=0.9, help="sigma of the log-normal lengths")
+    parser.add_argument("--flatten-batches", type=at_least(1), nargs="+", default=[8])
+    parser.add_argument("--train-sequences", type=at_least(1), default=1000)
+    parser.add_argument("--train-pack-length", type=at_least(1), default=256)
+    parser.add_argument("--train-batch", type=at_least(1), default=16, help="sequences a step (padded, flattened)")
+    parser.add_argument("--rounds", type=at_least(1), default=3)
+    parser.add_argument("--threads", type=at_least(1), default=1, help="torch threads in the training part")
+    parser.add_argument("--seed", type=at_least(0), default=0)
     parser.add_argument("--work-dir", default=None, help="where the Arrow files go, in a folder removed at the end (default: the temp dir)")
     parser.add_argument("--skip-packing", action="store_true")
     parser.add_argument("--skip-training", action="store_true")

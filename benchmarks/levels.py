@@ -31,6 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bert_ipu.arguments import Parser, at_least
 from bert_ipu.data.contiguous import pack_levels  # noqa: E402
 from bert_ipu.packing.histogram import histogram_of  # noqa: E402
 from bert_ipu.packing.levels import StepModel, choose_levels, evaluate, format_choice, level_costs  # noqa: E402
@@ -119,9 +120,9 @@ def modelled() -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--part", choices=["measured", "modelled", "both"], default="both")
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=at_least(1), default=5)
     args = ap.parse_args()
     if args.part in ("measured", "both"):
         measured(args.rounds)

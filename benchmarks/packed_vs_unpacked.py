@@ -8,7 +8,7 @@
    in one run: real sequences/s and tokens/s, medians over rounds.
 3. Learning curves: the unpacked run takes `--steps` updates of 32 rows; the packed run takes 32 packs per
    update (about 32 p sequences) with the betas corrected to beta ** p, for steps / p updates: both see the
-   same number of sequences. Validation MLM accuracy against sequences seen, plotted to OUT/curves.png.
+   same number of sequences. Validation MLM accuracy against sequences seen, plotted to OUT/curves_S.png.
 """
 
 from __future__ import annotations
@@ -21,11 +21,13 @@ from pathlib import Path
 
 import torch
 
+from bert_ipu.arguments import Parser, at_least
 from bert_ipu.tasks import load_config
 from bert_ipu.data.loader import PackedLoader
 from bert_ipu.data.instances import InstanceConfig
 from bert_ipu.data.pipeline import create_pretraining_data, pack_pretraining_data
 from bert_ipu.data.shards import PackedDataset
+from bert_ipu.files import save_png, write_json
 from bert_ipu.tasks import run as train
 
 
@@ -62,21 +64,22 @@ def throughput(packed: PackedDataset, unpacked: PackedDataset, rounds: int = 8, 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seq-len", type=int, default=512)
-    parser.add_argument("--steps", type=int, default=240, help="updates of the unpacked run")
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seq-len", type=at_least(1), default=512)
+    parser.add_argument("--steps", type=at_least(1), default=240, help="updates of the unpacked run")
     parser.add_argument("--out", default="runs/packed_vs_unpacked")
     args = parser.parse_args()
     out = Path(args.out)
     S = args.seq_len
     inst = out / f"instances_{S}"
-    if not (inst / "manifest.json").is_file():
-        create_pretraining_data(["builtin"], inst, InstanceConfig(max_seq_length=S), validation_fraction=0.1,
-                                overwrite=True)
+    # every folder by its length, each kept only if made from the same input and settings (--if-changed): the
+    # packed and unpacked data of an earlier --seq-len were reused and reported as this length's
+    create_pretraining_data(["builtin"], inst, InstanceConfig(max_seq_length=S), validation_fraction=0.1,
+                            if_changed=True)
+    data = {name: out / f"{name}_{S}" for name in ("packed", "unpacked")}
     for name, algorithm, depth in (("packed", "cghp", 3), ("unpacked", "none", 1)):
-        if not (out / name / "manifest.json").is_file():
-            pack_pretraining_data(inst, out / name, algorithm, depth, overwrite=True)
-    packed, unpacked = PackedDataset(out / "packed"), PackedDataset(out / "unpacked")
+        pack_pretraining_data(inst, data[name], algorithm, depth, if_changed=True)
+    packed, unpacked = PackedDataset(data["packed"]), PackedDataset(data["unpacked"])
     p = packed.manifest["packing"]["train"]["packing_factor"]
     print(f"data at {S}: packing factor {p:.3f}, efficiency packed "
           f"{packed.manifest['packing']['train']['efficiency']:.2%} vs unpacked "
@@ -95,18 +98,18 @@ def main() -> None:
     for name, steps, algorithm, depth in (("unpacked", args.steps, "none", 1), ("packed", packed_steps, "cghp", 3)):
         every = max(1, steps // 8)
         cfg = load_config("pretrain_tiny_128_packed", [
-            f"data.dataset={out / name}", "data.prepare_input=null", f"output_dir={out / ('run_' + name)}",
+            f"data.dataset={data[name]}", "data.prepare_input=null", f"output_dir={out / f'run_{name}_{S}'}",
             f"data.max_seq_length={S}", f"data.algorithm={algorithm}", f"data.max_sequences_per_pack={depth}",
             f"model.max_position_embeddings={S}", f"train.max_steps={steps}", f"train.validate_every={every}",
             f"train.warmup_steps={max(1, steps // 10)}", "train.log_every=10", f"train.checkpoint_every={steps}",
             "train.validation_batches=1000", "train.micro_batch_size=8", "train.global_batch_size=32"])
         start = time.perf_counter()
         result = train(cfg, overwrite=True, progress=False)
-        rows = [json.loads(x) for x in (out / ("run_" + name) / "metrics.jsonl").read_text().splitlines()]
+        rows = [json.loads(x) for x in (out / f"run_{name}_{S}" / "metrics.jsonl").read_text().splitlines()]
         curves[name] = [(r["sequences_seen"], r["val_mlm_accuracy"]) for r in rows if "val_mlm_accuracy" in r]
         print(f"  {name:>8}: {steps} updates, {time.perf_counter() - start:.0f} s, final validation MLM accuracy "
               f"{result['metrics']['val_mlm_accuracy']:.4f}, sequences seen {curves[name][-1][0]:.0f}")
-    (out / "curves.json").write_text(json.dumps(curves))
+    write_json(out / f"curves_{S}.json", curves)
     import matplotlib
 
     matplotlib.use("Agg")
@@ -118,8 +121,8 @@ def main() -> None:
     ax.set(xlabel="sequences seen", ylabel="validation MLM accuracy", title=f"packed (p={p:.2f}) vs unpacked, S={S}")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(out / "curves.png", dpi=110)
-    print(f"wrote {out / 'curves.png'}")
+    save_png(fig, out / f"curves_{S}.png")
+    print(f"wrote {out / f'curves_{S}.png'}")
 
 
 if __name__ == "__main__":

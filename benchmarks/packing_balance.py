@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bert_ipu.arguments import Parser, at_least
 from bert_ipu.packing import assign_ragged, expand_histogram, histogram_of, pack
 from bert_ipu.packing.balance import balance_metrics, balanced_order, pack_costs
 from bert_ipu.packing.synthetic import long_context_lengths
@@ -53,9 +54,9 @@ def run(name, lengths, max_len, algorithm, depth, ranks, micro, per_micro, updat
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--updates", type=int, default=200)
-    parser.add_argument("--ranks", type=int, default=8)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--updates", type=at_least(1), default=200)
+    parser.add_argument("--ranks", type=at_least(1), default=8)
     args = parser.parse_args()
     print("| packs | ranks x micro-batches x packs | ABR loader order | ABR balanced | ABR floor | "
           "DBR loader / balanced | padding | dealing time per update |")

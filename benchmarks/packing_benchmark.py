@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bert_ipu.arguments import Parser, at_least
 from bert_ipu.packing import assign, expand_histogram, pack
 
 HERE = Path(__file__).resolve().parent
@@ -33,8 +34,8 @@ def timed(fn, repeats):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=3, help="timing repetitions per fast algorithm")
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=at_least(1), default=3, help="timing repetitions per fast algorithm")
     args = parser.parse_args()
     goals = []
     for name in ("wikipedia_512", "squad_1_1_384"):

@@ -11,9 +11,9 @@ strategy CGHP chose and LPFHP's packs; flags the issue's goal (within 0.1% of th
 
 from __future__ import annotations
 
-import argparse
 import time
 
+from bert_ipu.arguments import Parser, at_least, positive
 from bert_ipu.packing import histogram_of, pack
 from bert_ipu.packing import cghp as cghp_module
 from bert_ipu.packing.heuristics import lpfhp
@@ -30,9 +30,9 @@ CASES = [(8192, 8, seed, 600, 16384, 0.01) for seed in range(4)] + [
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sequences", type=int, default=1_000_000, help="lengths per case")
-    parser.add_argument("--time-limit", type=float, default=60.0, help="CGHP's time limit per case (seconds)")
+    parser = Parser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sequences", type=at_least(1), default=1_000_000, help="lengths per case")
+    parser.add_argument("--time-limit", type=positive, default=60.0, help="CGHP's time limit per case (seconds)")
     args = parser.parse_args(argv)
     print(f"{'pack':>6} {'depth':>5} {'seed':>4} {'median':>6} {'tail':>11} {'bound':>9} {'CGHP':>9} {'gap':>8} "
           f"{'time':>7} {'strategy':>9} {'LPFHP':>9}  goal (0.1%, 10 s)")

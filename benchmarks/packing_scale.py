@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bert_ipu.arguments import Parser, at_least, positive
 from bert_ipu.packing import histogram_of, lower_bound, pack
 from bert_ipu.packing.synthetic import long_context_lengths, stretch_histogram
 
@@ -126,9 +127,9 @@ def cases(args):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--time-limit", type=float, default=60.0, help="CGHP's time limit per case (seconds)")
-    parser.add_argument("--sequences", type=int, default=1_000_000, help="long-context sequences per case")
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--time-limit", type=positive, default=60.0, help="CGHP's time limit per case (seconds)")
+    parser.add_argument("--sequences", type=at_least(1), default=1_000_000, help="long-context sequences per case")
     parser.add_argument("--only", choices=["wikipedia", "long"], help="run one family of cases")
     args = parser.parse_args()
     try:

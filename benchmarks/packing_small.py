@@ -24,12 +24,13 @@ much as the packing's. The table ends with the worst time, the worst gap and the
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import time
 
 import numpy as np
 
+from bert_ipu.arguments import Parser, at_least, positive
+from bert_ipu.files import is_benchmark_json, output_file_problem, write_rows
 from bert_ipu.packing import pack
 from bert_ipu.packing.bounds import lower_bound
 from bert_ipu.packing.cghp import EXACT_PRICING_SECONDS
@@ -89,20 +90,24 @@ FAMILIES = {"mixed": random_case, "ranges": ranges_case, "dear": dear_case}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    parser.add_argument("--cases", type=int, default=60, help="random histograms (default 60)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the cases (default 0)")
-    parser.add_argument("--cap", type=float, default=60.0,
+    parser = Parser(description=__doc__.split("\n\n")[0],
+                    formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    parser.add_argument("--cases", type=at_least(1), default=60, help="random histograms (default 60)")
+    parser.add_argument("--seed", type=at_least(0), default=0, help="seed of the cases (default 0)")
+    parser.add_argument("--cap", type=positive, default=60.0,
                         help="time limit of each call, only so that the benchmark ends (default 60 s)")
-    parser.add_argument("--max-sequences", type=int,
+    parser.add_argument("--max-sequences", type=at_least(21),
                         help="the most sequences in a case (default 300,000, or 3,000 with --family dear; drawn "
                              "log-uniform from 20)")
     parser.add_argument("--family", choices=list(FAMILIES), default="mixed",
                         help="the random histograms: mixed kinds (default), uniform lengths in a random range, or "
                              "small ones of either whose exact pricing is dear")
-    parser.add_argument("--json", help="write one JSON line per case here")
+    parser.add_argument("--json", help="write one JSON line per case here (a new file, or one this benchmark wrote; "
+                        "rewritten after every case)")
     args = parser.parse_args()
+    problem = args.json and output_file_problem(args.json, "--json", is_benchmark_json)
+    if problem:  # (rows were appended to any file, a user's or an earlier run's)
+        parser.error(problem)
     if args.max_sequences is None:
         args.max_sequences = 3_000 if args.family == "dear" else 300_000
     rng = np.random.default_rng(args.seed)
@@ -127,8 +132,7 @@ def main() -> None:
               f"{'CAPPED ' if row['capped'] else ''}{'' if row['meets'] else 'MISS'}",
               flush=True)
         if args.json:
-            with open(args.json, "a") as f:
-                f.write(json.dumps(row) + "\n")
+            write_rows(args.json, rows, "packing_small.py")
     worst_time = max(rows, key=lambda r: r["seconds"])
     worst_gap = max(rows, key=lambda r: r["gap"])
     missed = [r for r in rows if not r["meets"]]

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 from transformers import BertConfig
 
+from bert_ipu.arguments import Parser, at_least
 from bert_ipu.models.bert import PackedBertForPreTraining
 from bert_ipu.engine.parallel import PipelineParallel
 from bert_ipu.engine.runtime import Runtime
@@ -39,12 +40,12 @@ def batch(n, S, M, K, vocab, rng):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--micro-batch", type=int, default=8)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--layers", type=at_least(1), default=4)
+    parser.add_argument("--hidden", type=at_least(1), default=256)
+    parser.add_argument("--seq-len", type=at_least(1), default=128)
+    parser.add_argument("--micro-batch", type=at_least(1), default=8)
+    parser.add_argument("--repeats", type=at_least(1), default=5)
     args = parser.parse_args()
     dist.init_process_group("gloo")
     torch.set_num_threads(1)

@@ -34,6 +34,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from bert_ipu.arguments import Parser, at_least
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -149,10 +151,10 @@ def worker(rank: int, ranks: int, port: int, shapes: list[str], rounds: int, out
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=sorted(SHAPES))
-    ap.add_argument("--ranks", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--ranks", type=at_least(1), default=2)
+    ap.add_argument("--rounds", type=at_least(2), default=4, help="rounds, the first a warm-up (default 4)")
     args = ap.parse_args()
     import socket
 

@@ -15,13 +15,14 @@ median step times; OH = packed step time / unpacked step time at the same shape 
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import numpy as np
 import torch
 from transformers import BertConfig
 
+from bert_ipu.files import is_benchmark_json, output_file_problem, write_rows
+from bert_ipu.arguments import Parser, at_least
 from bert_ipu.models.bert import PackedBertForQuestionAnswering
 from bert_ipu.packing.histogram import expand_histogram, load_histogram
 from bert_ipu.engine.flops import peak_flops
@@ -55,16 +56,19 @@ def synthetic_features(lengths: np.ndarray, vocab: int, rng: np.random.Generator
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--histogram", default=str(Path(__file__).parent / "histograms" / "squad_1_1_384.json"))
     ap.add_argument("--size", choices=sorted(SIZES), default="minilm")
-    ap.add_argument("--micro-batch", type=int, default=4, help="rows per step, packed and unpacked alike")
-    ap.add_argument("--steps", type=int, default=3, help="micro-batches per layout per round")
-    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds; the first is warm-up")
+    ap.add_argument("--micro-batch", type=at_least(1), default=4, help="rows per step, packed and unpacked alike")
+    ap.add_argument("--steps", type=at_least(1), default=3, help="micro-batches per layout per round")
+    ap.add_argument("--rounds", type=at_least(2), default=5, help="interleaved rounds; the first is warm-up")
     ap.add_argument("--backend", default="mask", choices=["mask", "reference", "flex"])
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"], help="bf16: autocast (a GPU run)")
     ap.add_argument("--json", metavar="OUT", help="write the rows as JSON")
     args = ap.parse_args()
+    problem = args.json and output_file_problem(args.json, "--json", is_benchmark_json)
+    if problem:  # before anything is measured (a missing folder failed at the very end, a user's file was replaced)
+        ap.error(problem)
 
     hist = load_histogram(args.histogram)
     S = len(hist)
@@ -102,7 +106,7 @@ def main() -> None:
           f"{next(r for r in rows if r['algorithm'] == 'none')['sequences_per_second']:.1f}; "
           f"token bound {packed['theoretical_speedup']:.3f}x)")
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
+        write_rows(args.json, rows, "squad_speedup.py", lines=False)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from bert_ipu.arguments import Parser, at_least
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 SHAPES = {  # hidden, layers, heads, intermediate, vocab, pack length, micro-batch, MLM slots, [CLS] slots
@@ -227,10 +229,10 @@ def worker(rank: int, args) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shapes", nargs="+", default=["tiny", "base"], choices=sorted(SHAPES))
-    p.add_argument("--rounds", type=int, default=5, help="timed rounds after a warm-up round (default 5)")
-    p.add_argument("--port", type=int, default=29691)
+    p.add_argument("--rounds", type=at_least(1), default=5, help="timed rounds after a warm-up round (default 5)")
+    p.add_argument("--port", type=at_least(1, 65535), default=29691)
     args = p.parse_args()
     torch.multiprocessing.spawn(worker, args=(args,), nprocs=2, join=True)
 

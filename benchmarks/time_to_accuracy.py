@@ -62,6 +62,9 @@ import sys
 import time
 from pathlib import Path
 
+from bert_ipu.arguments import Parser, at_least, device_name, positive
+from bert_ipu.files import is_png, output_file_problem, save_png
+
 # sleeping OpenMP threads: spinning ones become several times slower when another job shares the machine
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
@@ -209,17 +212,16 @@ def make_data(out: Path, dupe: int) -> dict:
     paths = {}
     for S in (128, 512):
         inst = out / "data" / f"instances_{S}"
-        if not (inst / "manifest.json").is_file():
-            say(f"creating instances at {S} from the built-in corpus")
-            create_pretraining_data(["builtin"], inst, InstanceConfig(max_seq_length=S, dupe_factor=dupe if S == 512 else 1),
-                                    validation_fraction=VALIDATION_FRACTION, overwrite=True, progress=False)
+        # each kept only if made from the same input and settings (--if-changed: the data of another --size, its
+        # dupe factor, was reused as it was)
+        say(f"instances at {S} from the built-in corpus (kept if made with these settings)")
+        create_pretraining_data(["builtin"], inst, InstanceConfig(max_seq_length=S, dupe_factor=dupe if S == 512 else 1),
+                                validation_fraction=VALIDATION_FRACTION, if_changed=True, progress=False)
         for name, algorithm, depth in (("packed", "cghp", 3), ("unpacked", "none", 1)):
             if S == 128 and name == "unpacked":
                 continue
             target = out / "data" / f"{name}_{S}"
-            if not (target / "manifest.json").is_file():
-                say(f"packing {S} ({algorithm}, depth {depth})")
-                pack_pretraining_data(inst, target, algorithm, depth, overwrite=True, progress=False)
+            pack_pretraining_data(inst, target, algorithm, depth, if_changed=True, progress=False)
             paths[(name, S)] = target
     return paths
 
@@ -413,7 +415,7 @@ def plot(runs: dict, step_seconds: dict, targets: dict, path: Path, title: str) 
     fig.suptitle(title)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90)
+    save_png(fig, path, dpi=90)
     plt.close(fig)
 
 
@@ -433,19 +435,19 @@ def phase1_checkpoint(size: dict, args, paths: dict, out: Path) -> Path:
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny sizes, few updates, 2 seeds: a few minutes")
     parser.add_argument("--size", choices=sorted(SIZES), default=None,
                         help="quick | small | tiny (default: the main job's model, 76 min at load 4-6 on 2 cores) | base "
                         "(BERT-base, a GPU)")
     parser.add_argument("--out", default=None)
     parser.add_argument("--plot", default=None, help="the main plot (default OUT/time_to_accuracy.png)")
-    parser.add_argument("--seeds", type=int, default=None)
-    parser.add_argument("--updates", type=int, default=None, help="phase-2 updates of protocol 1")
-    parser.add_argument("--sequences", type=int, default=None, help="sequences per update")
-    parser.add_argument("--phase1-steps", type=int, default=None)
-    parser.add_argument("--lr", type=float, default=None, help="phase-2 peak learning rate (LAMB)")
-    parser.add_argument("--target-fraction", type=float, default=0.8)
+    parser.add_argument("--seeds", type=at_least(1), default=None)
+    parser.add_argument("--updates", type=at_least(1), default=None, help="phase-2 updates of protocol 1")
+    parser.add_argument("--sequences", type=at_least(1), default=None, help="sequences per update")
+    parser.add_argument("--phase1-steps", type=at_least(1), default=None)
+    parser.add_argument("--lr", type=positive, default=None, help="phase-2 peak learning rate (LAMB)")
+    parser.add_argument("--target-fraction", type=positive, default=0.8)
     parser.add_argument("--metric", choices=("accuracy", "loss"), default=None,
                         help="what the target is set on: validation MLM accuracy (tiny, base) or loss (quick, small: "
                              "from scratch the accuracy jumps to the unigram plateau within a few updates)")
@@ -453,9 +455,14 @@ def main(argv=None) -> dict:
                         help="phase 2 from a phase-1 checkpoint at 128 (tiny, base) or from scratch (quick, small)")
     parser.add_argument("--protocol2", choices=("yes", "no"), default="yes")
     parser.add_argument("--downstream", choices=("all", "first", "none"), default=None)
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", type=device_name, default="cpu")
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     args = parser.parse_args(argv)
+    if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
+        parser.error(f"--out {args.out} is a file; give a folder (created if missing)")
+    problem = args.plot and output_file_problem(args.plot, "--plot", is_png)
+    if problem:
+        parser.error(problem)
     size_name = args.size or ("quick" if args.quick else "tiny")
     size = dict(SIZES[size_name])
     for key in ("seeds", "updates", "sequences", "lr"):

@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT / "tests" / "fixtures" / "wiki"))
 
 import make_tiny  # noqa: E402  the fixture's pages and its XML writer
 
+from bert_ipu.arguments import Parser, at_least, positive
 from bert_ipu.data.instances import InstanceConfig, default_vocab  # noqa: E402
 from bert_ipu.data.pipeline import create_pretraining_data, pack_pretraining_data  # noqa: E402
 from bert_ipu.data.shards import DatasetWriter, PackedDataset  # noqa: E402
@@ -166,10 +167,10 @@ def replicate(src: Path, dst: Path, copies: int) -> Path:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--mb", type=float, default=24.0, help="MB of XML in the synthetic dump")
-    p.add_argument("--workers", type=int, nargs="+", default=[1, 2])
-    p.add_argument("--pack-copies", type=int, default=20, help="copies of the instances for the packing fit")
+    p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mb", type=positive, default=24.0, help="MB of XML in the synthetic dump")
+    p.add_argument("--workers", type=at_least(1), nargs="+", default=[1, 2])
+    p.add_argument("--pack-copies", type=at_least(1), default=20, help="copies of the instances for the packing fit")
     args = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="wikipedia_bench_"))
     try:

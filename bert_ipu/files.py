@@ -92,10 +92,20 @@ def write_atomic_with(path: Path, write) -> None:
 
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+PNG_SOFTWARE = "bert_ipu"
+"""the Software text of every figure this project writes (`save_png`): a PNG is its output only when it says so
+(any PNG was replaced before, a user's figure too)"""
+
+
+def save_png(fig, path, dpi: int = 110) -> None:
+    """A matplotlib figure as a PNG marked as this project's (PNG_SOFTWARE), written atomically."""
+    write_atomic_with(Path(path), lambda f: fig.savefig(f, format="png", dpi=dpi,
+                                                        metadata={"Software": PNG_SOFTWARE}))
 
 
 def is_png(head: bytes) -> bool:
-    return head.startswith(PNG_SIGNATURE)
+    """A PNG this project wrote (`save_png`): its signature, and its Software text chunk before the image data."""
+    return head.startswith(PNG_SIGNATURE) and b"tEXtSoftware\x00" + PNG_SOFTWARE.encode() in head
 
 
 def output_file_problem(path, flag: str, ours) -> str | None:
@@ -122,6 +132,27 @@ def output_file_problem(path, flag: str, ours) -> str | None:
             return (f"{flag} {path} exists and is not an output of this kind that this project wrote; move it away "
                     "or choose another name")
     return None
+
+
+BENCHMARK_MARK = "bert_ipu benchmarks"
+"""the `written_by` of every JSON object or row a benchmark writes (`write_rows`): such a file is its output"""
+
+
+def is_benchmark_json(head: bytes) -> bool:
+    """A JSON file or JSON lines a benchmark wrote (`write_rows`): its first object says so."""
+    return f'"written_by": "{BENCHMARK_MARK}/'.encode() in head[:4096]
+
+
+def write_rows(path, rows, script: str, lines: bool = True) -> None:
+    """A benchmark's rows (dicts), each marked `written_by: BENCHMARK_MARK script`, atomically: JSON lines, or
+    (`lines=False`) one indented JSON value (a dict, or a list of rows). Check the path first, before measuring:
+    `output_file_problem(path, flag, is_benchmark_json)`."""
+    mark = {"written_by": f"{BENCHMARK_MARK}/{script}"}
+    if lines:
+        write_atomic(Path(path), "".join(json.dumps({**mark, **r}) + "\n" for r in rows))
+    else:
+        value = {**mark, **rows} if isinstance(rows, dict) else [{**mark, **r} for r in rows]
+        write_atomic(Path(path), json.dumps(value, indent=1) + "\n")
 
 
 def write_json(path: Path, value, default=str) -> None:

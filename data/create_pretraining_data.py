@@ -30,13 +30,13 @@ def main(argv=None) -> int:
     vocab = p.add_mutually_exclusive_group()
     vocab.add_argument("--vocab", help="WordPiece vocab.txt (default: bert-base-uncased, shipped offline)")
     vocab.add_argument("--train-vocab", type=at_least(6), metavar="SIZE",
-                       help="train a WordPiece vocab of at most SIZE tokens on the input instead (it keeps at least "
-                            "the 5 special tokens and every character of the input)")
+                       help="train a WordPiece vocab of about SIZE tokens on the input instead (more where the "
+                            "input's characters alone are more: every one is kept, and the 5 special tokens)")
     p.add_argument("--max-seq-length", type=int, default=128,
                    help="tokens an instance holds at most, [CLS] and [SEP]s included (default 128)")
     p.add_argument("--max-predictions-per-seq", type=at_least(1),
                    help="masked tokens an instance holds at most (default: 20 at 128, 56 at 384, 76 at 512, "
-                        "round(0.15 x length) otherwise)")
+                        "round(--max-seq-length x --masked-lm-prob) otherwise)")
     p.add_argument("--masked-lm-prob", type=float, default=0.15, help="share of tokens masked (default 0.15)")
     p.add_argument("--short-seq-prob", type=float, default=0.1,
                    help="share of instances made shorter than --max-seq-length, as BERT's recipe (default 0.1)")

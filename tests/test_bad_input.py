@@ -106,8 +106,10 @@ def test_overwrite_never_deletes_a_users_files_inside_split_or_shard_folders(cor
     (data / "validation" / "heldout.txt").write_text("mine")
     (data / "train" / "NOTES.md").write_text("mine")
     (data / "train" / "shard-00000" / "mine.txt").write_text("mine")
+    (data / "backup" / "shard-00000").mkdir(parents=True)  # a user's folder shaped like a split (not listed)
+    np.save(data / "backup" / "shard-00000" / "input_ids.npy", np.zeros(3))
     before = sorted(p.relative_to(data) for p in data.rglob("*"))
-    with pytest.raises(DatasetError, match=r"did not write .train/NOTES\.md, train/shard-00000/mine\.txt, "
+    with pytest.raises(DatasetError, match=r"did not write .backup, train/NOTES\.md, train/shard-00000/mine\.txt, "
                                            r"validation/heldout\.txt.*nothing was deleted"):
         create_pretraining_data([str(corpus)], data, InstanceConfig(max_seq_length=64), overwrite=True,
                                 validation_fraction=0, progress=False)
@@ -119,6 +121,11 @@ def test_overwrite_never_deletes_a_users_files_inside_split_or_shard_folders(cor
     with pytest.raises(DatasetError, match="instances.partial is in the way"):
         create_pretraining_data([str(corpus)], data, InstanceConfig(max_seq_length=64), progress=False)
     assert (partial / "train" / "shard-00000" / "mine.txt").read_text() == "mine"
+    # a run killed while its manifest was written (manifest.json.partial, not renamed yet): its rerun goes on
+    (partial / "train" / "shard-00000" / "mine.txt").unlink()
+    (partial / "manifest.json.partial").write_text("{")
+    create_pretraining_data([str(corpus)], data, InstanceConfig(max_seq_length=64), progress=False)
+    assert PackedDataset(data).splits and not partial.exists()
 
 
 def test_instances_left_from_other_text_are_remade_from_data_prepare_input(corpus, tmp_path):

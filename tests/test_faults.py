@@ -18,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -630,3 +631,43 @@ def test_a_planted_pickle_in_a_checkpoint_runs_nothing(dataset, straight_run, tm
         (out / "checkpoints" / "step-0000004" / name).write_bytes(pickle.dumps(_Planted(str(marker))))
     assert _train(dataset, out, *FOUR_STEPS, resume=True) == 0
     assert not marker.exists()
+
+
+_CTRL_C_DRIVER = """
+import sys, time
+from pathlib import Path
+from bert_ipu.data.jobs import open_engine
+
+def task(i):
+    Path(sys.argv[1], f"started-{i}").write_text("")
+    time.sleep(30)
+    return i
+
+if __name__ == "__main__":
+    try:
+        with open_engine("local", 2) as runner:
+            list(runner.map(task, range(8)))
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+"""
+
+
+def test_ctrl_c_stops_a_data_step_with_workers_in_one_line(tmp_path):
+    """Ctrl-C reaches the whole process group: every worker printed its own KeyboardInterrupt traceback, and the
+    pool's shutdown could hang. Workers ignore it; the driver stops them at once and says so in one line."""
+    driver = tmp_path / "driver.py"
+    driver.write_text(_CTRL_C_DRIVER)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    proc = subprocess.Popen([sys.executable, str(driver), str(tmp_path)], stderr=subprocess.PIPE, text=True,
+                            env=env, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while len(list(tmp_path.glob("started-*"))) < 2 and time.monotonic() < deadline:  # both workers at work
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        _, err = proc.communicate(timeout=20)  # (the tasks would sleep 30 s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise AssertionError("the interrupted data step did not stop")
+    assert proc.returncode == 130 and err.strip() == "interrupted", err

@@ -305,8 +305,9 @@ def test_uint64_lengths_past_int64_are_named_as_they_are(tmp_path, capsys):
 
 def test_plot_never_replaces_a_file_this_project_did_not_write(tmp_path, capsys):
     """--plot on a dataset's manifest.json replaced it with a PNG: a file that is not a PNG is refused before
-    anything runs and left as it was; a missing folder is named; a PNG (a plot of an earlier run) is replaced,
-    through a temporary name that does not stay behind."""
+    anything runs and left as it was, and so is a PNG this project did not write (any PNG was replaced: a user's
+    figure too); a missing folder is named; a plot of an earlier run (marked by `save_png`) is replaced, through a
+    temporary name that does not stay behind."""
     hist = write(tmp_path, "h.json", "[1, 2, 3]")
     manifest = write(tmp_path, "manifest.json", '{"format": "packed"}\n')
     for target, named in ((manifest, "not an output of this kind"),
@@ -316,9 +317,14 @@ def test_plot_never_replaces_a_file_this_project_did_not_write(tmp_path, capsys)
         assert len(err) == 1 and err[0].startswith("error:") and named in err[0], err
     assert Path(manifest).read_text() == '{"format": "packed"}\n'
     png = tmp_path / "p.png"
-    png.write_bytes(b"\x89PNG\r\n\x1a\n old plot")
+    png.write_bytes(b"\x89PNG\r\n\x1a\n a user's figure")
+    assert main(["--histogram", hist, "--algorithm", "lpfhp", "--plot", str(png)]) == 2
+    assert "not an output of this kind" in capsys.readouterr().err and png.read_bytes().endswith(b"figure")
+    png.unlink()
     assert main(["--histogram", hist, "--algorithm", "lpfhp", "--plot", str(png)]) == 0
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 100
+    first = png.read_bytes()
+    assert main(["--histogram", hist, "--algorithm", "lpfhp", "spfhp", "--plot", str(png)]) == 0  # ours: replaced
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.read_bytes() != first
     assert sorted(p.name for p in tmp_path.iterdir()) == ["h.json", "manifest.json", "p.png"]
 
 

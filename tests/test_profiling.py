@@ -303,6 +303,8 @@ def test_bad_profile_input_is_a_clear_error(tmp_path, capsys):
     ("--json", "manifest.json", '{"format": "packed", "shards": []}\n', "not an output of this kind"),
     ("--plot", "notes.txt", "my notes\n", "not an output of this kind"),
     ("--scaling", ".", None, "is a folder"),
+    ("--plot", "figure.png", b"\x89PNG\r\n\x1a\n a user's figure", "not an output of this kind"),  # not marked ours
+    ("--json", "same.out", None, "profile.json and profile.plot are both"),  # --plot same.out too (it replaced it)
 ])
 def test_profile_outputs_are_checked_before_anything_is_measured(tmp_path, capsys, flag, name, content, named):
     """An output in a folder that does not exist was a FileNotFoundError traceback after the whole profile, and
@@ -314,12 +316,13 @@ def test_profile_outputs_are_checked_before_anything_is_measured(tmp_path, capsy
                     f"micro_batch_size: 2, device: cpu}}\n")
     target = tmp_path / name
     if content is not None:
-        target.write_text(content)
-    assert entry("profile", ["--config", str(path), flag, str(target)]) == 2
+        target.write_bytes(content if isinstance(content, bytes) else content.encode())
+    same = ["--plot", str(target)] if name == "same.out" else []
+    assert entry("profile", ["--config", str(path), flag, str(target), *same]) == 2
     captured = capsys.readouterr()
     err = captured.err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and named in err[0] and "Traceback" not in captured.err
     assert "[profile]" not in captured.out  # nothing was measured
     if content is not None:
-        assert target.read_text() == content
+        assert target.read_bytes() == (content if isinstance(content, bytes) else content.encode())
     assert not list(tmp_path.rglob("*.partial"))

@@ -26,6 +26,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import platform
+import signal
 import sys
 import threading
 import time
@@ -54,6 +55,9 @@ def worker_pool(workers: int, initializer=None, initargs=()) -> ProcessPoolExecu
 
 def _start_worker(parent: int, initializer, initargs) -> None:
     die_with_parent(parent)
+    # Ctrl-C reaches the whole process group: the driver stops the work (and says so in one line); a worker that
+    # took it too printed its own KeyboardInterrupt traceback, and the pool's shutdown could then hang
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if initializer is not None:
         initializer(*initargs)
 
@@ -91,9 +95,15 @@ class LocalEngine:
             return map(task, items)
         return ordered_map(self.pool, task, items, in_flight or 2 * self.workers)
 
-    def close(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(wait=True, cancel_futures=True)
+    def close(self, wait: bool = True) -> None:
+        """Stop the workers: after their tasks, or (`wait=False`: the work was interrupted or failed) at once,
+        their queued tasks cancelled (they end with this process: `die_with_parent`)."""
+        if self.pool is None:
+            return
+        if not wait:  # their running tasks too: the interpreter's exit would otherwise wait for them
+            for process in list((getattr(self.pool, "_processes", None) or {}).values()):
+                process.terminate()
+        self.pool.shutdown(wait=wait, cancel_futures=True)
 
 
 # Per worker process: the token of the last initializer run there (a worker outlives one map's tasks, so each
@@ -186,7 +196,7 @@ class DaskEngine:
             raise EngineError(f"lost {self.where} ({type(e).__name__}: {_first_line(e)}); check the cluster and "
                               "run the same command again") from None
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
         self.client.close()
         if self.cluster is not None:
             self.cluster.close()
@@ -221,8 +231,10 @@ def open_engine(engine: str = "local", workers: int = 1, address: str | None = N
     runner = LocalEngine(workers) if engine == "local" else DaskEngine(workers, address)
     try:
         yield runner
-    finally:
-        runner.close()
+    except BaseException:  # Ctrl-C or an error: nothing more is wanted from the workers
+        runner.close(wait=False)
+        raise
+    runner.close()
 
 
 def add_engine_arguments(parser) -> None:

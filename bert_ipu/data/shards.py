@@ -42,8 +42,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..files import (OutputBusy, OutputLock, describe_os_error, followed, fsync_dir, fsync_tree, sha256_of,
-                     write_json)
+from ..files import (PARTIAL, OutputBusy, OutputLock, describe_os_error, followed, fsync_dir, fsync_tree,
+                     sha256_of, write_json)
 from .layout import FIELDS, STORAGE, PackLayout, sequence_lengths_per_id
 
 FORMAT_VERSION = 1
@@ -91,7 +91,7 @@ class DatasetWriter:
                                        "it) and is not a dataset of this project; move it away") from None
                 shutil.rmtree(self.old)
             if self.partial.exists():
-                if not _leftover(self.partial):
+                if not _leftover(self.partial, partial=True):
                     raise DatasetError(f"{self.partial} is in the way (a dataset is written there before it takes "
                                        "its name) and is not a dataset of this project; move it away") from None
                 shutil.rmtree(self.partial)  # left by an interrupted run
@@ -211,18 +211,19 @@ def _split_names(folder: Path) -> set[str]:
 _SHARD_FILES = {f"{field}.npy" for field in (*FIELDS, *DERIVED)}
 
 
-def _foreign(folder: Path) -> list[str]:
+def _foreign(folder: Path, partial: bool = False) -> list[str]:
     """What in a dataset folder a DatasetWriter does not write (relative paths; empty: removing the folder
-    deletes no user file): at the top, the manifest and vocab.txt as files, and split folders (`_split_names`,
-    or any folder holding shard folders: a split the manifest, not written yet in DATASET.partial, would name)
-    holding only shard-NNNNN folders of the fields' .npy files. A user's file anywhere, in a split folder or a
-    shard too, is foreign."""
+    deletes no user file): at the top, the manifest (or the file it is written to first) and vocab.txt as
+    files, and split folders (`_split_names`; in a `partial` DATASET.partial also any folder holding shard
+    folders: a split the manifest, not written yet, would name) holding only shard-NNNNN folders of the fields'
+    .npy files. A user's file anywhere, in a split folder or a shard too, is foreign."""
     found, splits = [], _split_names(folder)
     for p in sorted(folder.iterdir()):
-        if p.is_file() and not p.is_symlink() and p.name in {"vocab.txt", MANIFEST, MANIFEST + ".tmp"}:
+        if p.is_file() and not p.is_symlink() and p.name in {"vocab.txt", MANIFEST, MANIFEST + ".tmp",
+                                                             MANIFEST + PARTIAL}:
             continue
-        if not p.is_dir() or p.is_symlink() or not (p.name in splits or any(_SHARD.fullmatch(q.name)
-                                                                             for q in p.iterdir())):
+        if not p.is_dir() or p.is_symlink() or not (p.name in splits or partial and any(_SHARD.fullmatch(q.name)
+                                                                                        for q in p.iterdir())):
             found.append(p.name)
             continue
         for shard in sorted(p.iterdir()):
@@ -234,10 +235,10 @@ def _foreign(folder: Path) -> list[str]:
     return found
 
 
-def _leftover(folder: Path) -> bool:
+def _leftover(folder: Path, partial: bool = False) -> bool:
     """Whether a folder holds nothing but what a DatasetWriter writes (`_foreign`), so that removing it deletes
     no user file."""
-    return not _foreign(folder)
+    return not _foreign(folder, partial)
 
 
 _SHARD = re.compile(r"shard-\d{5,}")

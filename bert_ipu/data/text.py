@@ -29,28 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from ..arguments import at_least  # noqa: F401  (the data commands' argparse type, imported from here)
+
 BUILTIN = "builtin"
 BUILTIN_LICENSE = "Python Software Foundation License Version 2 (pydoc_data topics and standard-library docstrings)"
 
 Document = list  # of sentences (str)
-
-
-def at_least(minimum: int, maximum: int | None = None, why: str = ""):
-    """An argparse type: an int >= minimum (and <= maximum, when given; `why` says why in the message). A bad value
-    is argparse's one-line usage error, exit 2."""
-    import argparse
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"{value} is below {minimum}")
-        if maximum is not None and value > maximum:
-            raise argparse.ArgumentTypeError(f"{value} is above {maximum:,}{why}")
-        return value
-    return parse
 
 
 MAX_WORKERS = 512

@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 from ..arguments import Parser
-from ..files import describe_os_error, is_png, output_file_problem
+from ..files import describe_os_error, is_png, output_file_problem, save_png
 from .api import ALGORITHMS, DEPTH_FREE, applies, pack
 from .depth import depth_label, parse_depth
 from .nnlshp import MAX_DEPTH as NNLSHP_MAX_DEPTH
@@ -228,18 +226,10 @@ def write_plot(path: str, histogram, results, title: str) -> None:
     ax2.tick_params(axis="x", labelsize=8)
     fig.tight_layout()
     # write next to the target and rename, so an interrupted run leaves no half-written image
-    fd, tmp = tempfile.mkstemp(suffix=".png", dir=os.path.dirname(os.path.abspath(path)))
-    os.close(fd)
     try:
-        fig.savefig(tmp, dpi=120)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # as a file the user creates (mkstemp's are private: 0600)
-        os.replace(tmp, path)
+        save_png(fig, path, dpi=120)  # (atomic, and with the umask's mode: mkstemp's file was 0600)
     finally:
         plt.close(fig)
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def multi_size_row(histogram, pack_lengths, depth, time_limit, check_only: bool = False) -> dict:

@@ -42,7 +42,7 @@ from ... import packing
 from ...data.instances import InstanceConfig, mlm_slots_for
 from ...data.layout import IGNORE_INDEX, Instance, PackLayout, pack_instances, stack_packs
 from ...config import to_yaml
-from ...files import describe_os_error, is_png, output_file_problem, write_atomic, write_atomic_with
+from ...files import describe_os_error, is_png, output_file_problem, save_png, write_atomic
 from ...engine.flops import StepFlops, peak_flops
 from ...engine.runtime import RunError, autocast, pick_device
 from ...models.attention import check_device
@@ -642,6 +642,11 @@ def check_outputs(prof) -> None:
                ("profile.scaling", prof.scaling, is_png)]
     if prof.json:
         outputs.append(("profile.json", f"{prof.json}.config.yaml", _our_config))
+    given = [(flag, Path(path).resolve()) for flag, path, _ in outputs if path]
+    for i, (flag, path) in enumerate(given):
+        for other, same in given[:i]:
+            if same == path:  # (the later output replaced the earlier: --json X --plot X left a PNG)
+                raise ProfilingError(f"{other} and {flag} are both {path}; give each output its own file")
     for flag, path, ours in outputs:
         problem = path and output_file_problem(path, flag, ours)
         if problem:
@@ -715,7 +720,7 @@ def plot(path, histogram, rows) -> None:
     b.legend()
     fig.tight_layout()
     try:
-        write_atomic_with(Path(path), lambda f: fig.savefig(f, format="png", dpi=110))
+        save_png(fig, path)
     finally:
         plt.close(fig)
 
@@ -734,6 +739,6 @@ def plot_scaling(path, study) -> None:
            title="every step waits for the slowest device")
     fig.tight_layout()
     try:
-        write_atomic_with(Path(path), lambda f: fig.savefig(f, format="png", dpi=110))
+        save_png(fig, path)
     finally:
         plt.close(fig)
