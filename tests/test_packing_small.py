@@ -190,6 +190,15 @@ def test_the_benchmark_reports_every_case_and_the_worst(tmp_path):
     assert "worst time" in proc.stdout.splitlines()[-1]
     _, rows = run("ranges", "--family", "ranges", "--cases", "3", "--max-sequences", "1000")
     assert len(rows) == 3 and all(r["packs"] >= r["bound"] >= 1 and 500 <= r["sequences"] <= 1000 for r in rows)
+    # its own file is rewritten, not appended to (two runs were mixed in one); a user's is refused before any case
+    _, again = run("ranges", "--family", "ranges", "--cases", "2", "--max-sequences", "1000")
+    assert len(again) == 2 and all(r["written_by"] == "bert_ipu benchmarks/packing_small.py" for r in again)
+    (tmp_path / "notes.txt").write_text("mine")
+    proc = subprocess.run([sys.executable, "benchmarks/packing_small.py", "--cases", "1", "--json",
+                           str(tmp_path / "notes.txt")], cwd=Path(__file__).resolve().parent.parent,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and proc.stdout == "" and proc.stderr.count("\n") == 1, proc.stderr
+    assert (tmp_path / "notes.txt").read_text() == "mine"
 
 
 
