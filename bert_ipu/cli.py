@@ -1,7 +1,8 @@
 """The one command line of every task: run_pretraining.py, run_squad.py, run_glue.py, run_causal_lm.py,
 run_profiling.py and `python -m bert_ipu` are this parser.
 
-    python -m bert_ipu --config NAME [--resume | --overwrite | --eval-only] [--print-config] [KEY=VALUE ...]
+    python -m bert_ipu --config NAME [--resume | --overwrite | --auto-resume] [--eval-only] [--print-config]
+        [KEY=VALUE ...]
 
 NAME is a file in configs/ (without .yaml) or a path to a YAML file; KEY=VALUE pairs (anywhere on the line)
 override single fields (section.key=value). `--print-config` prints the resolved config (overlays and
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -29,8 +31,12 @@ from .tasks import TaskSpec, load_config, registry
 def _split(argv: list[str]) -> tuple[list[str], list[str]]:
     """(KEY=VALUE overrides, everything else): overrides may come anywhere, also after --resume or after a flag
     that takes several values (which would otherwise swallow them)."""
-    overrides = [a for a in argv if "=" in a and not a.startswith("-")]
+    overrides = [a for a in argv if _OVERRIDE.match(a)]
     return overrides, [a for a in argv if a not in overrides]
+
+
+_OVERRIDE = re.compile(r"[A-Za-z_]\w*(\.\w+)*=")
+"""KEY=VALUE: a dotted key before the first "=" (a path holding "=", /tmp/lr=1.jsonl given to --json, is not one)"""
 
 
 def parser(specs: list[TaskSpec], prog: str | None = None) -> argparse.ArgumentParser:
@@ -57,9 +63,13 @@ def parser(specs: list[TaskSpec], prog: str | None = None) -> argparse.ArgumentP
             if flag not in seen:
                 seen.add(flag)
                 p.add_argument(flag, **kwargs)
-    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
-                   help="override one field, e.g. train.max_steps=50 output_dir=runs/x")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help=f"override one field, e.g. {_example(specs)}")
     return p
+
+
+def _example(specs: list[TaskSpec]) -> str:
+    """Overrides that the kinds `specs` take (a profile has no train section or output_dir)."""
+    return "train.max_steps=50 output_dir=runs/x" if any(s.resumable for s in specs) else "profile.steps=5"
 
 
 def config(argv: list[str], kind: str | None = None):
@@ -76,7 +86,7 @@ def config(argv: list[str], kind: str | None = None):
             pass  # (a config that does not load: the general help)
     args = parser(chosen, None if kind else "python -m bert_ipu").parse_args(rest)
     if args.overrides:  # what argparse left over: words without "=" (KEY=VALUE pairs were taken out above)
-        raise ConfigError(f"argument {args.overrides[0]!r} is not a KEY=VALUE override (e.g. train.max_steps=100) or "
+        raise ConfigError(f"argument {args.overrides[0]!r} is not a KEY=VALUE override (e.g. {_example(chosen)}) or "
                           "a flag of this command; see --help")
     if kind is None:  # python -m bert_ipu: the config's own kind decides; its flags must be its kind's
         kind = load_config(args.config, overrides).kind

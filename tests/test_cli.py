@@ -210,3 +210,13 @@ def test_a_bad_command_line_is_one_line_from_every_command():
         done = run(*argv)
         lines = done.stderr.strip().splitlines()
         assert done.returncode == 2 and len(lines) == 1 and named in lines[0] and "see --help" in lines[0], done.stderr
+
+
+def test_a_flags_path_holding_an_equals_sign_is_its_value():
+    """--json /tmp/d/lr=1.jsonl was taken for a KEY=VALUE override ("argument --json: expected one argument"); an
+    override is a dotted key before its "=" (and the help's example is one the kind takes: a profile has no train
+    section)."""
+    from bert_ipu.cli import config
+
+    cfg = config(["--config", "profile_quick", "--json", "/tmp/d/lr=1.jsonl", "profile.steps=2"], "profile")[0]
+    assert cfg.profile.json == "/tmp/d/lr=1.jsonl" and cfg.profile.steps == 2

@@ -264,7 +264,7 @@ def test_bad_profile_input_is_a_clear_error(tmp_path, capsys):
                     f"micro_batch_size: 2, device: cpu}}\n")
     for override in ("profile.backends=[bogus]", "profile.backends=mask", "profile.scaling_batches=1",
                      "profile.algorithms=[nope]", "profile.compile=maybe", "profile.max_sequences_per_pack=0",
-                     "profile.ranks=0", "profile.balance_updates=0"):
+                     "profile.ranks=0", "profile.balance_updates=0", "profile.ranks=100000"):  # (ran for minutes)
         with pytest.raises(ConfigError):
             load_config(str(path), [override], kind="profile")
     bad = tmp_path / "bad.json"
@@ -286,6 +286,13 @@ def test_bad_profile_input_is_a_clear_error(tmp_path, capsys):
     assert entry("profile", ["--config", str(path), f"profile.histogram={long}"]) == 2
     lines = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
     assert len(lines) == 1 and "pack length of 100,000" in lines[0] and "GiB are free" in lines[0], lines
+    # a micro-batch of 100,000 packs: its activations and MLM logits (134 GB) died in the allocator, a traceback;
+    # a depth above the pack length gave torch's "Expected input batch_size (128) to match target batch_size"
+    for override, says in (("profile.micro_batch_size=100000", "GiB are free"),
+                           ("profile.max_sequences_per_pack=100000", "more than the pack length")):
+        assert entry("profile", ["--config", str(path), override]) == 2
+        lines = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+        assert len(lines) == 1 and says in lines[0], lines
     # SORT's micro-batch is consecutive sequences: more than the histogram holds was numpy's "high <= 0"
     few = tmp_path / "few.json"
     few.write_text(json.dumps([0] * 7 + [3]))

@@ -16,6 +16,7 @@ from pathlib import Path
 from ..arguments import Parser
 from ..files import describe_os_error, is_png, output_file_problem, save_png
 from .api import ALGORITHMS, DEPTH_FREE, applies, pack
+from .balance import MAX_RANKS
 from .depth import depth_label, parse_depth
 from .nnlshp import MAX_DEPTH as NNLSHP_MAX_DEPTH
 from .histogram import (MAX_PACK_LENGTH, PackingInputError, check_memory, check_pack_length, histogram_of,
@@ -46,7 +47,6 @@ def max_len_arg(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number or 'auto'") from None
 
 
-MAX_RANKS = 256           # --ranks: balancing one update costs about ranks^2 steps (256 ranks: ~3 s)
 MAX_PACKS_PER_RANK = 1024  # --packs-per-update: at most this many per rank
 BALANCE_WORK = 2 ** 16     # updates measured: at most BALANCE_WORK / ranks^2 of the first 100 (at least one)
 

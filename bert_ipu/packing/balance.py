@@ -31,6 +31,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+MAX_RANKS = 256
+"""the most ranks a balance report deals to (the packing report's and the profile's --ranks): balancing one update
+costs about ranks^2 steps (256 ranks: about 3 s)"""
+
 
 def pack_costs(flat_lengths: np.ndarray, offsets: np.ndarray, linear_weight: float = 0.0) -> np.ndarray:
     """Cost of each pack: linear_weight x its tokens + the sum of its sequences' squared lengths.

@@ -64,8 +64,11 @@ class ProfileConfig:
     def __post_init__(self):
         from ...packing import ALGORITHMS
 
-        if self.ranks is not None and self.ranks < 1 or self.balance_updates < 1:
-            raise ConfigError("profile.ranks must be >= 1 (or null) and profile.balance_updates >= 1")
+        from ...packing.balance import MAX_RANKS
+
+        if self.ranks is not None and not 1 <= self.ranks <= MAX_RANKS or self.balance_updates < 1:
+            raise ConfigError(f"profile.ranks must be 1 to {MAX_RANKS} (or null: its balancing work grows as ranks "
+                              "squared) and profile.balance_updates >= 1")
         if self.precision not in ("fp32", "bf16"):
             raise ConfigError(f"profile.precision {self.precision!r}: choose fp32 or bf16")
         if min(self.micro_batch_size, self.steps, self.sort_batch_size) < 1 or self.rounds < 2:

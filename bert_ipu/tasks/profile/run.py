@@ -441,13 +441,20 @@ def check_memory(cfg, pack_length: int, device: torch.device) -> None:
     from ...engine.launch import _available_memory
 
     prof, m = cfg.profile, cfg.model
-    scores = prof.micro_batch_size * m.num_attention_heads * pack_length ** 2 * 4 * 3
-    need = scores + 16 * m.parameter_estimate()
+    B = prof.micro_batch_size
+    scores = B * m.num_attention_heads * pack_length ** 2 * 4 * 3
+    # the activations kept for the backward pass (about 8 hidden-wide and 2 intermediate-wide float32 tensors a
+    # token a layer) and the MLM head's logits with their gradient: a micro-batch of 100,000 asked for 134 GB
+    # there and died in the allocator
+    slots = max(1, round(0.2 * pack_length))  # (the MLM slots: about 15% of the tokens, and a few)
+    activations = B * pack_length * m.num_hidden_layers * (8 * m.hidden_size + 2 * m.intermediate_size) * 4
+    logits = B * slots * 30522 * 4 * 2  # (the profile's vocab: bert-base's)
+    need = scores + activations + logits + 16 * m.parameter_estimate()
     have = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else _available_memory()
     if have is not None and need > have:
         raise ProfilingError(f"a pack length of {pack_length:,} (the histogram's length) with micro-batch "
                              f"{prof.micro_batch_size} and {m.num_attention_heads} heads needs about "
-                             f"{need / 2**30:,.1f} GiB for the attention scores and the model, but "
+                             f"{need / 2**30:,.1f} GiB for its activations, the attention scores and the model, but "
                              f"{have / 2**30:,.1f} GiB are free; give a shorter histogram or lower "
                              "profile.micro_batch_size")
 
@@ -476,6 +483,9 @@ def run(cfg, say=print) -> dict:
         raise ProfilingError(str(e).replace("train.device", "profile.device")) from None
     depth = prof.max_sequences_per_pack
     S = len(histogram)
+    if depth > S:  # (torch's "Expected input batch_size (128) to match target batch_size (200000)")
+        raise ProfilingError(f"profile.max_sequences_per_pack {depth:,} is more than the pack length {S:,} (the "
+                             "histogram's length): a pack holds at most one sequence a token; give at most that")
     check_memory(cfg, S, device)
     config = cfg.model.bert_config(30522, S, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     torch.manual_seed(prof.seed)
