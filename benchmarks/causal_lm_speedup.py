@@ -3,7 +3,7 @@ rows in one run, beside its theoretical bound; and the loss curves of packed and
 sequences per update.
 
     .venv/bin/python benchmarks/causal_lm_speedup.py [--micro-batch 8] [--steps 4] [--rounds 6]
-        [--time-limit 300] [--curves 200] [--plot causal_lm_curves.png] [--json OUT]
+        [--time-limit 300] [--curves 200] [--plot runs/causal_lm_curves.png] [--json OUT]
 
 Data: the SFT fixtures (tests/fixtures/sft/chat.jsonl and pairs.jsonl: 800 chats and prompt/response pairs
 made from the built-in corpus, 20-200 tokens) with a byte-level BPE tokenizer of 2,048 tokens trained on
@@ -206,12 +206,15 @@ def main() -> None:
     ap.add_argument("--rounds", type=at_least(1), default=6, help="interleaved rounds at most; the first is warm-up")
     ap.add_argument("--time-limit", type=float, default=300, metavar="SECONDS", help="start no round past this")
     ap.add_argument("--curves", type=at_least(0), default=200, metavar="N", help="updates of each loss-curve run; 0: skip")
-    ap.add_argument("--plot", default="causal_lm_curves.png", help="where the loss curves go (PNG)")
+    ap.add_argument("--plot", default="runs/causal_lm_curves.png",
+                    help="where the loss curves go (PNG; default runs/causal_lm_curves.png, runs/ made if missing)")
     ap.add_argument("--seed", type=at_least(0), default=0)
     ap.add_argument("--json", metavar="OUT", help="write the figures as JSON")
     args = ap.parse_args()
     if args.rounds < 2:
         ap.error("need --rounds >= 2 (the first is warm-up)")
+    if args.plot == "runs/causal_lm_curves.png":
+        Path("runs").mkdir(exist_ok=True)  # (the default: it was written into the working folder)
     problem = (args.json and output_file_problem(args.json, "--json", is_benchmark_json)) or \
         (args.curves and output_file_problem(args.plot, "--plot", is_png))
     if problem:  # before anything is measured (a missing folder failed at the very end, a user's file was replaced)

@@ -31,7 +31,6 @@ PY=${PY:-python3}
 OUT=${OUT:-runs/gpu}
 MICRO=${MICRO:-16}
 ROUNDS=${ROUNDS:-5}
-mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 [ -d /tmp/site ] && export PYTHONPATH="/tmp/site:${PYTHONPATH:-}"
 export PYTHONPATH="$PWD:${PYTHONPATH:-}"  # the project itself, uninstalled
@@ -148,10 +147,15 @@ stage_quick() {
 }
 
 [ $# -ge 1 ] || { sed -n '2,27p' "$0"; exit 2; }
-for stage in "$@"; do
+for stage in "$@"; do  # every stage named is checked before any runs (and before $OUT is made)
     case "$stage" in
-        setup|tests|bert|compile|llama|squad|smoke|quick) echo "== $stage"; "stage_$stage" ;;
+        setup|tests|bert|compile|llama|squad|smoke|quick) ;;
         *) echo "gpu_measure.sh: unknown stage '$stage'; choose from setup tests bert compile llama squad smoke quick" >&2
            exit 2 ;;
     esac
+done
+mkdir -p "$OUT"
+for stage in "$@"; do
+    echo "== $stage"
+    "stage_$stage"
 done
