@@ -33,9 +33,9 @@ from pathlib import Path
 
 import numpy as np
 
-from bert_ipu.arguments import Parser, at_least, positive
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bert_ipu.arguments import Parser, at_least, positive
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
@@ -229,7 +229,7 @@ def main() -> None:
     parser.add_argument("--sequences", type=at_least(1), default=1_000_000)
     parser.add_argument("--pack-length", type=at_least(1), default=2048)
     parser.add_argument("--median", type=positive, default=300.0, help="median of the log-normal lengths")
-    parser.add_argument("--sigma", type=positive, default=0.9, help="sigma of the log-normal lengths")
+    parser.add_argument("--sigma", type=float, default=0.9, help="sigma of the log-normal lengths")
     parser.add_argument("--flatten-batches", type=at_least(1), nargs="+", default=[8])
     parser.add_argument("--train-sequences", type=at_least(1), default=1000)
     parser.add_argument("--train-pack-length", type=at_least(1), default=256)

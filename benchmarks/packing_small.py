@@ -96,7 +96,7 @@ def main() -> None:
     parser.add_argument("--seed", type=at_least(0), default=0, help="seed of the cases (default 0)")
     parser.add_argument("--cap", type=positive, default=60.0,
                         help="time limit of each call, only so that the benchmark ends (default 60 s)")
-    parser.add_argument("--max-sequences", type=at_least(21),
+    parser.add_argument("--max-sequences", type=at_least(20),
                         help="the most sequences in a case (default 300,000, or 3,000 with --family dear; drawn "
                              "log-uniform from 20)")
     parser.add_argument("--family", choices=list(FAMILIES), default="mixed",

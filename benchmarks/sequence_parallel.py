@@ -34,10 +34,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from bert_ipu.arguments import Parser, at_least
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bert_ipu.arguments import Parser, at_least
 
 SHAPES = {  # hidden, layers, heads, kv heads, intermediate, vocab, pack length, rows, sequences a row
     "small": dict(hidden=256, layers=2, heads=8, kv=4, intermediate=688, vocab=4096, seq=1024, batch=2, docs=5),

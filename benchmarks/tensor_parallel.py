@@ -34,9 +34,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from bert_ipu.arguments import Parser, at_least
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bert_ipu.arguments import Parser, at_least
 
 SHAPES = {  # hidden, layers, heads, intermediate, vocab, pack length, micro-batch, MLM slots, [CLS] slots
     "tiny": dict(hidden=128, layers=2, heads=2, intermediate=512, vocab=30522, seq=128, batch=8, mlm=20, cls=3),

@@ -460,9 +460,13 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
         parser.error(f"--out {args.out} is a file; give a folder (created if missing)")
-    problem = args.plot and output_file_problem(args.plot, "--plot", is_png)
+    # (a folder that does not exist yet is made, as --out is)
+    problem = args.plot and Path(args.plot).absolute().parent.is_dir() and \
+        output_file_problem(args.plot, "--plot", is_png)
     if problem:
         parser.error(problem)
+    if not 0 < args.target_fraction <= 1:  # (it failed after the data and pilot stages)
+        parser.error(f"--target-fraction {args.target_fraction}: give a share of the final accuracy in (0, 1]")
     size_name = args.size or ("quick" if args.quick else "tiny")
     size = dict(SIZES[size_name])
     for key in ("seeds", "updates", "sequences", "lr"):

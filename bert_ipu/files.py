@@ -104,8 +104,11 @@ def save_png(fig, path, dpi: int = 110) -> None:
 
 
 def is_png(head: bytes) -> bool:
-    """A PNG this project wrote (`save_png`): its signature, and its Software text chunk before the image data."""
-    return head.startswith(PNG_SIGNATURE) and b"tEXtSoftware\x00" + PNG_SOFTWARE.encode() in head
+    """A PNG this project wrote (`save_png`): its signature, and its Software text chunk before the image data;
+    or matplotlib's own, which every plot of this project carried before it had the mark (a rerun of `make
+    report` would otherwise refuse its own earlier plots). Any other PNG is a user's: never replaced."""
+    return head.startswith(PNG_SIGNATURE) and (b"tEXtSoftware\x00" + PNG_SOFTWARE.encode() in head
+                                               or b"tEXtSoftware\x00Matplotlib version" in head)
 
 
 def output_file_problem(path, flag: str, ours) -> str | None:

@@ -58,8 +58,22 @@ def _start_worker(parent: int, initializer, initargs) -> None:
     # Ctrl-C reaches the whole process group: the driver stops the work (and says so in one line); a worker that
     # took it too printed its own KeyboardInterrupt traceback, and the pool's shutdown could then hang
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # (blocked since its start: `_submit`; now ignored)
     if initializer is not None:
         initializer(*initargs)
+
+
+def _submit(pool, fn, item):
+    """`pool.submit(fn, item)` with Ctrl-C blocked in this thread meanwhile: a worker process it starts inherits
+    the blocked signal, so a Ctrl-C while the worker still imports (before `_start_worker` ignores it) does not
+    print its traceback; here the signal waits, and is taken once unblocked (not lost)."""
+    if threading.current_thread() is not threading.main_thread():
+        return pool.submit(fn, item)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        return pool.submit(fn, item)
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def ordered_map(pool, fn, items, in_flight: int):
@@ -68,7 +82,7 @@ def ordered_map(pool, fn, items, in_flight: int):
     returning a future with `result()`."""
     pending = deque()
     for item in items:
-        pending.append(pool.submit(fn, item))
+        pending.append(_submit(pool, fn, item))
         if len(pending) >= in_flight:
             yield pending.popleft().result()
     while pending:
@@ -95,15 +109,12 @@ class LocalEngine:
             return map(task, items)
         return ordered_map(self.pool, task, items, in_flight or 2 * self.workers)
 
-    def close(self, wait: bool = True) -> None:
-        """Stop the workers: after their tasks, or (`wait=False`: the work was interrupted or failed) at once,
-        their queued tasks cancelled (they end with this process: `die_with_parent`)."""
-        if self.pool is None:
-            return
-        if not wait:  # their running tasks too: the interpreter's exit would otherwise wait for them
-            for process in list((getattr(self.pool, "_processes", None) or {}).values()):
-                process.terminate()
-        self.pool.shutdown(wait=wait, cancel_futures=True)
+    def close(self) -> None:
+        """Stop the workers once their running tasks end (queued ones are cancelled). Not sooner: a worker stopped
+        while it sends its result leaves the pool's reader waiting for the rest, and the exit hung. Again: nothing."""
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+            self.pool = None
 
 
 # Per worker process: the token of the last initializer run there (a worker outlives one map's tasks, so each
@@ -196,10 +207,13 @@ class DaskEngine:
             raise EngineError(f"lost {self.where} ({type(e).__name__}: {_first_line(e)}); check the cluster and "
                               "run the same command again") from None
 
-    def close(self, wait: bool = True) -> None:
+    def close(self) -> None:
+        if self.client is None:  # (closed already: `stops`)
+            return
         self.client.close()
         if self.cluster is not None:
             self.cluster.close()
+        self.client = self.cluster = None
 
 
 def _first_line(e: BaseException) -> str:
@@ -231,10 +245,18 @@ def open_engine(engine: str = "local", workers: int = 1, address: str | None = N
     runner = LocalEngine(workers) if engine == "local" else DaskEngine(workers, address)
     try:
         yield runner
-    except BaseException:  # Ctrl-C or an error: nothing more is wanted from the workers
-        runner.close(wait=False)
-        raise
-    runner.close()
+    finally:
+        runner.close()
+
+
+@contextmanager
+def stops(runner):
+    """Close `runner` when the block ends, before the contexts entered ahead of this one exit (a DatasetWriter
+    removing its partial folder on Ctrl-C or an error: a worker still writing a shard made it again after)."""
+    try:
+        yield runner
+    finally:
+        runner.close()
 
 
 def add_engine_arguments(parser) -> None:

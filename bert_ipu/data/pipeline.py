@@ -20,7 +20,7 @@ from .. import packing
 from .instances import (MAX_TRAINED_VOCAB, SPECIAL, InstanceConfig, WordPiece, create_instances, default_vocab,
                         mlm_slots_for, train_vocab)
 from ..files import sha256_of
-from .jobs import Progress, library_versions, open_engine
+from .jobs import Progress, library_versions, open_engine, stops
 from .layout import PackLayout, lengths_of, pack_instances, pack_rows, stack_packs
 from .shards import DatasetError, DatasetWriter, PackedDataset, gather, write_shard_files
 from .text import BUILTIN, BUILTIN_LICENSE, DataInputError, TextStats, input_files, read_documents
@@ -188,9 +188,11 @@ def create_pretraining_data(inputs: list[str], output: str | Path, config: Insta
             return kept
         overwrite = True
     start = time.perf_counter()
-    # the engine first: a bad --address writes nothing; the progress line last: after the dataset is complete
+    # the engine first: a bad --address writes nothing (not even the writer's lock); its workers stop before the
+    # writer removes DATASET.partial on Ctrl-C or an error (`stops`: a worker still writing a shard made it again
+    # after); the progress line last: after the dataset is complete
     with (open_engine(engine, workers, address) as runner, DatasetWriter(output, layout, overwrite) as writer,
-          Progress(progress, "creating instances", _input_bytes(inputs)) as bar):
+          stops(runner), Progress(progress, "creating instances", _input_bytes(inputs)) as bar):
         if train_vocab_size:
             vocab_path = train_vocab(read_documents(inputs, raw), train_vocab_size, writer.partial)
         else:
@@ -320,10 +322,10 @@ def pack_pretraining_data(input_dir: str | Path, output: str | Path, algorithm: 
         overwrite = True
     start = time.perf_counter()
     source = (_open_source, (str(src.path),))
-    # the engine first: a bad --address writes nothing; the progress line last: after the dataset is complete.
-    # The layout is known once every split is packed.
+    # the engine first, its workers stopped before the writer cleans up (as above); the progress line last: after
+    # the dataset is complete. The layout is known once every split is packed.
     with (open_engine(engine, workers, address) as runner, DatasetWriter(output, None, overwrite) as writer,
-          Progress(progress, "packing") as bar):
+          stops(runner), Progress(progress, "packing") as bar):
         lengths = {}
         for split in src.splits:
             jobs = [(split, i) for i in range(len(src.shard_sizes(split)))]

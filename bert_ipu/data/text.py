@@ -116,7 +116,8 @@ def _read_text(path: Path) -> str:
     try:
         return data.decode("utf-8-sig")  # (a byte-order mark is no text: it began the first sentence, or broke JSON)
     except UnicodeDecodeError as e:
-        raise DataInputError(f"{path}: byte {e.start} is not UTF-8 ({data[e.start:e.start + 1]!r}); convert the "
+        at = e.start + (3 if data.startswith(b"\xef\xbb\xbf") else 0)  # (utf-8-sig counts after the mark)
+        raise DataInputError(f"{path}: byte {at} is not UTF-8 ({data[at:at + 1]!r}); convert the "
                              "file to UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
 
 
