@@ -3,6 +3,7 @@ data/prepare_wikipedia.py) on tests/fixtures/wiki/tiny.xml, plain and bz2, and o
 
 import bz2
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -467,13 +468,17 @@ def test_the_instances_tool_reads_a_conversion_as_its_manifest_lists_it(tmp_path
     the shards wikipedia.json lists, each of its recorded size, and nothing else; else one line, exit 2."""
     import create_pretraining_data as create_cli
 
-    from bert_ipu.data.text import input_files
-
     out = tmp_path / "wiki"
     prepare(TINY, out, docs_per_shard=2, progress=False)
     listed = [out / r["file"] for r in json.loads((out / MANIFEST).read_text())["shards"]]
     (out / "notes.txt").write_text("my notes, not an article")
-    assert input_files([str(out)]) == listed and len(listed) > 2
+    assert wiki_writer.listed_shards(out) == listed and len(listed) > 2
+    assert create_cli.main(["--input", str(out), "--output", str(tmp_path / "instances"), "--max-seq-length", "64",
+                            "--validation-fraction", "0"]) == 0
+    made_from = json.loads((tmp_path / "instances" / "manifest.json").read_text())["made_from"]
+    assert "notes" not in json.dumps(made_from)  # (the listed shards only)
+    shutil.rmtree(tmp_path / "instances")
+    capsys.readouterr()
     damage = {"shard cut": lambda: listed[1].write_bytes(listed[1].read_bytes()[:-5]),
               "shard deleted": lambda: listed[2].unlink(),
               "no wikipedia.json": lambda: (out / MANIFEST).unlink()}

@@ -24,6 +24,7 @@ from .jobs import Progress, library_versions, open_engine, stops
 from .layout import PackLayout, lengths_of, pack_instances, pack_rows, stack_packs
 from .shards import DatasetError, DatasetWriter, PackedDataset, gather, write_shard_files
 from .text import BUILTIN, BUILTIN_LICENSE, DataInputError, TextStats, input_files, read_documents
+from .wikipedia.writer import listed_shards
 
 _WORKER: dict = {}
 
@@ -167,6 +168,8 @@ def create_pretraining_data(inputs: list[str], output: str | Path, config: Insta
     if train_vocab_size is not None and not len(SPECIAL) < train_vocab_size <= MAX_TRAINED_VOCAB:
         raise DataInputError(f"--train-vocab {train_vocab_size} is not a vocab size this tool trains: give "
                              f"{len(SPECIAL) + 1} to {MAX_TRAINED_VOCAB:,} (BERT's are 30,522, multilingual 119,547)")
+    # a prepare_wikipedia folder: the shards its wikipedia.json lists (an unfinished or damaged one is refused)
+    inputs = [str(p) for item in inputs for p in (Path(item).is_dir() and listed_shards(Path(item)) or [item])]
     if train_vocab_size is not None and vocab is not None:  # (the vocab given was not read: not even its path)
         raise DataInputError("give a vocab (--vocab) or train one (--train-vocab), not both")
     output = Path(output)

@@ -213,31 +213,6 @@ def _hf_dataset(path: Path, stats: TextStats) -> Iterator[Document]:
 TEXT_SUFFIXES = (".txt", ".text", ".md", ".jsonl")
 
 
-def wikipedia_shards(folder: Path) -> list[Path] | None:
-    """The text shards of a `prepare_wikipedia.py` output (its records carry the tool's marker), as its
-    wikipedia.json lists them, each checked against its recorded size; None for any other folder. An
-    unfinished conversion (no wikipedia.json yet), a shard missing or of another size is refused: read as a
-    plain folder it gave a corpus of whatever shards were there, without a word."""
-    from .wikipedia.writer import MANIFEST, PROGRESS, marked
-
-    if not any(marked(folder / name) for name in (MANIFEST, PROGRESS)):
-        return None
-    fix = f"run data/prepare_wikipedia.py again with the same arguments to finish or repair {folder}"
-    if not marked(folder / MANIFEST):
-        raise DataInputError(f"{folder} is an unfinished prepare_wikipedia conversion (no {MANIFEST} yet); {fix}")
-    try:
-        records = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))["shards"]
-        shards = [(folder / r["file"], int(r["bytes"])) for r in records]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise DataInputError(f"{folder / MANIFEST} is malformed ({e}); {fix}") from None
-    for path, size in shards:
-        if not path.is_file() or path.stat().st_size != size:
-            found = f"{path.stat().st_size:,} bytes" if path.is_file() else "missing"
-            raise DataInputError(f"{path}: {found}, where {MANIFEST} records {size:,} bytes (changed or damaged); "
-                                 f"{fix}")
-    return [path for path, _ in shards]
-
-
 def input_files(inputs: list[str]) -> list[Path]:
     """Expand folders (sorted, recursively: .txt .md .jsonl) and check that every input exists."""
     out = []
@@ -245,8 +220,6 @@ def input_files(inputs: list[str]) -> list[Path]:
         path = Path(item)
         if is_hf_dataset(path):
             out.append(path)
-        elif path.is_dir() and (shards := wikipedia_shards(path)) is not None:
-            out.extend(shards)
         elif path.is_dir():
             # not a dataset's vocab.txt (beside its manifest.json): a word list, not text to train on
             found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from ...files import PARTIAL, OutputBusy, OutputLock, describe_os_error, followed, sha256_of, write_json
 from ..jobs import Progress, library_versions, open_engine
+from ..text import DataInputError
 from .reader import WikipediaError, check_source, hf_pages, hf_rows, iter_pages, page_kind, sniff, source_size
 from .wikitext import convert_batch
 
@@ -69,6 +70,29 @@ def marked(path: Path) -> bool:
     identity = record.get("identity")
     return record.get("written_by") == WRITTEN_BY or (
         isinstance(identity, dict) and {"source", "docs_per_shard", "sha256"} <= set(identity))
+
+
+def listed_shards(folder: Path) -> list[Path] | None:
+    """The text shards of a `prepare_wikipedia.py` output (its records carry the tool's marker), as its
+    wikipedia.json lists them, each checked against its recorded size; None for any other folder. An
+    unfinished conversion (no wikipedia.json yet), a shard missing or of another size is refused: read as a
+    plain folder it gave a corpus of whatever shards were there, without a word."""
+    if not any(marked(folder / name) for name in (MANIFEST, PROGRESS)):
+        return None
+    fix = f"run data/prepare_wikipedia.py again with the same arguments to finish or repair {folder}"
+    if not marked(folder / MANIFEST):
+        raise DataInputError(f"{folder} is an unfinished prepare_wikipedia conversion (no {MANIFEST} yet); {fix}")
+    try:
+        records = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))["shards"]
+        shards = [(folder / r["file"], int(r["bytes"])) for r in records]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise DataInputError(f"{folder / MANIFEST} is malformed ({e}); {fix}") from None
+    for path, size in shards:
+        if not path.is_file() or path.stat().st_size != size:
+            found = f"{path.stat().st_size:,} bytes" if path.is_file() else "missing"
+            raise DataInputError(f"{path}: {found}, where {MANIFEST} records {size:,} bytes (changed or damaged); "
+                                 f"{fix}")
+    return [path for path, _ in shards]
 
 
 def _ours(path: Path) -> bool:
