@@ -595,3 +595,6 @@ def test_a_byte_order_mark_is_not_text(tmp_path):
     (tmp_path / "a.txt").write_text("\ufeffOne.\nTwo.\n", encoding="utf-8")
     assert list(read_documents([str(tmp_path / "a.jsonl")])) == list(read_documents([str(tmp_path / "a.txt")])) \
         == [["One.", "Two."]]
+    # a suffix in capitals is the same format (CORPUS.TXT was refused once suffixes were checked)
+    (tmp_path / "B.JSONL").write_text('{"text": "One. Two."}\n', encoding="utf-8")
+    assert list(read_documents([str(tmp_path / "B.JSONL")])) == [["One.", "Two."]]

@@ -222,14 +222,14 @@ def input_files(inputs: list[str]) -> list[Path]:
             out.append(path)
         elif path.is_dir():
             # not a dataset's vocab.txt (beside its manifest.json): a word list, not text to train on
-            found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES
+            found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES
                            and not (p.name == "vocab.txt" and (p.parent / "manifest.json").is_file()))
             if not found:
                 raise DataInputError(f"{path}: the folder holds no .txt, .text, .md or .jsonl files")
             out.extend(found)
         elif path.is_file():
-            if path.suffix not in TEXT_SUFFIXES:  # (a .json of JSON lines read as sentences: garbage instances)
-                kind = "JSON lines? name it .jsonl" if path.suffix == ".json" else "rename it"
+            if path.suffix.lower() not in TEXT_SUFFIXES:  # (a .json of JSON lines read as sentences: garbage)
+                kind = "JSON lines? name it .jsonl" if path.suffix.lower() == ".json" else "rename it"
                 raise DataInputError(f"{path}: {path.suffix or 'no suffix'} is not a text format this reads ({kind}); "
                                      "give .txt or .text (one sentence a line, a blank line between documents), .md "
                                      "(prose) or .jsonl (a \"text\" field a line)")
@@ -250,9 +250,9 @@ def read_documents(inputs: list[str], raw: bool = False, stats: TextStats | None
         for path in input_files(inputs):
             if is_hf_dataset(path):
                 sources.append((path, _hf_dataset))
-            elif path.suffix == ".jsonl":
+            elif path.suffix.lower() == ".jsonl":  # (any case: CORPUS.TXT is a .txt)
                 sources.append((path, _jsonl))
-            elif raw or path.suffix == ".md":
+            elif raw or path.suffix.lower() == ".md":
                 sources.append((path, _raw_file))
             else:
                 sources.append((path, _bert_format))
