@@ -45,7 +45,7 @@ from transformers import BertConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bert_ipu.files import is_benchmark_json, output_file_problem, write_rows
+from bert_ipu.files import is_benchmark_json, write_rows
 from bert_ipu.arguments import Parser, at_least, device_name
 from bert_ipu import packing  # noqa: E402
 from bert_ipu.engine.flops import peak_flops  # noqa: E402
@@ -204,9 +204,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-profile", action="store_true", help="skip the kernel split")
     p.add_argument("--json", type=Path, help="write one JSON row a variant here")
     args = p.parse_args(argv)
-    problem = args.json and output_file_problem(args.json, "--json", is_benchmark_json)
-    if problem:  # before anything is measured (a missing folder failed at the very end, a user's file was replaced)
-        p.error(problem)
+    p.check_output(args.json, "--json", is_benchmark_json)  # before anything is measured
     device = torch.device(args.device)
     ids, squares = pack_ids(args.micro_batch, args.seq_len, args.depth, seed=0)
     print(f"device {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}, torch {torch.__version__}, "

@@ -45,7 +45,7 @@ import numpy as np
 import torch
 from transformers import LlamaConfig
 
-from bert_ipu.files import is_benchmark_json, is_png, output_file_problem, save_png, write_rows
+from bert_ipu.files import is_benchmark_json, is_png, save_png, write_rows
 from bert_ipu.arguments import Parser, at_least
 from bert_ipu.models.llama import PackedLlamaForCausalLM
 from bert_ipu.models.losses import causal_lm_loss, causal_lm_loss_sums, sequence_label_weights
@@ -201,11 +201,13 @@ def plot(result: dict, path: str) -> None:
 
 def main() -> None:
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--micro-batch", type=at_least(1), default=8, help="B: rows of 256 per step, packed and padded alike")
+    ap.add_argument("--micro-batch", type=at_least(1), default=8,
+                    help="B: rows of 256 per step, packed and padded alike")
     ap.add_argument("--steps", type=at_least(1), default=4, help="steps per layout per round")
     ap.add_argument("--rounds", type=at_least(1), default=6, help="interleaved rounds at most; the first is warm-up")
     ap.add_argument("--time-limit", type=float, default=300, metavar="SECONDS", help="start no round past this")
-    ap.add_argument("--curves", type=at_least(0), default=200, metavar="N", help="updates of each loss-curve run; 0: skip")
+    ap.add_argument("--curves", type=at_least(0), default=200, metavar="N",
+                    help="updates of each loss-curve run; 0: skip")
     ap.add_argument("--plot", default="runs/causal_lm_curves.png",
                     help="where the loss curves go (PNG; default runs/causal_lm_curves.png, runs/ made if missing)")
     ap.add_argument("--seed", type=at_least(0), default=0)
@@ -215,10 +217,9 @@ def main() -> None:
         ap.error("need --rounds >= 2 (the first is warm-up)")
     if args.plot == "runs/causal_lm_curves.png":
         Path("runs").mkdir(exist_ok=True)  # (the default: it was written into the working folder)
-    problem = (args.json and output_file_problem(args.json, "--json", is_benchmark_json)) or \
-        (args.curves and output_file_problem(args.plot, "--plot", is_png))
-    if problem:  # before anything is measured (a missing folder failed at the very end, a user's file was replaced)
-        ap.error(problem)
+    # before anything is measured (a missing folder failed at the very end, a user's file was replaced)
+    ap.check_output(args.json, "--json", is_benchmark_json)
+    ap.check_output(args.curves and args.plot, "--plot", is_png)
     torch.set_num_threads(len(os.sched_getaffinity(0)))
     tok, lengths, depth, layouts = data(args.seed)
     c, n = layouts["cghp"], layouts["none"]

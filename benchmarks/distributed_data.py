@@ -114,9 +114,11 @@ def driver_read(dump: Path) -> float:
 def main() -> None:
     p = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mb", type=positive, default=8.0, help="MB of XML in the synthetic dump")
-    p.add_argument("--seq", type=at_least(1), nargs="+", default=[128, 512], help="sequence lengths: the steps run at the "
+    p.add_argument("--seq", type=at_least(1), nargs="+", default=[128, 512],
+                   help="sequence lengths: the steps run at the "
                    "first; text -> instances is also timed on 1 process at the others, for the model")
-    p.add_argument("--repeat", type=at_least(1), default=2, help="runs of each measurement: the fastest counts (a shared "
+    p.add_argument("--repeat", type=at_least(1), default=2,
+                   help="runs of each measurement: the fastest counts (a shared "
                    "machine's load comes and goes)")
     p.add_argument("--nodes", type=at_least(1), default=8)
     p.add_argument("--cores", type=at_least(1), default=32, help="worker processes a node")

@@ -60,7 +60,7 @@ import numpy as np
 import torch
 from transformers import BertConfig
 
-from bert_ipu.files import is_benchmark_json, output_file_problem, write_rows
+from bert_ipu.files import is_benchmark_json, write_rows
 from bert_ipu.arguments import Parser, at_least
 from bert_ipu.data.contiguous import PackedSequences, pack_sequences
 from bert_ipu.data.instances import WordPiece, default_vocab
@@ -247,7 +247,8 @@ def main() -> None:
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", choices=sorted(SIZES), default="minilm",
                     help="minilm: hidden 384, 6 layers, 12 heads, intermediate 1536 (default); base: BERT-base")
-    ap.add_argument("--micro-batch", type=at_least(1), default=8, help="B: rows of 128 per step, packed and unpacked alike")
+    ap.add_argument("--micro-batch", type=at_least(1), default=8,
+                    help="B: rows of 128 per step, packed and unpacked alike")
     ap.add_argument("--steps", type=at_least(1), default=4, help="steps per layout per distribution per round")
     ap.add_argument("--rounds", type=at_least(1), default=8, help="interleaved rounds at most; the first is warm-up")
     ap.add_argument("--time-limit", type=float, default=330, metavar="SECONDS",
@@ -261,9 +262,7 @@ def main() -> None:
                     help="torch threads (default: this machine's cores)")
     ap.add_argument("--json", metavar="OUT", help="write both tables as JSON")
     args = ap.parse_args()
-    problem = args.json and output_file_problem(args.json, "--json", is_benchmark_json)
-    if problem:  # before anything is measured (a missing folder failed at the very end, a user's file was replaced)
-        ap.error(problem)
+    ap.check_output(args.json, "--json", is_benchmark_json)  # before anything is measured
     if args.rounds < 2 or args.steps < 1 or args.micro_batch < 1 or args.examples < 1:
         ap.error("need --rounds >= 2 (the first is warm-up), --steps, --micro-batch and --examples >= 1")
     torch.set_num_threads(args.threads)

@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 
 from bert_ipu.arguments import Parser, at_least, device_name
-from bert_ipu.files import is_benchmark_json, output_file_problem, write_rows
+from bert_ipu.files import is_benchmark_json, write_rows
 from bert_ipu import packing
 from bert_ipu.data.contiguous import rows_from_packs
 from bert_ipu.engine.runtime import autocast
@@ -236,7 +236,8 @@ def main(argv=None) -> int:
     parser.add_argument("--pack-length", type=at_least(1), nargs="+", default=[8192, 32768])
     parser.add_argument("--variants", nargs="+", choices=[*OURS, *HF], default=["varlen", "flex", "hf-sdpa",
                                                                                 "hf-flex", "hf-flash"])
-    parser.add_argument("--micro-batch", type=at_least(1), default=1, help="packs a step (HF: their documents in one row)")
+    parser.add_argument("--micro-batch", type=at_least(1), default=1,
+                        help="packs a step (HF: their documents in one row)")
     parser.add_argument("--steps", type=at_least(1), default=4, help="steps a round, each on its own packs")
     parser.add_argument("--rounds", type=at_least(1), default=3, help="rounds (the first is warm-up)")
     parser.add_argument("--sequences", type=at_least(1), default=100_000, help="long-context lengths packed per case")
@@ -251,9 +252,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.rounds < 2:
         parser.error("need --rounds >= 2 (the first is warm-up)")
-    problem = args.json and output_file_problem(args.json, "--json", is_benchmark_json)
-    if problem:
-        parser.error(problem)
+    parser.check_output(args.json, "--json", is_benchmark_json)  # before anything is measured
     device = torch.device(args.device)
     precision = args.precision or ("bf16" if device.type == "cuda" else "fp32")
     peak = peak_flops(device, precision)

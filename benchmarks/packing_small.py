@@ -30,7 +30,7 @@ import time
 import numpy as np
 
 from bert_ipu.arguments import Parser, at_least, positive
-from bert_ipu.files import is_benchmark_json, output_file_problem, write_rows
+from bert_ipu.files import is_benchmark_json, write_rows
 from bert_ipu.packing import pack
 from bert_ipu.packing.bounds import lower_bound
 from bert_ipu.packing.cghp import EXACT_PRICING_SECONDS
@@ -105,9 +105,7 @@ def main() -> None:
     parser.add_argument("--json", help="write one JSON line per case here (a new file, or one this benchmark wrote; "
                         "rewritten after every case)")
     args = parser.parse_args()
-    problem = args.json and output_file_problem(args.json, "--json", is_benchmark_json)
-    if problem:  # (rows were appended to any file, a user's or an earlier run's)
-        parser.error(problem)
+    parser.check_output(args.json, "--json", is_benchmark_json)  # (rows were appended to any file: a user's too)
     if args.max_sequences is None:
         args.max_sequences = 3_000 if args.family == "dear" else 300_000
     rng = np.random.default_rng(args.seed)

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from transformers import BertConfig
 
-from bert_ipu.files import is_benchmark_json, output_file_problem, write_rows
+from bert_ipu.files import is_benchmark_json, write_rows
 from bert_ipu.arguments import Parser, at_least
 from bert_ipu.models.bert import PackedBertForQuestionAnswering
 from bert_ipu.packing.histogram import expand_histogram, load_histogram
@@ -66,9 +66,7 @@ def main() -> None:
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"], help="bf16: autocast (a GPU run)")
     ap.add_argument("--json", metavar="OUT", help="write the rows as JSON")
     args = ap.parse_args()
-    problem = args.json and output_file_problem(args.json, "--json", is_benchmark_json)
-    if problem:  # before anything is measured (a missing folder failed at the very end, a user's file was replaced)
-        ap.error(problem)
+    ap.check_output(args.json, "--json", is_benchmark_json)  # before anything is measured
 
     hist = load_histogram(args.histogram)
     S = len(hist)

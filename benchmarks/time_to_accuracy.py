@@ -63,7 +63,7 @@ import time
 from pathlib import Path
 
 from bert_ipu.arguments import Parser, at_least, device_name, positive
-from bert_ipu.files import is_png, output_file_problem, save_png
+from bert_ipu.files import is_png, save_png
 
 # sleeping OpenMP threads: spinning ones become several times slower when another job shares the machine
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -215,8 +215,9 @@ def make_data(out: Path, dupe: int) -> dict:
         # each kept only if made from the same input and settings (--if-changed: the data of another --size, its
         # dupe factor, was reused as it was)
         say(f"instances at {S} from the built-in corpus (kept if made with these settings)")
-        create_pretraining_data(["builtin"], inst, InstanceConfig(max_seq_length=S, dupe_factor=dupe if S == 512 else 1),
-                                validation_fraction=VALIDATION_FRACTION, if_changed=True, progress=False)
+        config = InstanceConfig(max_seq_length=S, dupe_factor=dupe if S == 512 else 1)
+        create_pretraining_data(["builtin"], inst, config, validation_fraction=VALIDATION_FRACTION, if_changed=True,
+                                progress=False)
         for name, algorithm, depth in (("packed", "cghp", 3), ("unpacked", "none", 1)):
             if S == 128 and name == "unpacked":
                 continue
@@ -461,10 +462,7 @@ def main(argv=None) -> dict:
     if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
         parser.error(f"--out {args.out} is a file; give a folder (created if missing)")
     # (a folder that does not exist yet is made, as --out is)
-    problem = args.plot and Path(args.plot).absolute().parent.is_dir() and \
-        output_file_problem(args.plot, "--plot", is_png)
-    if problem:
-        parser.error(problem)
+    parser.check_output(args.plot and Path(args.plot).absolute().parent.is_dir() and args.plot, "--plot", is_png)
     if not 0 < args.target_fraction <= 1:  # (it failed after the data and pilot stages)
         parser.error(f"--target-fraction {args.target_fraction}: give a share of the final accuracy in (0, 1]")
     size_name = args.size or ("quick" if args.quick else "tiny")

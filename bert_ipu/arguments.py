@@ -18,6 +18,15 @@ class Parser(argparse.ArgumentParser):
         print(f"{self.prog}: error: {message}; see --help", file=sys.stderr)
         sys.exit(2)
 
+    def check_output(self, path, flag: str, ours) -> None:
+        """Refuse (`error`), before any work, an output file `files.output_file_problem` finds a problem with (a
+        missing folder, a folder, a file this project did not write); nothing where `path` is not given."""
+        from .files import output_file_problem
+
+        problem = path and output_file_problem(path, flag, ours)
+        if problem:
+            self.error(problem)
+
 
 def at_least(minimum: int, maximum: int | None = None, why: str = ""):
     """An argparse type: an int >= minimum (and <= maximum, when given; `why` says why in the message). A bad value

@@ -86,12 +86,12 @@ class DatasetWriter:
             if (self.old / MANIFEST).is_file() and not self.out_dir.exists():
                 os.replace(self.old, self.out_dir)  # a replacement killed between its two renames: put it back
             elif self.old.exists():  # killed before (or while) removing the replaced dataset
-                if not _leftover(self.old):
+                if _foreign(self.old):
                     raise DatasetError(f"{self.old} is in the way (a dataset's replacement is swapped out through "
                                        "it) and is not a dataset of this project; move it away") from None
                 shutil.rmtree(self.old)
             if self.partial.exists():
-                if not _leftover(self.partial, partial=True):
+                if _foreign(self.partial, partial=True):
                     raise DatasetError(f"{self.partial} is in the way (a dataset is written there before it takes "
                                        "its name) and is not a dataset of this project; move it away") from None
                 shutil.rmtree(self.partial)  # left by an interrupted run
@@ -212,18 +212,17 @@ _SHARD_FILES = {f"{field}.npy" for field in (*FIELDS, *DERIVED)}
 
 
 def _foreign(folder: Path, partial: bool = False) -> list[str]:
-    """What in a dataset folder a DatasetWriter does not write (relative paths; empty: removing the folder
-    deletes no user file): at the top, the manifest (or the file it is written to first) and vocab.txt as
-    files, and split folders (`_split_names`; in a `partial` DATASET.partial also any folder holding shard
-    folders: a split the manifest, not written yet, would name) holding only shard-NNNNN folders of the fields'
-    .npy files. A user's file anywhere, in a split folder or a shard too, is foreign."""
+    """What in a dataset folder a DatasetWriter does not write (relative paths; empty: the folder holds nothing but
+    its output, so removing it deletes no user file): at the top, the manifest (or the file it is written to
+    first) and vocab.txt as files, and split folders (`_split_names`; in a `partial` DATASET.partial also any
+    folder holding shard folders: a split the manifest, not written yet, would name) holding only shard-NNNNN
+    folders of the fields' .npy files. A user's file anywhere, in a split folder or a shard too, is foreign."""
     found, splits = [], _split_names(folder)
     for p in sorted(folder.iterdir()):
         if p.is_file() and not p.is_symlink() and p.name in {"vocab.txt", MANIFEST, MANIFEST + ".tmp",
                                                              MANIFEST + PARTIAL}:
             continue
-        if not p.is_dir() or p.is_symlink() or not (p.name in splits or partial and any(_SHARD.fullmatch(q.name)
-                                                                                        for q in p.iterdir())):
+        if not p.is_dir() or p.is_symlink() or not (p.name in splits or partial and _holds_shards(p)):
             found.append(p.name)
             continue
         for shard in sorted(p.iterdir()):
@@ -235,13 +234,12 @@ def _foreign(folder: Path, partial: bool = False) -> list[str]:
     return found
 
 
-def _leftover(folder: Path, partial: bool = False) -> bool:
-    """Whether a folder holds nothing but what a DatasetWriter writes (`_foreign`), so that removing it deletes
-    no user file."""
-    return not _foreign(folder, partial)
-
-
 _SHARD = re.compile(r"shard-\d{5,}")
+
+
+def _holds_shards(folder: Path) -> bool:
+    """Whether a folder holds shard folders (shard-NNNNN): a split's."""
+    return any(_SHARD.fullmatch(q.name) for q in folder.iterdir())
 
 
 def _json_default(value):
@@ -323,7 +321,7 @@ class PackedDataset:
             raise DatasetError(f"{self.path}: the manifest lists no split or a split of no shard: an empty or "
                                "damaged dataset; recreate it")
         unlisted = sorted(p.name for p in self.path.iterdir() if p.is_dir() and p.name not in splits
-                          and any(_SHARD.fullmatch(q.name) for q in p.iterdir()))
+                          and _holds_shards(p))
         if unlisted:  # (a split removed from the manifest was silently gone, "checksums OK")
             raise DatasetError(f"{self.path}: split folder {unlisted[0]} holds shards the manifest does not list: a "
                                "damaged manifest; recreate the dataset")

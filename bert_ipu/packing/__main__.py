@@ -15,10 +15,9 @@ from pathlib import Path
 
 from ..arguments import Parser
 from ..files import describe_os_error, is_png, output_file_problem, save_png
-from .api import ALGORITHMS, DEPTH_FREE, applies, pack
+from .api import ALGORITHMS, DEPTH_FREE, applies, check_applies, pack
 from .balance import MAX_RANKS
 from .depth import depth_label, parse_depth
-from .nnlshp import MAX_DEPTH as NNLSHP_MAX_DEPTH
 from .histogram import (MAX_PACK_LENGTH, PackingInputError, check_memory, check_pack_length, histogram_of,
                         load_histogram, load_lengths)
 
@@ -156,9 +155,8 @@ def plan(algorithms, depths, max_len: int | None = None, sequences: int | None =
         for depth in ([depths[0]] if name in DEPTH_FREE else depths):
             if named or (applies(name, depth) and (name != "nnlshp" or max_len is None or fits(max_len, depth))
                          and (name != "greedy" or sequences is None or sequences < GREEDY_MAX_SEQUENCES)):
-                if not isinstance(depth, str) and not applies(name, depth):  # before any row runs ("auto": later)
-                    raise PackingInputError(f"{name} supports max_sequences_per_pack up to {NNLSHP_MAX_DEPTH}, "
-                                            f"not {depth_label(depth)}")
+                if not isinstance(depth, str):  # before any row runs ("auto": resolved on the data, later)
+                    check_applies(name, depth)
                 rows.append((name, depth))
     return rows
 

@@ -104,6 +104,13 @@ def applies(algorithm: str, max_sequences_per_pack: int | None) -> bool:
     return True
 
 
+def check_applies(algorithm: str, max_sequences_per_pack: int | None) -> None:
+    """A PackingInputError where `algorithm` cannot run at this depth limit (`applies`)."""
+    if not applies(algorithm, max_sequences_per_pack):
+        raise PackingInputError(f"{algorithm} supports max_sequences_per_pack up to {_nnlshp.MAX_DEPTH}, "
+                                f"not {depth_label(max_sequences_per_pack)}")
+
+
 def lower_bound(histogram, max_sequences_per_pack: int | None = None) -> int:
     """A cheap lower bound on the packs any packing of `histogram` needs at this depth limit (None or "max":
     unlimited): Martello and Toth's L2, the depth, and sequences that fit beside no other (`bounds.lower_bound`);
@@ -129,9 +136,7 @@ def pack(histogram, algorithm: str, max_sequences_per_pack: int | None = None, *
         raise PackingInputError(f"unknown algorithm {algorithm!r}; choose from {', '.join(ALGORITHMS)}")
     # (read as everywhere: a whole number >= 1, "max" or None, "auto"; 2.5 or True were taken as they were)
     max_sequences_per_pack = resolve_depth(max_sequences_per_pack, histogram, algorithm, deadline)
-    if not applies(algorithm, max_sequences_per_pack):
-        raise PackingInputError(f"nnlshp supports max_sequences_per_pack up to {_nnlshp.MAX_DEPTH}, "
-                                f"not {depth_label(max_sequences_per_pack)}")
+    check_applies(algorithm, max_sequences_per_pack)
     batch_size, seed = whole_number(batch_size, "batch_size", 1), whole_number(seed, "seed")
     max_len = len(histogram)
     depth = max_len if max_sequences_per_pack is None else min(max_sequences_per_pack, max_len)

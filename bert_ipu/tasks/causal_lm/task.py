@@ -37,8 +37,8 @@ from ...models.losses import (HiddenStates, causal_lm_loss, causal_lm_loss_sums,
 from ...packing import PackingInputError
 from ..base import TaskBase
 from ..common import command, pack_depth, packing_line, require_checkpoint_folder
-from .data import (CausalReport, bos_first, load_tokenizer, sft_sequences, source_texts, text_sequences, train_tokenizer,
-                   turn_end_token)
+from .data import (CausalReport, bos_first, load_tokenizer, sft_sequences, source_texts, text_sequences,
+                  train_tokenizer, turn_end_token)
 
 INPUTS = ("input_ids", "position_ids", "sequence_ids")
 FIELDS = (*INPUTS, "labels", "label_weights")  # every one per token: sequence parallelism splits them all

@@ -433,6 +433,10 @@ class ProfilingError(ValueError):
     """A profile that cannot run or measure nothing; the message says why. run_profiling.py prints it and exits 2."""
 
 
+VOCAB = 30522
+"""the profiled model's vocabulary: bert-base's"""
+
+
 def check_memory(cfg, pack_length: int, device: torch.device) -> None:
     """Refuse a profile whose attention scores alone cannot fit: micro-batch x heads x S x S float32 values, kept
     for the backward pass with their probabilities and gradient (about 3 copies), plus the weights and AdamW's
@@ -448,7 +452,7 @@ def check_memory(cfg, pack_length: int, device: torch.device) -> None:
     # there and died in the allocator
     slots = max(1, round(0.2 * pack_length))  # (the MLM slots: about 15% of the tokens, and a few)
     activations = B * pack_length * m.num_hidden_layers * (8 * m.hidden_size + 2 * m.intermediate_size) * 4
-    logits = B * slots * 30522 * 4 * 2  # (the profile's vocab: bert-base's)
+    logits = B * slots * VOCAB * 4 * 2
     need = scores + activations + logits + 16 * m.parameter_estimate()
     have = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else _available_memory()
     if have is not None and need > have:
@@ -487,7 +491,7 @@ def run(cfg, say=print) -> dict:
         raise ProfilingError(f"profile.max_sequences_per_pack {depth:,} is more than the pack length {S:,} (the "
                              "histogram's length): a pack holds at most one sequence a token; give at most that")
     check_memory(cfg, S, device)
-    config = cfg.model.bert_config(30522, S, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    config = cfg.model.bert_config(VOCAB, S, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     torch.manual_seed(prof.seed)
     base = PackedBertForPreTraining(config, depth, cfg.model.attention_backend).to(device).train()
     say(f"[profile] {cfg.name}: {sum(q.numel() for q in base.parameters()) / 1e6:.1f} M parameters on {device}, "
@@ -652,11 +656,11 @@ def check_outputs(prof) -> None:
                ("profile.scaling", prof.scaling, is_png)]
     if prof.json:
         outputs.append(("profile.json", f"{prof.json}.config.yaml", _our_config))
-    given = [(flag, Path(path).resolve()) for flag, path, _ in outputs if path]
-    for i, (flag, path) in enumerate(given):
-        for other, same in given[:i]:
-            if same == path:  # (the later output replaced the earlier: --json X --plot X left a PNG)
-                raise ProfilingError(f"{other} and {flag} are both {path}; give each output its own file")
+    seen = {}
+    for flag, path, _ in outputs:
+        other = path and seen.setdefault(Path(path).resolve(), flag)
+        if other and other != flag:  # (the later output replaced the earlier: --json X --plot X left a PNG)
+            raise ProfilingError(f"{other} and {flag} are both {Path(path).resolve()}; give each output its own file")
     for flag, path, ours in outputs:
         problem = path and output_file_problem(path, flag, ours)
         if problem:
